@@ -1,0 +1,13 @@
+//! agentfleet-api: the HTTP API. It validates and records runs, enqueues them, and streams
+//! their events; it never runs an agent itself.
+
+pub mod auth;
+pub mod error;
+pub mod hub;
+pub mod routes;
+pub mod startup;
+pub mod state;
+pub mod stream;
+pub mod stream_token;
+
+pub use startup::Application;

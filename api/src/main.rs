@@ -1,0 +1,69 @@
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use agentfleet_api::Application;
+use agentfleet_shared::config::Settings;
+use agentfleet_shared::{db, store, telemetry};
+
+#[derive(Parser)]
+#[command(name = "agentfleet-api", about = "agentfleet HTTP API")]
+struct Cli {
+    /// Optional TOML configuration file (environment variables AGENTFLEET__… override it).
+    #[arg(long, short, env = "AGENTFLEET_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the API (the default).
+    Serve,
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Create a tenant and print its API key (shown only this once).
+    CreateTenant {
+        #[arg(long)]
+        name: String,
+    },
+}
+
+#[tokio::main]
+async fn main() {
+    if let Err(e) = run().await {
+        eprintln!("agentfleet-api: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let settings = Settings::load(cli.config.as_deref())?;
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Migrate => {
+            let pool = db::connect(&settings.database)
+                .await
+                .context("connecting to Postgres")?;
+            db::migrate(&pool).await.context("applying migrations")?;
+            println!("migrations applied");
+        }
+        Command::CreateTenant { name } => {
+            let pool = db::connect(&settings.database)
+                .await
+                .context("connecting to Postgres")?;
+            let created = store::tenants::create(&pool, &name).await?;
+            println!("tenant_id={}", created.tenant_id);
+            println!("api_key={}", created.api_key);
+        }
+        Command::Serve => {
+            let _guard = telemetry::init(&settings.telemetry, "api")?;
+            let app = Application::build(settings).await?;
+            tracing::info!(port = app.port(), "agentfleet-api listening");
+            app.run_until_stopped(agentfleet_shared::signals::shutdown())
+                .await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! Liveness, readiness and metrics.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use deadpool_redis::redis;
+use serde_json::json;
+
+use crate::state::AppState;
+
+pub async fn healthz() -> impl IntoResponse {
+    Json(json!({"status": "ok"}))
+}
+
+/// Ready only when Postgres, Redis and RabbitMQ all answer: a 202 needs all three.
+pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    let timeout = std::time::Duration::from_secs(2);
+    let postgres = tokio::time::timeout(timeout, sqlx::query("SELECT 1").execute(&state.pool))
+        .await
+        .is_ok_and(|r| r.is_ok());
+    let redis = tokio::time::timeout(timeout, async {
+        let mut conn = state.bus.pool().get().await.ok()?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .ok()
+    })
+    .await
+    .ok()
+    .flatten()
+    .is_some();
+    let rabbitmq = tokio::time::timeout(timeout, state.publisher.check())
+        .await
+        .unwrap_or(false);
+    let ready = postgres && redis && rabbitmq;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(json!({
+            "status": if ready { "ready" } else { "not_ready" },
+            "postgres": postgres, "redis": redis, "rabbitmq": rabbitmq,
+            "event_hub": state.hub.is_connected(),
+        })),
+    )
+}
+
+pub async fn metrics() -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        agentfleet_shared::telemetry::metrics_handle().render(),
+    )
+}

@@ -1,0 +1,91 @@
+//! `POST /v1/runs/{id}/cancel`. Postgres records the cancel at once whatever the status; the
+//! owner, if any, is hinted on the control channel and stops within a second. Repeating the
+//! call on a cancelled run answers 200 again and changes nothing.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use agentfleet_shared::events::{EventType, Expiry, FINAL_FENCE, NewEvent};
+use agentfleet_shared::store::transitions::{self, Cancelled};
+use agentfleet_shared::store::{StoreError, runs};
+
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::routes::{parse_id, view};
+use crate::state::AppState;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CancelError {
+    #[error("run not found")]
+    NotFound,
+    #[error("run is already {0}")]
+    AlreadyFinal(String),
+    #[error(transparent)]
+    Unexpected(#[from] anyhow::Error),
+}
+
+impl From<CancelError> for ApiError {
+    fn from(e: CancelError) -> ApiError {
+        match e {
+            CancelError::NotFound => ApiError::not_found("run"),
+            CancelError::AlreadyFinal(status) => ApiError::new(
+                StatusCode::CONFLICT,
+                "run_finished",
+                format!("run is already {status}; it cannot be cancelled"),
+            ),
+            CancelError::Unexpected(e) => ApiError::unexpected(e),
+        }
+    }
+}
+
+#[utoipa::path(post, path = "/v1/runs/{id}/cancel", tag = "runs", params(("id" = String, Path)),
+    responses((status = 200, description = "The run, cancelled (repeating is harmless)", body = Object),
+              (status = 404), (status = 409, description = "Already completed or failed")),
+    security(("bearer" = [])))]
+pub async fn cancel_run(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = parse_id(&id, "id")?;
+    let outcome = match transitions::cancel(&state.pool, caller.tenant_id, id).await {
+        Ok(o) => o,
+        Err(StoreError::NotFound) => return Err(CancelError::NotFound.into()),
+        Err(StoreError::WrongStatus { status, .. }) => {
+            return Err(CancelError::AlreadyFinal(status).into());
+        }
+        Err(e) => return Err(CancelError::Unexpected(e.into()).into()),
+    };
+    if let Cancelled::Now {
+        previous,
+        thread_id,
+        ..
+    } = outcome
+    {
+        metrics::counter!("agentfleet_runs_total", "status" => "cancelled").increment(1);
+        // The final fence shuts the stream to the worker: nothing follows run_cancelled.
+        let data = json!({"previous_status": previous});
+        let event = NewEvent {
+            run_id: id,
+            thread_id,
+            kind: EventType::RunCancelled,
+            data: &data,
+        };
+        if let Err(e) = state
+            .bus
+            .append(event, FINAL_FENCE, 0, Expiry::Expire)
+            .await
+        {
+            tracing::warn!(run_id = %id, error = %e, "could not append run_cancelled");
+        }
+        if let Err(e) = state.bus.send_control(id, "cancel").await {
+            tracing::warn!(run_id = %id, error = %e, "could not hint the worker; its lease renewal will see the cancel");
+        }
+    }
+    let run = runs::get_for_tenant(&state.pool, caller.tenant_id, id)
+        .await
+        .map_err(ApiError::unexpected)?;
+    Ok(Json(view::run_json(&run)))
+}

@@ -1,0 +1,238 @@
+//! `POST /v1/runs`: validate, commit thread + user message + run in one transaction, publish
+//! with confirms, answer 202. A run committed but not yet published is still durable: the
+//! sweeper publishes queued runs whose message went missing.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use agentfleet_shared::domain::{AgentSpec, AgentSpecError};
+use agentfleet_shared::events::{EventType, Expiry, NewEvent};
+use agentfleet_shared::store::runs::RunRow;
+use agentfleet_shared::store::transitions::{self, NewRun};
+use agentfleet_shared::store::{StoreError, runs};
+
+use crate::auth::Caller;
+use crate::error::{ApiError, JsonBody};
+use crate::routes::view;
+use crate::state::AppState;
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRun {
+    /// The user message.
+    pub input: String,
+    /// Continue this thread; a new thread is made when absent.
+    #[serde(default)]
+    pub thread_id: Option<Uuid>,
+    pub agent: AgentSpec,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Value>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CreateRunError {
+    #[error("{0}")]
+    Invalid(ApiError),
+    #[error("thread not found")]
+    ThreadNotFound,
+    #[error("thread {thread_id} already has an active run {run_id}")]
+    ThreadBusy { thread_id: Uuid, run_id: Uuid },
+    #[error("Idempotency-Key was used with a different request")]
+    IdempotencyMismatch,
+    #[error(transparent)]
+    Unexpected(#[from] anyhow::Error),
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl From<CreateRunError> for ApiError {
+    fn from(e: CreateRunError) -> ApiError {
+        match e {
+            CreateRunError::Invalid(api) => api,
+            CreateRunError::ThreadNotFound => ApiError::not_found("thread"),
+            CreateRunError::ThreadBusy { thread_id, run_id } => ApiError::new(
+                StatusCode::CONFLICT,
+                "thread_busy",
+                format!("thread {thread_id} already has an active run {run_id}"),
+            ),
+            CreateRunError::IdempotencyMismatch => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+                "Idempotency-Key was already used with a different request body",
+            ),
+            CreateRunError::Unexpected(e) => ApiError::unexpected(e),
+        }
+    }
+}
+
+#[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = CreateRun,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe submission")),
+    responses((status = 202, description = "The run, queued", body = Object),
+              (status = 404, description = "thread_id not found"), (status = 409, description = "The thread has an active run"),
+              (status = 413, description = "Body too large"), (status = 422, description = "Invalid field (named)"),
+              (status = 503, description = "Not durable now; retry (Retry-After)")),
+    security(("bearer" = [])))]
+pub async fn create_run(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<CreateRun>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let key = idempotency_key(&headers)?;
+    let run = submit(&state, caller.tenant_id, body, key).await?;
+    Ok((StatusCode::ACCEPTED, Json(view::run_json(&run))))
+}
+
+pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    match headers.get("idempotency-key") {
+        None => Ok(None),
+        Some(v) => {
+            let s = v
+                .to_str()
+                .ok()
+                .map(str::trim)
+                .filter(|s| !s.is_empty() && s.len() <= 255);
+            s.map(|s| Some(s.to_owned())).ok_or_else(|| {
+                ApiError::invalid("Idempotency-Key", "must be 1-255 visible characters")
+            })
+        }
+    }
+}
+
+/// Validates one run request against the configured limits; errors name the field.
+pub fn validate(state: &AppState, body: &CreateRun, field_prefix: &str) -> Result<(), ApiError> {
+    let api = &state.settings.api;
+    let f = |name: &str| format!("{field_prefix}{name}");
+    if body.input.trim().is_empty() {
+        return Err(ApiError::invalid(&f("input"), "must not be empty"));
+    }
+    if body.input.len() > api.max_input_bytes {
+        return Err(ApiError::invalid(
+            &f("input"),
+            format!("longer than {} bytes", api.max_input_bytes),
+        ));
+    }
+    if let Some(meta) = &body.metadata {
+        if !meta.is_object() {
+            return Err(ApiError::invalid(&f("metadata"), "must be an object"));
+        }
+        if meta.to_string().len() > api.max_metadata_bytes {
+            return Err(ApiError::invalid(
+                &f("metadata"),
+                format!("larger than {} bytes", api.max_metadata_bytes),
+            ));
+        }
+    }
+    body.agent
+        .validate(
+            |m| state.settings.models.contains_key(m),
+            api.max_tools_per_agent,
+        )
+        .map_err(|AgentSpecError { field, message }| ApiError::invalid(&f(&field), message))
+}
+
+/// Validates, commits and publishes one run; shared by the single and batch endpoints.
+pub async fn submit(
+    state: &AppState,
+    tenant: Uuid,
+    body: CreateRun,
+    key: Option<String>,
+) -> Result<RunRow, CreateRunError> {
+    validate(state, &body, "").map_err(CreateRunError::Invalid)?;
+    let hash = Sha256::digest(serde_json::to_vec(&body).expect("serializes")).to_vec();
+    if let Some(k) = &key
+        && let Some(existing) = runs::by_idempotency_key(&state.pool, tenant, k)
+            .await
+            .map_err(anyhow::Error::from)?
+    {
+        return same_request(existing, &hash);
+    }
+    let max_iterations = body
+        .agent
+        .max_iterations
+        .unwrap_or(state.settings.worker.default_max_iterations);
+    let new = NewRun {
+        id: Uuid::now_v7(),
+        tenant_id: tenant,
+        thread_id: body.thread_id,
+        max_iterations,
+        metadata: body.metadata.unwrap_or_else(|| json!({})),
+        idempotency_key: key.clone(),
+        request_hash: Some(hash.clone()),
+        input: body.input,
+        agent: body.agent,
+    };
+    let mut tx = state.pool.begin().await.map_err(anyhow::Error::from)?;
+    let run = match transitions::create(&mut tx, new).await {
+        Ok(run) => run,
+        Err(StoreError::NotFound) => return Err(CreateRunError::ThreadNotFound),
+        Err(StoreError::ThreadBusy { thread_id, run_id }) => {
+            return Err(CreateRunError::ThreadBusy { thread_id, run_id });
+        }
+        Err(StoreError::Db(e)) if key.is_some() && is_idempotency_race(&e) => {
+            drop(tx);
+            let k = key.as_deref().expect("checked");
+            let existing = runs::by_idempotency_key(&state.pool, tenant, k)
+                .await
+                .map_err(anyhow::Error::from)?
+                .ok_or_else(|| anyhow::anyhow!("idempotency conflict without a row"))?;
+            return same_request(existing, &hash);
+        }
+        Err(e) => return Err(CreateRunError::Unexpected(e.into())),
+    };
+    tx.commit().await.map_err(anyhow::Error::from)?;
+    agentfleet_shared::failpoint::hit("api_after_commit");
+    metrics::counter!("agentfleet_runs_created_total").increment(1);
+    announce(state, &run).await;
+    Ok(run)
+}
+
+fn same_request(existing: RunRow, hash: &[u8]) -> Result<RunRow, CreateRunError> {
+    if existing.request_hash.as_deref() == Some(hash) {
+        Ok(existing)
+    } else {
+        Err(CreateRunError::IdempotencyMismatch)
+    }
+}
+
+fn is_idempotency_race(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.constraint() == Some("runs_idempotency"))
+}
+
+/// Appends the run's `run_queued` event, then publishes its message (in that order, so
+/// `run_queued` is always event 1). The run is already durable, so a failure here is logged,
+/// not returned: the sweeper re-publishes queued runs it finds idle. The publish is bounded
+/// so a stalled broker cannot hold the request.
+pub async fn announce(state: &AppState, run: &RunRow) {
+    let data = json!({"status": "queued"});
+    let event = NewEvent {
+        run_id: run.id,
+        thread_id: run.thread_id,
+        kind: EventType::RunQueued,
+        data: &data,
+    };
+    if let Err(e) = state.bus.append(event, 0, 0, Expiry::Persist).await {
+        tracing::warn!(run_id = %run.id, error = %e, "could not append run_queued");
+    }
+    match tokio::time::timeout(PUBLISH_TIMEOUT, state.publisher.publish_run(run.id)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(run_id = %run.id, error = %e, "publish failed; the sweeper will re-enqueue")
+        }
+        Err(_) => {
+            tracing::warn!(run_id = %run.id, "publish timed out; the sweeper will re-enqueue")
+        }
+    }
+}
+
+const PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);

@@ -1,0 +1,96 @@
+//! `GET /v1/runs/{id}/events`: Server-Sent Events. Replays from `Last-Event-ID` (or
+//! `?after=N`), then follows live events without gap or duplicate, and ends after a pausing or
+//! terminal event. Authorized by the API key, or by a short-lived stream token (`?token=`) for
+//! browsers, whose `EventSource` cannot send headers.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures_util::Stream;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+use agentfleet_shared::store::{StoreError, runs};
+
+use crate::auth::StreamAuth;
+use crate::error::ApiError;
+use crate::routes::parse_id;
+use crate::state::AppState;
+use crate::stream::{Follower, Mode};
+
+#[derive(Deserialize)]
+pub struct EventsQuery {
+    pub after: Option<u64>,
+    pub token: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/runs/{id}/events", tag = "events",
+    params(("id" = String, Path), ("after" = Option<u64>, Query), ("token" = Option<String>, Query, description = "Stream token (browsers)"),
+           ("Last-Event-ID" = Option<String>, Header)),
+    responses((status = 200, description = "text/event-stream; see docs/events.md", content_type = "text/event-stream")),
+    security(("bearer" = [])))]
+pub async fn run_events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let run_id = parse_id(&id, "id")?;
+    let tenant = StreamAuth::resolve(&state, &headers, q.token.as_deref(), Some(run_id)).await?;
+    match runs::get_for_tenant(&state.pool, tenant, run_id).await {
+        Ok(_) => {}
+        Err(StoreError::NotFound) => return Err(ApiError::not_found("run")),
+        Err(e) => return Err(ApiError::unexpected(e)),
+    }
+    let after = match last_event_id(&headers)? {
+        Some(v) => v
+            .parse::<u64>()
+            .map_err(|_| ApiError::invalid("Last-Event-ID", "must be a non-negative integer"))?,
+        None => q.after.unwrap_or(0),
+    };
+    let (tx, rx) = channel(&state);
+    let response = sse(rx, &state);
+    let subscription = state.hub.subscribe(run_id);
+    tokio::spawn(async move {
+        let mut follower = Follower::new(&state, &tx, run_id, after, Mode::Run);
+        if let Err(e) = follower.follow(subscription).await {
+            tracing::debug!(%run_id, error = %e, "event stream ended early");
+        }
+    });
+    Ok(response)
+}
+
+pub fn last_event_id(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    match headers.get("last-event-id") {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(|s| Some(s.trim().to_owned()))
+            .map_err(|_| ApiError::invalid("Last-Event-ID", "must be visible ASCII")),
+    }
+}
+
+/// The per-client channel, starting with the reconnection hint.
+pub fn channel(state: &AppState) -> (mpsc::Sender<Event>, mpsc::Receiver<Event>) {
+    let (tx, rx) = mpsc::channel::<Event>(64);
+    let retry = Duration::from_millis(state.settings.events.sse_retry_ms);
+    let _ = tx.try_send(Event::default().retry(retry).comment("stream"));
+    metrics::counter!("agentfleet_sse_streams_total").increment(1);
+    (tx, rx)
+}
+
+/// The SSE response over a client's channel, with the keep-alive comment at the configured
+/// interval (proxies close idle connections).
+pub fn sse(
+    rx: mpsc::Receiver<Event>,
+    state: &AppState,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>> + use<>> {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|ev| (Ok::<_, Infallible>(ev), rx))
+    });
+    let every = Duration::from_secs(state.settings.events.keepalive_secs.max(1));
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(every).text("keep-alive"))
+}

@@ -1,0 +1,111 @@
+//! `GET /v1/threads/{id}/events`: one connection for a chat UI. Follows the thread's runs one
+//! after another: each run's events through its pauses to its end, then the next run as soon
+//! as it is started. SSE ids are `<run_id>:<event id>`, so `Last-Event-ID` resumes exactly.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, Sse};
+use futures_util::Stream;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use agentfleet_shared::store::runs::{self, ListFilter};
+
+use crate::auth::principal_from;
+use crate::error::ApiError;
+use crate::routes::parse_id;
+use crate::routes::runs_events::{channel, last_event_id, sse};
+use crate::state::AppState;
+use crate::stream::{FollowError, Follower, Mode};
+
+#[utoipa::path(get, path = "/v1/threads/{id}/events", tag = "events",
+    params(("id" = String, Path), ("Last-Event-ID" = Option<String>, Header, description = "`<run_id>:<event id>`")),
+    responses((status = 200, description = "text/event-stream of the thread's runs", content_type = "text/event-stream")),
+    security(("bearer" = [])))]
+pub async fn thread_events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let thread = parse_id(&id, "id")?;
+    let caller = principal_from(&headers, &state).await?;
+    if !runs::thread_belongs_to(&state.pool, caller.tenant_id, thread)
+        .await
+        .map_err(ApiError::unexpected)?
+    {
+        return Err(ApiError::not_found("thread"));
+    }
+    let start = match last_event_id(&headers)? {
+        None => None,
+        Some(v) => {
+            let parsed = v
+                .split_once(':')
+                .and_then(|(r, n)| Some((Uuid::parse_str(r).ok()?, n.parse::<u64>().ok()?)));
+            Some(parsed.ok_or_else(|| {
+                ApiError::invalid("Last-Event-ID", "must be `<run_id>:<event id>`")
+            })?)
+        }
+    };
+    let (tx, rx) = channel(&state);
+    let response = sse(rx, &state);
+    tokio::spawn(async move {
+        if let Err(e) = follow_thread(&state, caller.tenant_id, thread, start, &tx).await {
+            tracing::debug!(%thread, error = %e, "thread stream ended");
+        }
+    });
+    Ok(response)
+}
+
+async fn follow_thread(
+    state: &AppState,
+    tenant: Uuid,
+    thread: Uuid,
+    mut current: Option<(Uuid, u64)>,
+    tx: &mpsc::Sender<Event>,
+) -> Result<(), FollowError> {
+    loop {
+        let mut runs = runs::list(
+            &state.pool,
+            &ListFilter {
+                tenant,
+                status: None,
+                thread_id: Some(thread),
+                before: None,
+                limit: 10_000,
+            },
+        )
+        .await?;
+        runs.reverse(); // oldest first
+        let from = match current {
+            Some((run, _)) => runs.iter().position(|r| r.id == run).unwrap_or(0),
+            None => 0,
+        };
+        let pending: Vec<Uuid> = runs[from..].iter().map(|r| r.id).collect();
+        let mut progressed = false;
+        for run in pending {
+            let after = current
+                .filter(|(r, _)| *r == run)
+                .map(|(_, n)| n)
+                .unwrap_or(0);
+            let sub = state.hub.subscribe(run);
+            let mut follower = Follower::new(state, tx, run, after, Mode::Thread);
+            follower.follow(sub).await?;
+            if current != Some((run, follower.last)) {
+                progressed = true;
+            }
+            current = Some((run, follower.last));
+        }
+        if progressed {
+            continue;
+        }
+        // Wait for the next run of the thread.
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = tx.closed() => return Err(FollowError::ClientGone),
+            _ = state.shutdown.cancelled() => return Err(FollowError::Shutdown),
+        }
+    }
+}

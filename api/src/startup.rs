@@ -1,0 +1,146 @@
+//! Building and running the API: `Application::build`, then `run_until_stopped`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower_http::trace::TraceLayer;
+
+use agentfleet_shared::config::Settings;
+use agentfleet_shared::events::{EventBus, Keys};
+use agentfleet_shared::queue::{Publisher, Topology};
+use agentfleet_shared::{db, telemetry};
+
+use crate::hub::Hub;
+use crate::routes;
+use crate::state::AppState;
+
+pub struct Application {
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+}
+
+impl Application {
+    pub async fn build(settings: Settings) -> anyhow::Result<Application> {
+        telemetry::install_crypto();
+        let settings = Arc::new(settings);
+        let pool = db::connect(&settings.database)
+            .await
+            .context("connecting to Postgres")?;
+        if settings.database.migrate_on_start {
+            db::migrate(&pool).await.context("applying migrations")?;
+        }
+        let redis = agentfleet_shared::events::redis_pool(&settings.redis).context("redis pool")?;
+        let bus = EventBus::new(
+            redis,
+            &settings.redis.prefix,
+            settings.events.retention_secs,
+        );
+        let publisher = Publisher::new(
+            &settings.amqp.url,
+            "agentfleet-api",
+            Topology::new(&settings.amqp.prefix),
+        )
+        .await
+        .context("connecting to RabbitMQ and declaring the queue topology")?;
+        let shutdown = CancellationToken::new();
+        let hub = Hub::start(
+            settings.redis.url.clone(),
+            Keys::new(&settings.redis.prefix),
+            settings.events.client_buffer,
+            shutdown.clone(),
+        );
+        let tokens = crate::stream_token::TokenSigner::new(&settings.api.stream_token_secret);
+        let state = AppState {
+            tokens,
+            pool,
+            bus,
+            publisher,
+            hub,
+            settings: settings.clone(),
+            shutdown: shutdown.clone(),
+        };
+        let router = build_router(state);
+        let listener = TcpListener::bind(&settings.api.listen)
+            .await
+            .with_context(|| format!("binding api.listen {}", settings.api.listen))?;
+        Ok(Application {
+            listener,
+            router,
+            shutdown,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.listener.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+
+    /// Serves until `stop` resolves, then ends open streams and drains requests.
+    pub async fn run_until_stopped(
+        self,
+        stop: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let token = self.shutdown.clone();
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(async move {
+                stop.await;
+                token.cancel();
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+pub fn build_router(state: AppState) -> Router {
+    let api = &state.settings.api;
+    let timeout = Duration::from_millis(api.request_timeout_ms);
+    let v1 = routes::router()
+        .layer(DefaultBodyLimit::max(api.max_body_bytes))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            timeout,
+        ));
+    let cors = cors_layer(&state.settings.api.cors_allowed_origins);
+    Router::new()
+        .route("/healthz", get(routes::health::healthz))
+        .route("/readyz", get(routes::health::readyz))
+        .route("/metrics", get(routes::health::metrics))
+        .route("/openapi.json", get(routes::openapi::openapi))
+        .merge(v1)
+        .layer(TraceLayer::new_for_http())
+        .layer(cors)
+        .with_state(state)
+}
+
+/// CORS for browser clients: the configured origins (or `*`), the methods and headers the API
+/// uses, and `Last-Event-ID` for reconnecting streams. Empty configuration allows none.
+fn cors_layer(origins: &str) -> tower_http::cors::CorsLayer {
+    use axum::http::{HeaderName, HeaderValue, Method, header};
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let origins: Vec<&str> = origins
+        .split(',')
+        .map(str::trim)
+        .filter(|o| !o.is_empty())
+        .collect();
+    let allow = if origins.contains(&"*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    CorsLayer::new()
+        .allow_origin(allow)
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            HeaderName::from_static("idempotency-key"),
+            HeaderName::from_static("last-event-id"),
+        ])
+        .max_age(Duration::from_secs(600))
+}

@@ -1,0 +1,20 @@
+use std::sync::Arc;
+
+use agentfleet_shared::config::Settings;
+use agentfleet_shared::events::EventBus;
+use agentfleet_shared::queue::Publisher;
+use sqlx::PgPool;
+
+use crate::hub::Hub;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub bus: EventBus,
+    pub publisher: Publisher,
+    pub hub: Hub,
+    pub settings: Arc<Settings>,
+    pub tokens: crate::stream_token::TokenSigner,
+    /// Cancelled when the server stops, so open event streams end and shutdown can finish.
+    pub shutdown: tokio_util::sync::CancellationToken,
+}

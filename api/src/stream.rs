@@ -1,0 +1,291 @@
+//! Following a run's events for an SSE client: replay from the list, then live through the
+//! hub, without gap or duplicate; and rebuilding what Redis lost from Postgres.
+//!
+//! Gap-freedom: the client registers with the hub *before* reading the list, so every event
+//! appended after the read arrives live. Live events at or below the last id sent are
+//! duplicates of the replay and are skipped; one above the next expected id means something
+//! was missed (a resync, a dropped message), and the hole is filled from the list.
+//!
+//! When Redis lost events (see docs/events.md, "When Redis forgot"): a run of placeholder
+//! entries in the list (left by a worker that re-created the list up to the ids clients may
+//! have seen), or a list that is gone altogether, is replaced by one `stream_rebuilt` event
+//! carrying the run's state from Postgres, at the id of the last event it stands for, so ids
+//! stay consistent for every client that reconnects.
+
+use axum::response::sse::Event;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use agentfleet_shared::events::{EventType, peek, pending_event, timestamp};
+use agentfleet_shared::store::{runs, tool_calls};
+
+use crate::hub::{HubMessage, Subscription};
+use crate::state::AppState;
+
+/// Why a stream stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum FollowError {
+    #[error("client went away")]
+    ClientGone,
+    #[error("client too slow; dropped so it can resume with Last-Event-ID")]
+    Dropped,
+    #[error("server shutting down")]
+    Shutdown,
+    #[error("redis: {0}")]
+    Redis(#[from] agentfleet_shared::events::AppendError),
+    #[error("postgres: {0}")]
+    Store(#[from] agentfleet_shared::store::StoreError),
+}
+
+/// How a stream ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A run stream ends after a pausing or terminal event.
+    Run,
+    /// A thread stream goes on through pauses and ends a run at its terminal event.
+    Thread,
+}
+
+pub struct Follower<'a> {
+    pub state: &'a AppState,
+    pub tx: &'a mpsc::Sender<Event>,
+    pub run_id: Uuid,
+    pub last: u64,
+    pub ended: bool,
+    pub mode: Mode,
+    /// Prefix of SSE ids (`<run_id>:` on thread streams).
+    pub id_prefix: String,
+    /// Placeholder ids waiting to be replaced by one `stream_rebuilt`.
+    lost_until: Option<u64>,
+}
+
+impl<'a> Follower<'a> {
+    pub fn new(
+        state: &'a AppState,
+        tx: &'a mpsc::Sender<Event>,
+        run_id: Uuid,
+        after: u64,
+        mode: Mode,
+    ) -> Self {
+        let id_prefix = if mode == Mode::Thread {
+            format!("{run_id}:")
+        } else {
+            String::new()
+        };
+        Follower {
+            state,
+            tx,
+            run_id,
+            last: after,
+            ended: false,
+            mode,
+            id_prefix,
+            lost_until: None,
+        }
+    }
+
+    async fn send(&mut self, id: u64, kind: &str, raw: &str) -> Result<(), FollowError> {
+        let event = Event::default()
+            .id(format!("{}{id}", self.id_prefix))
+            .event(kind)
+            .data(raw);
+        self.tx
+            .send(event)
+            .await
+            .map_err(|_| FollowError::ClientGone)?;
+        self.last = id;
+        let kind = serde_json::from_value::<EventType>(Value::String(kind.to_owned())).ok();
+        self.ended =
+            kind.is_some_and(|k| k.is_terminal() || (self.mode == Mode::Run && k.ends_stream()));
+        Ok(())
+    }
+
+    /// Offers one stored event; returns false if it is not the next one (a hole).
+    async fn offer(&mut self, raw: &str, is_last: bool) -> Result<bool, FollowError> {
+        let Some((id, kind)) = peek(raw) else {
+            return Ok(true);
+        };
+        if id <= self.last {
+            return Ok(true);
+        }
+        if id != self.last + 1 && self.lost_until.is_none_or(|l| id != l + 1) {
+            return Ok(false);
+        }
+        if kind == "lost" {
+            self.lost_until = Some(id);
+            if is_last {
+                self.flush_lost().await?;
+            }
+            return Ok(true);
+        }
+        self.flush_lost().await?;
+        self.send(id, &kind, raw).await?;
+        // In a replay, a pause the run was since resumed from is history, not an end.
+        if self.ended && !is_last && self.mode == Mode::Run {
+            let terminal = serde_json::from_value::<EventType>(Value::String(kind))
+                .is_ok_and(|k| k.is_terminal());
+            self.ended = terminal;
+        }
+        Ok(true)
+    }
+
+    async fn flush_lost(&mut self) -> Result<(), FollowError> {
+        if let Some(id) = self.lost_until.take() {
+            let raw = rebuilt_event(self.state, self.run_id, id, "redis_lost_events").await?;
+            self.send(id, EventType::StreamRebuilt.as_str(), &raw)
+                .await?;
+            self.ended = false;
+        }
+        Ok(())
+    }
+
+    pub async fn replay(&mut self) -> Result<(), FollowError> {
+        let items = self.state.bus.read_after(self.run_id, self.last).await?;
+        if items.is_empty() {
+            return self.rebuild_if_gone().await;
+        }
+        let n = items.len();
+        for (i, raw) in items.iter().enumerate() {
+            if !self.offer(raw, i + 1 == n).await? {
+                break;
+            }
+            if self.ended {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The list is empty past `last`: if Redis lost (or expired) it while Postgres knows of
+    /// later events, serve the coarse rebuild and the run's current pausing or final event.
+    async fn rebuild_if_gone(&mut self) -> Result<(), FollowError> {
+        let durable = match runs::get(&self.state.pool, self.run_id).await {
+            Ok(run) => run,
+            Err(_) => return Ok(()),
+        };
+        let last_durable = durable.last_event_id as u64;
+        if last_durable <= self.last || self.state.bus.len(self.run_id).await? >= last_durable {
+            return Ok(());
+        }
+        if last_durable > self.last + 1 {
+            let raw =
+                rebuilt_event(self.state, self.run_id, last_durable - 1, "redis_list_gone").await?;
+            self.send(last_durable - 1, EventType::StreamRebuilt.as_str(), &raw)
+                .await?;
+        }
+        let status = durable.status();
+        let (kind, data) = match status {
+            s if s.is_waiting() => pending_event(
+                &durable
+                    .pending
+                    .as_ref()
+                    .map(|p| p.0.clone())
+                    .unwrap_or(Value::Null),
+            ),
+            agentfleet_shared::domain::RunStatus::Completed => (
+                EventType::RunCompleted,
+                json!({"iteration": durable.iteration}),
+            ),
+            agentfleet_shared::domain::RunStatus::Failed => (
+                EventType::RunFailed,
+                durable
+                    .error
+                    .as_ref()
+                    .map(|e| e.0.clone())
+                    .unwrap_or(Value::Null),
+            ),
+            agentfleet_shared::domain::RunStatus::Cancelled => (EventType::RunCancelled, json!({})),
+            _ => return Ok(()),
+        };
+        let raw = envelope(last_durable, durable.id, durable.thread_id, kind, data);
+        self.send(last_durable, kind.as_str(), &raw).await
+    }
+
+    /// Replays, then follows live events until the stream ends.
+    pub async fn follow(&mut self, mut sub: Subscription) -> Result<(), FollowError> {
+        self.replay().await?;
+        if self.ended {
+            return Ok(());
+        }
+        if runs::get(&self.state.pool, self.run_id)
+            .await
+            .is_ok_and(|r| r.status().is_final())
+        {
+            // Caught up with a run that has stopped: read once more in case its last event
+            // landed meanwhile, then end.
+            self.replay().await?;
+            return Ok(());
+        }
+        loop {
+            let msg = tokio::select! {
+                m = sub.rx.recv() => m,
+                _ = self.tx.closed() => return Err(FollowError::ClientGone),
+                _ = self.state.shutdown.cancelled() => return Err(FollowError::Shutdown),
+            };
+            match msg {
+                None => return Err(FollowError::Dropped),
+                Some(HubMessage::Resync) => self.replay().await?,
+                Some(HubMessage::Event(raw)) => {
+                    if !self.offer(&raw, true).await? {
+                        self.replay().await?;
+                    }
+                }
+            }
+            if self.ended {
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn envelope(id: u64, run_id: Uuid, thread_id: Uuid, kind: EventType, data: Value) -> String {
+    json!({"id": id, "run_id": run_id, "thread_id": thread_id, "type": kind.as_str(),
+           "at": timestamp(chrono::Utc::now()), "data": data})
+    .to_string()
+}
+
+/// A coarse `stream_rebuilt` event: the run's state and messages from Postgres.
+async fn rebuilt_event(
+    state: &AppState,
+    run_id: Uuid,
+    id: u64,
+    reason: &str,
+) -> Result<String, FollowError> {
+    let run = runs::get(&state.pool, run_id).await?;
+    let messages: Vec<Value> = sqlx::query_as::<_, (i64, String, sqlx::types::Json<Value>)>(
+        "SELECT id, role, body FROM messages WHERE run_id = $1 ORDER BY id",
+    )
+    .bind(run_id)
+    .fetch_all(&state.pool)
+    .await
+    .map_err(agentfleet_shared::store::StoreError::from)?
+    .into_iter()
+    .map(|(id, role, body)| json!({"id": id, "role": role, "body": body.0}))
+    .collect();
+    let calls: Vec<Value> = tool_calls::of_run(&state.pool, run_id)
+        .await?
+        .into_iter()
+        .map(|c| {
+            json!({"tool_call_id": c.tool_call_id, "name": c.name, "iteration": c.iteration, "status": c.status,
+                   "arguments": c.arguments.map(|a| a.0), "result": c.result.map(|r| r.0), "error": c.error})
+        })
+        .collect();
+    let data = json!({
+        "coarse": true,
+        "reason": reason,
+        "status": run.status,
+        "iteration": run.iteration,
+        "pending": run.pending.as_ref().map(|p| &p.0),
+        "error": run.error.as_ref().map(|e| &e.0),
+        "messages": messages,
+        "tool_calls": calls,
+    });
+    Ok(envelope(
+        id,
+        run_id,
+        run.thread_id,
+        EventType::StreamRebuilt,
+        data,
+    ))
+}

@@ -1,0 +1,400 @@
+//! Configuration: built-in defaults, then an optional TOML file, then `AGENTFLEET__SECTION__KEY`
+//! environment variables. Invalid configuration stops start-up with a message naming the key.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid configuration: {0}")]
+    Load(#[from] config::ConfigError),
+    #[error("invalid configuration: `{key}`: {message}")]
+    Invalid { key: String, message: String },
+}
+
+fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_owned(),
+        message: message.into(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub database: DatabaseSettings,
+    pub redis: RedisSettings,
+    pub amqp: AmqpSettings,
+    pub api: ApiSettings,
+    pub worker: WorkerSettings,
+    pub events: EventSettings,
+    pub telemetry: TelemetrySettings,
+    /// Models an agent may name, by the name clients use.
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelSettings>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    pub url: String,
+    pub max_connections: u32,
+    pub connect_timeout_ms: u64,
+    /// Apply migrations when a binary starts (the `migrate` subcommand always can).
+    pub migrate_on_start: bool,
+    /// Postgres ends a transaction left idle this long (a frozen or partitioned process), so
+    /// its row locks cannot block other workers' claims. Keep it below `worker.lease_ms`.
+    pub idle_in_transaction_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub url: String,
+    /// Prefix of every key and channel, e.g. `agentfleet:run:{id}:events`.
+    pub prefix: String,
+    pub pool_size: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpSettings {
+    pub url: String,
+    /// Prefix of the exchange and queues, e.g. `agentfleet.runs`.
+    pub prefix: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiSettings {
+    pub listen: String,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Largest accepted `input` text of a run, in bytes.
+    pub max_input_bytes: usize,
+    pub max_batch_runs: usize,
+    pub max_tools_per_agent: usize,
+    pub max_metadata_bytes: usize,
+    pub default_page_size: u32,
+    pub max_page_size: u32,
+    pub request_timeout_ms: u64,
+    /// Secret that signs browser stream tokens; every API replica needs the same one. When
+    /// empty, a random secret is made at start-up (tokens then work only on that process).
+    pub stream_token_secret: String,
+    pub stream_token_ttl_secs: u64,
+    /// Comma-separated origins allowed by CORS (`*` for any); empty disables CORS.
+    pub cors_allowed_origins: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSettings {
+    /// Runs executed at once by one worker; also the consumer prefetch.
+    pub concurrency: u16,
+    pub lease_ms: u64,
+    pub lease_renew_ms: u64,
+    pub sweep_interval_ms: u64,
+    /// A `queued` run untouched this long is presumed to have lost its message.
+    pub requeue_after_ms: u64,
+    /// Take-overs after crashes before a run is declared poison and failed.
+    pub max_recoveries: i32,
+    pub drain_grace_ms: u64,
+    pub default_max_iterations: i32,
+    pub tool_timeout_ms: u64,
+    pub max_tool_result_bytes: usize,
+    /// Address of the worker's health and metrics server; empty disables it.
+    pub metrics_listen: String,
+    pub model_connect_timeout_ms: u64,
+    pub model_first_byte_timeout_ms: u64,
+    pub model_idle_timeout_ms: u64,
+    pub model_total_timeout_ms: u64,
+    pub model_max_retries: usize,
+    pub model_retry_base_ms: u64,
+    pub model_retry_max_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventSettings {
+    /// Expiry of a run's event list once it pauses or ends.
+    pub retention_secs: u64,
+    /// `message_delta` events are flushed after this long...
+    pub delta_flush_ms: u64,
+    /// ...or once this many bytes of text are buffered.
+    pub delta_flush_bytes: usize,
+    pub keepalive_secs: u64,
+    pub sse_retry_ms: u64,
+    /// Events buffered per SSE client before a slow client is disconnected.
+    pub client_buffer: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// OTLP/HTTP endpoint, e.g. `http://collector:4318`; empty disables export.
+    pub otlp_endpoint: String,
+    pub service_name: String,
+    /// `json` or `pretty`.
+    pub log_format: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSettings {
+    /// OpenAI-compatible base URL, e.g. `https://api.openai.com/v1`.
+    pub base_url: String,
+    #[serde(default)]
+    pub api_key: String,
+    /// The model id sent upstream.
+    pub model: String,
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// Context budget in tokens for the prompt.
+    #[serde(default = "default_context_tokens")]
+    pub context_tokens: usize,
+}
+
+fn default_context_tokens() -> usize {
+    100_000
+}
+
+const DEFAULTS: &str = r#"
+[database]
+url = "postgres://postgres@127.0.0.1:5432/agentfleet"
+max_connections = 20
+connect_timeout_ms = 5000
+migrate_on_start = false
+idle_in_transaction_timeout_ms = 5000
+
+[redis]
+url = "redis://127.0.0.1:6379"
+prefix = "agentfleet"
+pool_size = 32
+
+[amqp]
+url = "amqp://guest:guest@127.0.0.1:5672/%2f"
+prefix = "agentfleet"
+
+[api]
+listen = "127.0.0.1:8080"
+max_body_bytes = 1048576
+max_input_bytes = 262144
+max_batch_runs = 1000
+max_tools_per_agent = 64
+max_metadata_bytes = 16384
+default_page_size = 50
+max_page_size = 500
+request_timeout_ms = 30000
+stream_token_secret = ""
+stream_token_ttl_secs = 900
+cors_allowed_origins = ""
+
+[worker]
+concurrency = 16
+lease_ms = 10000
+lease_renew_ms = 3000
+sweep_interval_ms = 2000
+requeue_after_ms = 15000
+max_recoveries = 3
+drain_grace_ms = 30000
+default_max_iterations = 25
+tool_timeout_ms = 30000
+max_tool_result_bytes = 65536
+metrics_listen = ""
+model_connect_timeout_ms = 5000
+model_first_byte_timeout_ms = 60000
+model_idle_timeout_ms = 30000
+model_total_timeout_ms = 600000
+model_max_retries = 4
+model_retry_base_ms = 200
+model_retry_max_ms = 10000
+
+[events]
+retention_secs = 86400
+delta_flush_ms = 50
+delta_flush_bytes = 512
+keepalive_secs = 15
+sse_retry_ms = 2000
+client_buffer = 1024
+
+[telemetry]
+otlp_endpoint = ""
+service_name = "agentfleet"
+log_format = "json"
+"#;
+
+impl Settings {
+    /// Loads defaults, then `file` (if given), then the environment.
+    pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
+        Self::load_with(file, Vec::<(String, String)>::new(), true)
+    }
+
+    /// As [`Settings::load`], with explicit overrides applied last (`section.key` = value).
+    /// Tests use this to isolate prefixes and databases without touching the process env.
+    pub fn load_with(
+        file: Option<&Path>,
+        overrides: impl IntoIterator<Item = (String, String)>,
+        read_env: bool,
+    ) -> Result<Settings, ConfigError> {
+        let mut builder = config::Config::builder()
+            .add_source(config::File::from_str(DEFAULTS, config::FileFormat::Toml));
+        if let Some(path) = file {
+            builder = builder.add_source(config::File::from(path).required(true));
+        }
+        if read_env {
+            builder = builder.add_source(
+                config::Environment::with_prefix("AGENTFLEET")
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true),
+            );
+        }
+        for (key, value) in overrides {
+            builder = builder.set_override(key, value)?;
+        }
+        let settings: Settings = builder.build()?.try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let name_ok = |s: &str| {
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        };
+        if !name_ok(&self.redis.prefix) {
+            return Err(invalid("redis.prefix", "must be non-empty [A-Za-z0-9._-]"));
+        }
+        if !name_ok(&self.amqp.prefix) {
+            return Err(invalid("amqp.prefix", "must be non-empty [A-Za-z0-9._-]"));
+        }
+        if self.worker.concurrency == 0 {
+            return Err(invalid("worker.concurrency", "must be at least 1"));
+        }
+        if self.worker.lease_renew_ms == 0 || self.worker.lease_renew_ms * 2 > self.worker.lease_ms
+        {
+            return Err(invalid(
+                "worker.lease_renew_ms",
+                "must be positive and at most half of worker.lease_ms",
+            ));
+        }
+        if self.database.idle_in_transaction_timeout_ms == 0
+            || self.database.idle_in_transaction_timeout_ms >= self.worker.lease_ms
+        {
+            return Err(invalid(
+                "database.idle_in_transaction_timeout_ms",
+                "must be positive and below worker.lease_ms",
+            ));
+        }
+        if self.worker.max_recoveries < 0 {
+            return Err(invalid("worker.max_recoveries", "must not be negative"));
+        }
+        if !(1..=10_000).contains(&self.worker.default_max_iterations) {
+            return Err(invalid(
+                "worker.default_max_iterations",
+                "must be within 1..=10000",
+            ));
+        }
+        if self.api.max_page_size == 0 || self.api.default_page_size > self.api.max_page_size {
+            return Err(invalid(
+                "api.default_page_size",
+                "must be within 1..=api.max_page_size",
+            ));
+        }
+        if self.api.max_input_bytes > self.api.max_body_bytes {
+            return Err(invalid(
+                "api.max_input_bytes",
+                "must not exceed api.max_body_bytes",
+            ));
+        }
+        if self.events.client_buffer == 0 {
+            return Err(invalid("events.client_buffer", "must be at least 1"));
+        }
+        if !matches!(self.telemetry.log_format.as_str(), "json" | "pretty") {
+            return Err(invalid(
+                "telemetry.log_format",
+                "must be `json` or `pretty`",
+            ));
+        }
+        for (name, model) in &self.models {
+            let key = format!("models.{name}.base_url");
+            if !(model.base_url.starts_with("http://") || model.base_url.starts_with("https://")) {
+                return Err(invalid(&key, "must be an http(s) URL"));
+            }
+            if model.model.is_empty() {
+                return Err(invalid(
+                    &format!("models.{name}.model"),
+                    "must not be empty",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl WorkerSettings {
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms)
+    }
+    pub fn lease_renew(&self) -> Duration {
+        Duration::from_millis(self.lease_renew_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(overrides: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        Settings::load_with(
+            None,
+            overrides
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string())),
+            false,
+        )
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let s = load(&[]).unwrap();
+        assert_eq!(s.redis.prefix, "agentfleet");
+        assert_eq!(s.worker.lease_ms, 10_000);
+        assert_eq!(s.events.retention_secs, 86_400);
+    }
+
+    #[test]
+    fn invalid_value_names_the_key() {
+        let err = load(&[("worker.concurrency", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("worker.concurrency"), "{err}");
+        let err = load(&[("worker.lease_ms", "not-a-number")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("lease_ms"), "{err}");
+    }
+
+    #[test]
+    fn models_are_configured_by_name() {
+        let s = load(&[
+            ("models.fast.base_url", "http://127.0.0.1:1/v1"),
+            ("models.fast.model", "gpt-x"),
+        ])
+        .unwrap();
+        assert_eq!(s.models["fast"].model, "gpt-x");
+        let err = load(&[
+            ("models.bad.base_url", "ftp://x"),
+            ("models.bad.model", "m"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("models.bad.base_url"), "{err}");
+    }
+}

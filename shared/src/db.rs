@@ -1,0 +1,41 @@
+//! Postgres pool and migrations.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::config::DatabaseSettings;
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+fn options(settings: &DatabaseSettings) -> Result<PgConnectOptions, sqlx::Error> {
+    let options: PgConnectOptions = settings.url.parse()?;
+    Ok(options.options([(
+        "idle_in_transaction_session_timeout",
+        settings.idle_in_transaction_timeout_ms.to_string(),
+    )]))
+}
+
+pub async fn connect(settings: &DatabaseSettings) -> Result<PgPool, sqlx::Error> {
+    let options = options(settings)?;
+    PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(Duration::from_millis(settings.connect_timeout_ms))
+        .connect_with(options)
+        .await
+}
+
+/// Like [`connect`] but returns at once; connections are made on first use. Lets a binary
+/// start (and report not-ready) while Postgres is down.
+pub fn connect_lazy(settings: &DatabaseSettings) -> Result<PgPool, sqlx::Error> {
+    let options = options(settings)?;
+    Ok(PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(Duration::from_millis(settings.connect_timeout_ms))
+        .connect_lazy_with(options))
+}
+
+pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
+    MIGRATOR.run(pool).await
+}

@@ -1,0 +1,238 @@
+//! The agent spec a client submits with a run, validated once at the edge.
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Tools every agent has without declaring them.
+pub const BUILTIN_TOOLS: [&str; 2] = ["complete", "ask"];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSpec {
+    /// A model name configured under `models.<name>`.
+    pub model: String,
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+    #[serde(default)]
+    pub tools: Vec<ToolSpec>,
+    #[serde(default)]
+    pub max_iterations: Option<i32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolSpec {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    #[serde(default = "empty_object_schema")]
+    #[schema(value_type = Object)]
+    pub parameters: serde_json::Value,
+    pub kind: ToolKind,
+    /// Endpoint of an `http` tool.
+    pub url: String,
+    /// `high` calls wait for a human decision before they run.
+    #[serde(default)]
+    pub risk: Risk,
+    /// Deadline of one call; the worker's `tool_timeout_ms` when absent.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+fn empty_object_schema() -> serde_json::Value {
+    serde_json::json!({"type": "object"})
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolKind {
+    /// POSTs `{run_id, tool_call_id, arguments}` to `url`.
+    Http,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Risk {
+    #[default]
+    Low,
+    High,
+}
+
+impl Risk {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Risk::Low => "low",
+            Risk::High => "high",
+        }
+    }
+}
+
+/// A validation failure that names the offending field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct AgentSpecError {
+    pub field: String,
+    pub message: String,
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> AgentSpecError {
+    AgentSpecError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+impl AgentSpec {
+    /// Checks everything the worker will rely on, so a run never fails late for bad input.
+    pub fn validate(
+        &self,
+        model_known: impl Fn(&str) -> bool,
+        max_tools: usize,
+    ) -> Result<(), AgentSpecError> {
+        if self.model.is_empty() {
+            return Err(err("agent.model", "must not be empty"));
+        }
+        if !model_known(&self.model) {
+            return Err(err(
+                "agent.model",
+                format!("unknown model `{}`", self.model),
+            ));
+        }
+        if let Some(n) = self.max_iterations
+            && !(1..=10_000).contains(&n)
+        {
+            return Err(err("agent.max_iterations", "must be within 1..=10000"));
+        }
+        if let Some(p) = &self.system_prompt
+            && p.len() > 200_000
+        {
+            return Err(err("agent.system_prompt", "longer than 200000 bytes"));
+        }
+        if self.tools.len() > max_tools {
+            return Err(err("agent.tools", format!("more than {max_tools} tools")));
+        }
+        let mut seen = HashSet::new();
+        for (i, tool) in self.tools.iter().enumerate() {
+            let field = |f: &str| format!("agent.tools[{i}].{f}");
+            let name_ok = !tool.name.is_empty()
+                && tool.name.len() <= 64
+                && tool
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !name_ok {
+                return Err(err(
+                    field("name"),
+                    "must be 1-64 characters of [A-Za-z0-9_-]",
+                ));
+            }
+            if BUILTIN_TOOLS.contains(&tool.name.as_str()) {
+                return Err(err(
+                    field("name"),
+                    format!("`{}` is a built-in tool", tool.name),
+                ));
+            }
+            if !seen.insert(tool.name.as_str()) {
+                return Err(err(
+                    field("name"),
+                    format!("duplicate tool `{}`", tool.name),
+                ));
+            }
+            if !tool.parameters.is_object() {
+                return Err(err(field("parameters"), "must be a JSON Schema object"));
+            }
+            if let Err(e) = jsonschema::validator_for(&tool.parameters) {
+                return Err(err(
+                    field("parameters"),
+                    format!("invalid JSON Schema: {e}"),
+                ));
+            }
+            match tool.kind {
+                ToolKind::Http => {
+                    let url = &tool.url;
+                    if !(url.starts_with("http://") || url.starts_with("https://"))
+                        || url.len() > 2048
+                    {
+                        return Err(err(field("url"), "must be an http(s) URL"));
+                    }
+                }
+            }
+            if let Some(t) = tool.timeout_ms
+                && !(1..=3_600_000).contains(&t)
+            {
+                return Err(err(field("timeout_ms"), "must be within 1..=3600000"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn tool(&self, name: &str) -> Option<&ToolSpec> {
+        self.tools.iter().find(|t| t.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(v: serde_json::Value) -> AgentSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn accepts_a_full_spec() {
+        let s = spec(json!({
+            "model": "m", "system_prompt": "be brief", "max_iterations": 5,
+            "tools": [{"name": "add", "kind": "http", "url": "http://x/add", "risk": "high",
+                       "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}]
+        }));
+        s.validate(|m| m == "m", 8).unwrap();
+        assert_eq!(s.tool("add").unwrap().risk, Risk::High);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let s = spec(json!({"model": "nope"}));
+        assert_eq!(
+            s.validate(|m| m == "m", 8).unwrap_err().field,
+            "agent.model"
+        );
+        let s = spec(json!({"model": "m", "tools": [
+            {"name": "a", "kind": "http", "url": "http://x"},
+            {"name": "a", "kind": "http", "url": "http://x"}]}));
+        assert_eq!(
+            s.validate(|_| true, 8).unwrap_err().field,
+            "agent.tools[1].name"
+        );
+        let s = spec(
+            json!({"model": "m", "tools": [{"name": "ask", "kind": "http", "url": "http://x"}]}),
+        );
+        assert_eq!(
+            s.validate(|_| true, 8).unwrap_err().field,
+            "agent.tools[0].name"
+        );
+        let s =
+            spec(json!({"model": "m", "tools": [{"name": "t", "kind": "http", "url": "ftp://x"}]}));
+        assert_eq!(
+            s.validate(|_| true, 8).unwrap_err().field,
+            "agent.tools[0].url"
+        );
+        let s = spec(
+            json!({"model": "m", "tools": [{"name": "t", "kind": "http", "url": "http://x",
+            "parameters": {"type": 12}}]}),
+        );
+        assert_eq!(
+            s.validate(|_| true, 8).unwrap_err().field,
+            "agent.tools[0].parameters"
+        );
+        let s = spec(json!({"model": "m", "max_iterations": 0}));
+        assert_eq!(
+            s.validate(|_| true, 8).unwrap_err().field,
+            "agent.max_iterations"
+        );
+    }
+}

@@ -1,0 +1,385 @@
+//! Run events: the envelope of design.md and the Redis event bus that stores and announces them.
+//!
+//! Each event's `id` is the length of the run's list after the append. One Lua script computes
+//! it, appends and publishes atomically, so ids are gap-free whatever the number of writers, and
+//! it refuses writers whose fencing token is older than the newest one seen for the run: a worker
+//! that lost its lease cannot slip events into a stream another worker now owns.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use deadpool_redis::redis;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventType {
+    RunQueued,
+    RunStarted,
+    IterationStarted,
+    MessageDelta,
+    MessageCompleted,
+    ToolStarted,
+    ToolCompleted,
+    InputRequired,
+    ConfirmationRequired,
+    RunResumed,
+    RunRecovered,
+    RunCompleted,
+    RunFailed,
+    RunCancelled,
+    /// First event of a stream rebuilt from Postgres after Redis lost the run's list.
+    StreamRebuilt,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::RunQueued => "run_queued",
+            EventType::RunStarted => "run_started",
+            EventType::IterationStarted => "iteration_started",
+            EventType::MessageDelta => "message_delta",
+            EventType::MessageCompleted => "message_completed",
+            EventType::ToolStarted => "tool_started",
+            EventType::ToolCompleted => "tool_completed",
+            EventType::InputRequired => "input_required",
+            EventType::ConfirmationRequired => "confirmation_required",
+            EventType::RunResumed => "run_resumed",
+            EventType::RunRecovered => "run_recovered",
+            EventType::RunCompleted => "run_completed",
+            EventType::RunFailed => "run_failed",
+            EventType::RunCancelled => "run_cancelled",
+            EventType::StreamRebuilt => "stream_rebuilt",
+        }
+    }
+
+    /// The run is over: nothing ever follows.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            EventType::RunCompleted | EventType::RunFailed | EventType::RunCancelled
+        )
+    }
+
+    /// After a pausing or terminal event nothing follows until the run is resumed.
+    pub fn ends_stream(self) -> bool {
+        matches!(
+            self,
+            EventType::InputRequired
+                | EventType::ConfirmationRequired
+                | EventType::RunCompleted
+                | EventType::RunFailed
+                | EventType::RunCancelled
+        )
+    }
+}
+
+/// An event as clients see it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub id: u64,
+    pub run_id: Uuid,
+    pub thread_id: Uuid,
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    pub at: String,
+    pub data: Value,
+}
+
+/// The envelope without its id: the id is assigned inside Redis.
+#[derive(Serialize)]
+struct Unnumbered<'a> {
+    run_id: Uuid,
+    thread_id: Uuid,
+    #[serde(rename = "type")]
+    kind: EventType,
+    at: String,
+    data: &'a Value,
+}
+
+pub fn timestamp(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// Fencing token of writers that must win over every worker (a cancel from the API).
+/// Kept below 2^53 so Lua's doubles represent it exactly.
+pub const FINAL_FENCE: i64 = 1 << 50;
+
+/// What to do with the list's expiry in the same atomic step as the append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    Keep,
+    /// The run paused or ended: keep its stream for the retention period.
+    Expire,
+    /// The run is active again: the list must not expire under it.
+    Persist,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    #[error("event refused: a newer holder (fence {current}) owns run {run_id}'s stream")]
+    Fenced { run_id: Uuid, current: i64 },
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("redis pool: {0}")]
+    Pool(#[from] deadpool_redis::PoolError),
+}
+
+/// KEYS: list, fence. ARGV: token, envelope-without-id (starting after its `{`), channel,
+/// expiry mode (0 keep, 1 expire, 2 persist), ttl seconds, floor.
+/// `floor` is the last id a client may have seen (from Postgres): if Redis lost the list, the
+/// list is refilled with placeholders up to it so ids continue instead of starting over.
+const APPEND_LUA: &str = r#"
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+local token = tonumber(ARGV[1])
+if token < fence then return {-1, fence} end
+if token > fence then redis.call('SET', KEYS[2], ARGV[1]) end
+local len = redis.call('LLEN', KEYS[1])
+local floor = tonumber(ARGV[6])
+while len < floor do
+  len = len + 1
+  redis.call('RPUSH', KEYS[1], '{"id":' .. len .. ',"type":"lost"}')
+end
+local n = len + 1
+local ev = '{"id":' .. n .. ',' .. ARGV[2]
+redis.call('RPUSH', KEYS[1], ev)
+redis.call('PUBLISH', ARGV[3], ev)
+local mode = ARGV[4]
+if mode == '1' then
+  redis.call('EXPIRE', KEYS[1], ARGV[5]); redis.call('EXPIRE', KEYS[2], ARGV[5])
+elseif mode == '2' then
+  redis.call('PERSIST', KEYS[1]); redis.call('PERSIST', KEYS[2])
+end
+return {n, fence}
+"#;
+
+/// A Redis connection pool sized by `redis.pool_size`.
+pub fn redis_pool(
+    settings: &crate::config::RedisSettings,
+) -> Result<deadpool_redis::Pool, deadpool_redis::CreatePoolError> {
+    let mut cfg = deadpool_redis::Config::from_url(settings.url.clone());
+    cfg.pool = Some(deadpool_redis::PoolConfig::new(settings.pool_size));
+    cfg.create_pool(Some(deadpool_redis::Runtime::Tokio1))
+}
+
+/// Names of a run's Redis keys and channels.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(prefix: &str) -> Keys {
+        Keys {
+            prefix: prefix.to_owned(),
+        }
+    }
+    pub fn events(&self, run: Uuid) -> String {
+        format!("{}:run:{run}:events", self.prefix)
+    }
+    pub fn live(&self, run: Uuid) -> String {
+        format!("{}:run:{run}:live", self.prefix)
+    }
+    pub fn control(&self, run: Uuid) -> String {
+        format!("{}:run:{run}:control", self.prefix)
+    }
+    pub fn fence(&self, run: Uuid) -> String {
+        format!("{}:run:{run}:fence", self.prefix)
+    }
+    /// Pattern matching every run's live channel, for the API's single subscription.
+    pub fn live_pattern(&self) -> String {
+        format!("{}:run:*:live", self.prefix)
+    }
+    pub fn control_pattern(&self) -> String {
+        format!("{}:run:*:control", self.prefix)
+    }
+    /// Extracts the run id from a live or control channel name.
+    pub fn run_of_channel(&self, channel: &str) -> Option<Uuid> {
+        let rest = channel.strip_prefix(&self.prefix)?.strip_prefix(":run:")?;
+        let id = rest.split(':').next()?;
+        Uuid::parse_str(id).ok()
+    }
+}
+
+/// The event bus over a Redis pool.
+#[derive(Clone)]
+pub struct EventBus {
+    pool: deadpool_redis::Pool,
+    keys: Keys,
+    retention_secs: u64,
+    script: std::sync::Arc<redis::Script>,
+}
+
+/// An appended event: its id and the JSON as stored.
+#[derive(Debug, Clone)]
+pub struct Appended {
+    pub id: u64,
+}
+
+pub struct NewEvent<'a> {
+    pub run_id: Uuid,
+    pub thread_id: Uuid,
+    pub kind: EventType,
+    pub data: &'a Value,
+}
+
+impl EventBus {
+    pub fn new(pool: deadpool_redis::Pool, prefix: &str, retention_secs: u64) -> EventBus {
+        EventBus {
+            pool,
+            keys: Keys::new(prefix),
+            retention_secs,
+            script: std::sync::Arc::new(redis::Script::new(APPEND_LUA)),
+        }
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    pub fn pool(&self) -> &deadpool_redis::Pool {
+        &self.pool
+    }
+
+    /// Appends one event with fencing token `fence`; `floor` is the last id known durable.
+    pub async fn append(
+        &self,
+        event: NewEvent<'_>,
+        fence: i64,
+        floor: u64,
+        expiry: Expiry,
+    ) -> Result<Appended, AppendError> {
+        let body = serde_json::to_string(&Unnumbered {
+            run_id: event.run_id,
+            thread_id: event.thread_id,
+            kind: event.kind,
+            at: timestamp(Utc::now()),
+            data: event.data,
+        })
+        .expect("event serializes");
+        let mode = match expiry {
+            Expiry::Keep => "0",
+            Expiry::Expire => "1",
+            Expiry::Persist => "2",
+        };
+        let mut conn = self.pool.get().await?;
+        let (id, current): (i64, i64) = self
+            .script
+            .key(self.keys.events(event.run_id))
+            .key(self.keys.fence(event.run_id))
+            .arg(fence)
+            .arg(&body[1..])
+            .arg(self.keys.live(event.run_id))
+            .arg(mode)
+            .arg(self.retention_secs)
+            .arg(floor)
+            .invoke_async(&mut conn)
+            .await?;
+        metrics::counter!("agentfleet_events_published_total", "type" => event.kind.as_str())
+            .increment(1);
+        if id < 0 {
+            return Err(AppendError::Fenced {
+                run_id: event.run_id,
+                current,
+            });
+        }
+        Ok(Appended { id: id as u64 })
+    }
+
+    /// Events with id > `after`, in order (raw JSON as stored).
+    pub async fn read_after(&self, run: Uuid, after: u64) -> Result<Vec<String>, AppendError> {
+        let mut conn = self.pool.get().await?;
+        let items: Vec<String> = redis::cmd("LRANGE")
+            .arg(self.keys.events(run))
+            .arg(after as i64)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await?;
+        Ok(items)
+    }
+
+    /// Number of events stored for the run (0 when the list is gone).
+    pub async fn len(&self, run: Uuid) -> Result<u64, AppendError> {
+        let mut conn = self.pool.get().await?;
+        let n: u64 = redis::cmd("LLEN")
+            .arg(self.keys.events(run))
+            .query_async(&mut conn)
+            .await?;
+        Ok(n)
+    }
+
+    /// Hints the worker that owns the run (the decision itself is in Postgres).
+    pub async fn send_control(&self, run: Uuid, message: &str) -> Result<(), AppendError> {
+        let mut conn = self.pool.get().await?;
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(self.keys.control(run))
+            .arg(message)
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Reads the `id` and `type` of a stored event without parsing all of it.
+pub fn peek(raw: &str) -> Option<(u64, String)> {
+    #[derive(Deserialize)]
+    struct Head {
+        id: u64,
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    let head: Head = serde_json::from_str(raw).ok()?;
+    Some((head.id, head.kind))
+}
+
+/// A worker's fencing token for its attempt. Worker tokens are even and the API's resume
+/// appends use the odd token just above the paused attempt's, so a paused holder's late
+/// append can never land after `run_resumed`, while the next attempt's events still pass.
+pub fn worker_fence(attempt: i32) -> i64 {
+    attempt as i64 * 2
+}
+
+/// The token the API appends `run_resumed` with, after attempt `attempt` paused.
+pub fn resume_fence(attempt: i32) -> i64 {
+    attempt as i64 * 2 + 1
+}
+
+/// The pausing event for a run's pending item. Built in one place so the API can append it on
+/// a worker's behalf (if the worker died between its commit and its append) identically.
+pub fn pending_event(pending: &Value) -> (EventType, Value) {
+    if pending.get("kind").and_then(Value::as_str) == Some("input") {
+        let data = serde_json::json!({
+            "tool_call_id": pending.get("tool_call_id"),
+            "question": pending.get("question"),
+            "attachments": pending.get("attachments"),
+        });
+        (EventType::InputRequired, data)
+    } else {
+        let data = serde_json::json!({"tool_calls": pending.get("tool_calls")});
+        (EventType::ConfirmationRequired, data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_the_design_names() {
+        let k = Keys::new("agentfleet");
+        let id = Uuid::nil();
+        assert_eq!(k.events(id), format!("agentfleet:run:{id}:events"));
+        assert_eq!(k.live(id), format!("agentfleet:run:{id}:live"));
+        assert_eq!(k.control(id), format!("agentfleet:run:{id}:control"));
+        assert_eq!(k.run_of_channel(&k.live(id)), Some(id));
+        assert_eq!(k.run_of_channel("other:run:x:live"), None);
+    }
+
+    #[test]
+    fn peek_reads_id_and_type() {
+        assert_eq!(
+            peek(r#"{"id":3,"type":"run_started","data":{}}"#),
+            Some((3, "run_started".into()))
+        );
+    }
+}

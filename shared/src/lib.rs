@@ -1,0 +1,12 @@
+//! agentfleet-shared: the domain, configuration, Postgres store, queue topology, event bus and
+//! telemetry used by both the API and the workers.
+
+pub mod config;
+pub mod db;
+pub mod domain;
+pub mod events;
+pub mod failpoint;
+pub mod queue;
+pub mod signals;
+pub mod store;
+pub mod telemetry;

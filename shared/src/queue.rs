@@ -1,0 +1,252 @@
+//! RabbitMQ topology and the run-message publisher.
+//!
+//! A message only says "run R has work to do" and carries trace context; Postgres holds the
+//! state. Topology: a durable direct exchange `{prefix}.runs`, a durable quorum queue
+//! `{prefix}.runs` bound to it, and a dead-letter exchange and queue `{prefix}.runs.dead`.
+
+use std::collections::HashMap;
+
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+#[derive(Debug, Clone)]
+pub struct Topology {
+    pub exchange: String,
+    pub queue: String,
+    pub dead_exchange: String,
+    pub dead_queue: String,
+}
+
+impl Topology {
+    pub fn new(prefix: &str) -> Topology {
+        Topology {
+            exchange: format!("{prefix}.runs"),
+            queue: format!("{prefix}.runs"),
+            dead_exchange: format!("{prefix}.runs.dlx"),
+            dead_queue: format!("{prefix}.runs.dead"),
+        }
+    }
+
+    /// Idempotent: every binary declares what it uses at start-up.
+    pub async fn declare(&self, channel: &Channel) -> lapin::Result<()> {
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        channel
+            .exchange_declare(
+                self.exchange.as_str().into(),
+                ExchangeKind::Direct,
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .exchange_declare(
+                self.dead_exchange.as_str().into(),
+                ExchangeKind::Fanout,
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+        let queue_opts = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        let mut dead_args = FieldTable::default();
+        dead_args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        channel
+            .queue_declare(self.dead_queue.as_str().into(), queue_opts, dead_args)
+            .await?;
+        channel
+            .queue_bind(
+                self.dead_queue.as_str().into(),
+                self.dead_exchange.as_str().into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(self.dead_exchange.as_str().into()),
+        );
+        channel
+            .queue_declare(self.queue.as_str().into(), queue_opts, args)
+            .await?;
+        channel
+            .queue_bind(
+                self.queue.as_str().into(),
+                self.exchange.as_str().into(),
+                self.queue.as_str().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// Body of a run message.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunMessage {
+    pub run_id: Uuid,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("amqp: {0}")]
+    Amqp(#[from] lapin::Error),
+    #[error("the broker refused the message (nack)")]
+    Nacked,
+}
+
+pub async fn connect(url: &str, name: &str) -> lapin::Result<Connection> {
+    let props = ConnectionProperties::default().with_connection_name(LongString::from(name));
+    Connection::connect(url, props).await
+}
+
+/// Publishes run messages with publisher confirms: a publish returns only once the broker
+/// has the message durably (quorum queues confirm after a majority wrote it). The publisher
+/// owns its connection and makes a new one when the broker went away, so a RabbitMQ restart
+/// heals on the next publish.
+#[derive(Clone)]
+pub struct Publisher {
+    url: String,
+    name: String,
+    topology: Topology,
+    channel: std::sync::Arc<tokio::sync::Mutex<Option<(Connection, Channel)>>>,
+}
+
+impl Publisher {
+    pub async fn new(url: &str, name: &str, topology: Topology) -> lapin::Result<Publisher> {
+        let publisher = Publisher {
+            url: url.to_owned(),
+            name: name.to_owned(),
+            topology,
+            channel: Default::default(),
+        };
+        publisher.channel().await?;
+        Ok(publisher)
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// Whether the broker can be reached now, reconnecting if needed (for readiness probes:
+    /// a probe that only reported the last state would stay "not ready" after an outage).
+    pub async fn check(&self) -> bool {
+        self.channel().await.is_ok()
+    }
+
+    /// The confirm channel, re-made if the connection was lost.
+    async fn channel(&self) -> lapin::Result<Channel> {
+        let mut guard = self.channel.lock().await;
+        if let Some((conn, ch)) = guard.as_ref()
+            && conn.status().connected()
+            && ch.status().connected()
+        {
+            return Ok(ch.clone());
+        }
+        *guard = None;
+        let conn = connect(&self.url, &self.name).await?;
+        let ch = conn.create_channel().await?;
+        ch.confirm_select(ConfirmSelectOptions::default()).await?;
+        self.topology.declare(&ch).await?;
+        *guard = Some((conn, ch.clone()));
+        Ok(ch)
+    }
+
+    /// Publishes "run has work", carrying the current span's W3C trace context.
+    pub async fn publish_run(&self, run_id: Uuid) -> Result<(), PublishError> {
+        let body = serde_json::to_vec(&RunMessage { run_id }).expect("serializes");
+        let result = self
+            .publish_raw(
+                &self.topology.exchange,
+                &self.topology.queue,
+                &body,
+                crate::telemetry::current_trace_headers(),
+            )
+            .await;
+        if result.is_err() {
+            // Drop the channel so the next publish makes a fresh one.
+            self.channel.lock().await.take();
+        }
+        result?;
+        metrics::counter!("agentfleet_queue_publishes_total").increment(1);
+        Ok(())
+    }
+
+    pub async fn close(&self) {
+        if let Some((conn, _)) = self.channel.lock().await.take() {
+            let _ = conn.close(200, "closing".into()).await;
+        }
+    }
+
+    async fn publish_raw(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        headers: HashMap<String, String>,
+    ) -> Result<(), PublishError> {
+        let mut table = FieldTable::default();
+        for (k, v) in headers {
+            table.insert(ShortString::from(k), AMQPValue::LongString(v.into()));
+        }
+        let props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_headers(table);
+        let confirm = self
+            .channel()
+            .await?
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                body,
+                props,
+            )
+            .await?
+            .await?;
+        if confirm.is_nack() {
+            return Err(PublishError::Nacked);
+        }
+        Ok(())
+    }
+}
+
+/// Reads string headers of a delivery, for trace-context extraction.
+pub fn headers_of(props: &BasicProperties) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    if let Some(table) = props.headers() {
+        for (k, v) in table.inner() {
+            let value = match v {
+                AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                AMQPValue::ShortString(s) => s.as_str().to_owned(),
+                _ => continue,
+            };
+            out.insert(k.as_str().to_owned(), value);
+        }
+    }
+    out
+}

@@ -1,0 +1,61 @@
+//! Postgres access. Every write a worker makes after its claim is fenced by its attempt.
+
+pub mod messages;
+pub mod runs;
+pub mod tenants;
+pub mod tool_calls;
+pub mod transitions;
+
+use uuid::Uuid;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found")]
+    NotFound,
+    /// The run is no longer held by this attempt: another worker took it, or it was cancelled.
+    #[error("run {run_id}: attempt {attempt} no longer holds the run")]
+    LeaseLost { run_id: Uuid, attempt: i32 },
+    #[error("run {run_id} is {status}")]
+    WrongStatus { run_id: Uuid, status: String },
+    #[error("thread {thread_id} already has an active run {run_id}")]
+    ThreadBusy { thread_id: Uuid, run_id: Uuid },
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+/// The identity of one holding of a run: writes carry it so stale holders are refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    pub run_id: Uuid,
+    pub attempt: i32,
+}
+
+impl Fence {
+    pub fn lost(self) -> StoreError {
+        StoreError::LeaseLost {
+            run_id: self.run_id,
+            attempt: self.attempt,
+        }
+    }
+}
+
+/// Locks the run row if `fence` still holds it; the lock lasts until the transaction ends, so
+/// a concurrent claim or cancel waits for us and sees our writes (or we see theirs and stop).
+pub async fn lock_fenced(tx: &mut sqlx::PgConnection, fence: Fence) -> Result<(), StoreError> {
+    let row: Option<(Uuid,)> = sqlx::query_as(
+        "SELECT id FROM runs WHERE id = $1 AND attempt = $2 AND status = 'running' FOR UPDATE",
+    )
+    .bind(fence.run_id)
+    .bind(fence.attempt)
+    .fetch_optional(&mut *tx)
+    .await?;
+    row.map(|_| ()).ok_or(fence.lost())
+}
+
+/// Maps a unique violation of the one-active-run-per-thread index.
+pub(crate) fn is_unique_violation(err: &sqlx::Error, constraint: &str) -> bool {
+    match err {
+        sqlx::Error::Database(db) => db.constraint() == Some(constraint),
+        _ => false,
+    }
+}

@@ -1,0 +1,156 @@
+//! Reading runs.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgPool;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use super::StoreError;
+use crate::domain::{AgentSpec, RunStatus};
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RunRow {
+    pub id: Uuid,
+    pub tenant_id: Uuid,
+    pub thread_id: Uuid,
+    pub status: String,
+    pub agent: Json<AgentSpec>,
+    pub metadata: Json<Value>,
+    pub idempotency_key: Option<String>,
+    pub request_hash: Option<Vec<u8>>,
+    pub iteration: i32,
+    pub max_iterations: i32,
+    pub attempt: i32,
+    pub recoveries: i32,
+    pub interrupted: bool,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub pending: Option<Json<Value>>,
+    pub prompt_tokens: i64,
+    pub completion_tokens: i64,
+    pub error: Option<Json<Value>>,
+    pub cancel_requested_at: Option<DateTime<Utc>>,
+    pub last_event_id: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl RunRow {
+    pub fn status(&self) -> RunStatus {
+        RunStatus::parse(&self.status)
+            .expect("the status CHECK constraint admits only known statuses")
+    }
+}
+
+pub async fn get(pool: &PgPool, id: Uuid) -> Result<RunRow, StoreError> {
+    sqlx::query_as::<_, RunRow>("SELECT * FROM runs WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await?
+        .ok_or(StoreError::NotFound)
+}
+
+/// A run as its tenant may see it; another tenant's run is simply not found.
+pub async fn get_for_tenant(pool: &PgPool, tenant: Uuid, id: Uuid) -> Result<RunRow, StoreError> {
+    sqlx::query_as::<_, RunRow>("SELECT * FROM runs WHERE id = $1 AND tenant_id = $2")
+        .bind(id)
+        .bind(tenant)
+        .fetch_optional(pool)
+        .await?
+        .ok_or(StoreError::NotFound)
+}
+
+pub async fn by_idempotency_key(
+    pool: &PgPool,
+    tenant: Uuid,
+    key: &str,
+) -> Result<Option<RunRow>, StoreError> {
+    Ok(sqlx::query_as::<_, RunRow>(
+        "SELECT * FROM runs WHERE tenant_id = $1 AND idempotency_key = $2",
+    )
+    .bind(tenant)
+    .bind(key)
+    .fetch_optional(pool)
+    .await?)
+}
+
+pub struct ListFilter {
+    pub tenant: Uuid,
+    pub status: Option<RunStatus>,
+    pub thread_id: Option<Uuid>,
+    /// Keyset cursor: runs strictly older than this (created_at, id).
+    pub before: Option<(DateTime<Utc>, Uuid)>,
+    pub limit: i64,
+}
+
+/// Newest first, keyset-paginated.
+pub async fn list(pool: &PgPool, f: &ListFilter) -> Result<Vec<RunRow>, StoreError> {
+    let (before_at, before_id) = match f.before {
+        Some((at, id)) => (Some(at), Some(id)),
+        None => (None, None),
+    };
+    Ok(sqlx::query_as::<_, RunRow>(
+        "SELECT * FROM runs
+         WHERE tenant_id = $1
+           AND ($2::text IS NULL OR status = $2)
+           AND ($3::uuid IS NULL OR thread_id = $3)
+           AND ($4::timestamptz IS NULL OR (created_at, id) < ($4, $5))
+         ORDER BY created_at DESC, id DESC
+         LIMIT $6",
+    )
+    .bind(f.tenant)
+    .bind(f.status.map(|s| s.as_str()))
+    .bind(f.thread_id)
+    .bind(before_at)
+    .bind(before_id)
+    .bind(f.limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+pub async fn thread_belongs_to(
+    pool: &PgPool,
+    tenant: Uuid,
+    thread: Uuid,
+) -> Result<bool, StoreError> {
+    let row: Option<(Uuid,)> =
+        sqlx::query_as("SELECT id FROM threads WHERE id = $1 AND tenant_id = $2")
+            .bind(thread)
+            .bind(tenant)
+            .fetch_optional(pool)
+            .await?;
+    Ok(row.is_some())
+}
+
+/// Runs whose holder is presumed dead (expired lease), and queued runs untouched for
+/// `requeue_after` (their message was probably lost). Queued ones are touched so the next sweep
+/// leaves them alone for another period.
+pub async fn stale(
+    pool: &PgPool,
+    requeue_after: std::time::Duration,
+    limit: i64,
+) -> Result<Vec<Uuid>, StoreError> {
+    let mut ids: Vec<(Uuid,)> = sqlx::query_as(
+        "UPDATE runs SET updated_at = now()
+         WHERE id IN (SELECT id FROM runs WHERE status = 'queued'
+                        AND updated_at < now() - make_interval(secs => $1)
+                      ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+         RETURNING id",
+    )
+    .bind(requeue_after.as_secs_f64())
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    let expired: Vec<(Uuid,)> = sqlx::query_as(
+        "SELECT id FROM runs WHERE status = 'running' AND lease_expires_at < now()
+         ORDER BY lease_expires_at LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    ids.extend(expired);
+    Ok(ids.into_iter().map(|(id,)| id).collect())
+}

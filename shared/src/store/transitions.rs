@@ -1,0 +1,734 @@
+//! The run state machine: one function per transition of design.md's lifecycle.
+//!
+//! ```text
+//! queued -> running -> completed | failed | cancelled
+//! running -> waiting_for_input | waiting_for_confirmation
+//! waiting_* -> queued                    (resume)
+//! waiting_* | queued | running -> cancelled
+//! running -> queued                      (drain, or lease expired after a crash)
+//! ```
+//! Worker-side transitions take a [`Fence`] and succeed only while that attempt holds the run.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::runs::RunRow;
+use super::{Fence, StoreError, is_unique_violation, lock_fenced, messages};
+use crate::domain::{AgentSpec, RunStatus};
+
+pub struct NewRun {
+    pub id: Uuid,
+    pub tenant_id: Uuid,
+    /// Continue this thread; a new thread is made when absent.
+    pub thread_id: Option<Uuid>,
+    pub agent: AgentSpec,
+    pub max_iterations: i32,
+    pub metadata: Value,
+    pub idempotency_key: Option<String>,
+    pub request_hash: Option<Vec<u8>>,
+    pub input: String,
+}
+
+/// `-> queued`: the thread (if new), the user's message and the run, in one transaction.
+pub async fn create(conn: &mut PgConnection, new: NewRun) -> Result<RunRow, StoreError> {
+    let thread_id = match new.thread_id {
+        Some(id) => {
+            // Locking the thread serializes run creation on it, so the active-run check below
+            // cannot race (the unique index stays as the last line of defence).
+            let owned: Option<(Uuid,)> = sqlx::query_as(
+                "SELECT id FROM threads WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
+            )
+            .bind(id)
+            .bind(new.tenant_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+            owned.ok_or(StoreError::NotFound)?;
+            let active: Option<(Uuid,)> = sqlx::query_as(
+                "SELECT id FROM runs WHERE thread_id = $1 AND status IN
+                 ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation')",
+            )
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+            if let Some((run_id,)) = active {
+                return Err(StoreError::ThreadBusy {
+                    thread_id: id,
+                    run_id,
+                });
+            }
+            id
+        }
+        None => {
+            let id = Uuid::now_v7();
+            sqlx::query("INSERT INTO threads (id, tenant_id) VALUES ($1, $2)")
+                .bind(id)
+                .bind(new.tenant_id)
+                .execute(&mut *conn)
+                .await?;
+            id
+        }
+    };
+    let inserted = sqlx::query_as::<_, RunRow>(
+        "INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata, idempotency_key,
+                           request_hash, max_iterations)
+         VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8)
+         RETURNING *",
+    )
+    .bind(new.id)
+    .bind(new.tenant_id)
+    .bind(thread_id)
+    .bind(Json(&new.agent))
+    .bind(Json(&new.metadata))
+    .bind(&new.idempotency_key)
+    .bind(&new.request_hash)
+    .bind(new.max_iterations)
+    .fetch_one(&mut *conn)
+    .await;
+    let run = match inserted {
+        Ok(run) => run,
+        Err(e) if is_unique_violation(&e, "runs_one_active_per_thread") => {
+            // The transaction is aborted now, so the holder cannot be looked up here.
+            return Err(StoreError::ThreadBusy {
+                thread_id,
+                run_id: Uuid::nil(),
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
+    messages::insert_user(&mut *conn, thread_id, run.id, &new.input).await?;
+    Ok(run)
+}
+
+/// A claim that took the run.
+#[derive(Debug)]
+pub struct Claimed {
+    pub run: RunRow,
+    /// The previous holder died (or was drained) mid-iteration: clients must drop its partial
+    /// deltas, and the interrupted iteration is redone from the last committed state.
+    pub recovered: bool,
+}
+
+impl Claimed {
+    pub fn fence(&self) -> Fence {
+        Fence {
+            run_id: self.run.id,
+            attempt: self.run.attempt,
+        }
+    }
+}
+
+/// `queued -> running`, or `running (lease expired) -> running` under a new attempt.
+/// One conditional UPDATE; `None` means the message was stale or a duplicate.
+pub async fn claim(
+    pool: &PgPool,
+    run_id: Uuid,
+    owner: &str,
+    lease: Duration,
+) -> Result<Option<Claimed>, StoreError> {
+    let row = sqlx::query_as::<_, ClaimRow>(
+        "WITH prev AS (SELECT id, status, interrupted FROM runs WHERE id = $1 FOR UPDATE)
+         UPDATE runs r SET
+             status = 'running',
+             attempt = r.attempt + 1,
+             recoveries = r.recoveries + (prev.status = 'running')::int,
+             interrupted = false,
+             lease_owner = $2,
+             lease_expires_at = now() + make_interval(secs => $3),
+             started_at = coalesce(r.started_at, now()),
+             updated_at = now()
+         FROM prev
+         WHERE r.id = prev.id
+           AND (prev.status = 'queued' OR (prev.status = 'running' AND r.lease_expires_at < now()))
+         RETURNING r.*, (prev.status = 'running' OR prev.interrupted) AS recovered",
+    )
+    .bind(run_id)
+    .bind(owner)
+    .bind(lease.as_secs_f64())
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|r| Claimed {
+        recovered: r.recovered,
+        run: r.run,
+    }))
+}
+
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    #[sqlx(flatten)]
+    run: RunRow,
+    recovered: bool,
+}
+
+/// What a lease renewal learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    Held,
+    /// Held, and a cancel was requested.
+    CancelRequested,
+}
+
+/// Extends the lease while `fence` holds the run.
+pub async fn renew_lease(
+    pool: &PgPool,
+    fence: Fence,
+    lease: Duration,
+) -> Result<Lease, StoreError> {
+    let row: Option<(bool,)> = sqlx::query_as(
+        "UPDATE runs SET lease_expires_at = now() + make_interval(secs => $3)
+         WHERE id = $1 AND attempt = $2 AND status = 'running'
+         RETURNING cancel_requested_at IS NOT NULL",
+    )
+    .bind(fence.run_id)
+    .bind(fence.attempt)
+    .bind(lease.as_secs_f64())
+    .fetch_optional(pool)
+    .await?;
+    match row {
+        Some((true,)) => Ok(Lease::CancelRequested),
+        Some((false,)) => Ok(Lease::Held),
+        None => Err(fence.lost()),
+    }
+}
+
+async fn finish_running(
+    pool: &PgPool,
+    fence: Fence,
+    status: RunStatus,
+    error: Option<Value>,
+    last_event_id: u64,
+) -> Result<(), StoreError> {
+    let done = sqlx::query(
+        "UPDATE runs SET status = $3, error = $4, lease_owner = NULL, lease_expires_at = NULL,
+                         finished_at = now(), updated_at = now(), last_event_id = GREATEST(last_event_id, $5)
+         WHERE id = $1 AND attempt = $2 AND status = 'running'",
+    )
+    .bind(fence.run_id)
+    .bind(fence.attempt)
+    .bind(status.as_str())
+    .bind(error.map(Json))
+    .bind(last_event_id as i64)
+    .execute(pool)
+    .await?;
+    if done.rows_affected() == 0 {
+        return Err(fence.lost());
+    }
+    Ok(())
+}
+
+/// `running -> completed`.
+pub async fn complete(pool: &PgPool, fence: Fence, last_event_id: u64) -> Result<(), StoreError> {
+    finish_running(pool, fence, RunStatus::Completed, None, last_event_id).await
+}
+
+/// `running -> failed`, with a machine-readable code and a message.
+pub async fn fail(
+    pool: &PgPool,
+    fence: Fence,
+    code: &str,
+    message: &str,
+    last_event_id: u64,
+) -> Result<(), StoreError> {
+    let error = serde_json::json!({"code": code, "message": message});
+    finish_running(pool, fence, RunStatus::Failed, Some(error), last_event_id).await
+}
+
+/// `running -> cancelled`, when the holder honours a cancel request.
+pub async fn acknowledge_cancel(
+    pool: &PgPool,
+    fence: Fence,
+    last_event_id: u64,
+) -> Result<(), StoreError> {
+    finish_running(pool, fence, RunStatus::Cancelled, None, last_event_id).await
+}
+
+/// `running -> waiting_for_input | waiting_for_confirmation`, releasing the lease. The pending
+/// item is what `GET /v1/runs/{id}` shows and what a resume must settle.
+pub async fn wait(
+    conn: &mut PgConnection,
+    fence: Fence,
+    status: RunStatus,
+    pending: &Value,
+    last_event_id: u64,
+) -> Result<(), StoreError> {
+    debug_assert!(status.is_waiting());
+    lock_fenced(conn, fence).await?;
+    sqlx::query(
+        "UPDATE runs SET status = $2, pending = $3, lease_owner = NULL, lease_expires_at = NULL,
+                         updated_at = now(), last_event_id = GREATEST(last_event_id, $4)
+         WHERE id = $1",
+    )
+    .bind(fence.run_id)
+    .bind(status.as_str())
+    .bind(Json(pending))
+    .bind(last_event_id as i64)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// `running -> queued`: a draining worker hands the run back. This spends no recovery: the
+/// holder left cleanly. `interrupted` says an iteration was cut short.
+pub async fn release(
+    pool: &PgPool,
+    fence: Fence,
+    interrupted: bool,
+    last_event_id: u64,
+) -> Result<(), StoreError> {
+    let done = sqlx::query(
+        "UPDATE runs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL,
+                         interrupted = $3, updated_at = now(), last_event_id = GREATEST(last_event_id, $4)
+         WHERE id = $1 AND attempt = $2 AND status = 'running'",
+    )
+    .bind(fence.run_id)
+    .bind(fence.attempt)
+    .bind(interrupted)
+    .bind(last_event_id as i64)
+    .execute(pool)
+    .await?;
+    if done.rows_affected() == 0 {
+        return Err(fence.lost());
+    }
+    Ok(())
+}
+
+/// The outcome of a cancel request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cancelled {
+    /// The run is now cancelled (it was queued, waiting or running).
+    Now {
+        previous: RunStatus,
+        attempt: i32,
+        thread_id: Uuid,
+    },
+    /// It was already cancelled: repeating a cancel is harmless.
+    Already,
+}
+
+/// `queued | waiting_* | running -> cancelled`. Postgres decides at once; a worker holding the
+/// run finds its fence gone at its next write and its stream fenced off (the caller appends
+/// `run_cancelled` with the final fence), and the control hint makes it stop within a second.
+pub async fn cancel(pool: &PgPool, tenant: Uuid, run_id: Uuid) -> Result<Cancelled, StoreError> {
+    let mut tx = pool.begin().await?;
+    let row: Option<(String, i32, Uuid)> = sqlx::query_as(
+        "SELECT status, attempt, thread_id FROM runs WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
+    )
+    .bind(run_id)
+    .bind(tenant)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let (status, attempt, thread_id) = row.ok_or(StoreError::NotFound)?;
+    let status = RunStatus::parse(&status).expect("known status");
+    match status {
+        RunStatus::Cancelled => return Ok(Cancelled::Already),
+        s if s.is_final() => {
+            return Err(StoreError::WrongStatus {
+                run_id,
+                status: s.to_string(),
+            });
+        }
+        _ => {}
+    }
+    sqlx::query(
+        "UPDATE runs SET status = 'cancelled', cancel_requested_at = now(), pending = NULL,
+                         lease_owner = NULL, lease_expires_at = NULL,
+                         finished_at = now(), updated_at = now()
+         WHERE id = $1",
+    )
+    .bind(run_id)
+    .execute(&mut *tx)
+    .await?;
+    // A call in flight is abandoned: its outcome is unknown (the tool may still finish it).
+    sqlx::query(
+        "UPDATE tool_calls SET status = 'failed', finished_at = now(),
+                               error = 'the run was cancelled while the call was in flight'
+         WHERE run_id = $1 AND status = 'running'",
+    )
+    .bind(run_id)
+    .execute(&mut *tx)
+    .await?;
+    // Calls that were waiting for a decision will never run.
+    sqlx::query(
+        "UPDATE tool_calls SET status = 'skipped', finished_at = now(),
+                               error = 'the run was cancelled'
+         WHERE run_id = $1 AND status IN ('pending', 'awaiting_confirmation', 'approved', 'awaiting_input')",
+    )
+    .bind(run_id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Cancelled::Now {
+        previous: status,
+        attempt,
+        thread_id,
+    })
+}
+
+/// `running -> failed` without a fence: the claim found a poison run (too many recoveries).
+pub async fn fail_poisoned(pool: &PgPool, fence: Fence, recoveries: i32) -> Result<(), StoreError> {
+    let message = format!(
+        "the run was taken over {recoveries} times after its worker stopped responding; \
+         it is presumed to crash its worker and was failed"
+    );
+    fail(pool, fence, "poison_run", &message, 0).await
+}
+
+/// What a resume brings.
+#[derive(Debug, Clone)]
+pub enum ResumeInput {
+    /// The answer to the run's question.
+    Answer(String),
+    /// A decision for every call awaiting confirmation.
+    Decisions(Vec<Decision>),
+}
+
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub tool_call_id: String,
+    pub approve: bool,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    #[error("run not found")]
+    NotFound,
+    #[error("run is {0}, not waiting")]
+    NotWaiting(RunStatus),
+    #[error("the run is waiting for {expected}")]
+    WrongInput { expected: &'static str },
+    #[error("pending tool calls without a decision: {0:?}")]
+    MissingDecisions(Vec<String>),
+    #[error("tool calls not awaiting a decision: {0:?}")]
+    UnknownToolCalls(Vec<String>),
+    #[error("a tool call was decided twice: {0}")]
+    DuplicateDecision(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for ResumeError {
+    fn from(e: sqlx::Error) -> ResumeError {
+        ResumeError::Store(StoreError::Db(e))
+    }
+}
+
+/// The run after a resume, and the attempt that paused it.
+pub struct Resumed {
+    pub run: RunRow,
+    pub paused_attempt: i32,
+    pub pending: Value,
+}
+
+/// `waiting_* -> queued`: records the answer (a tool result for `ask`, then a user message)
+/// or the decisions (who decided, when, why; rejected calls get their tool result now), all
+/// in one transaction under the run's row lock, so concurrent resumes cannot both succeed.
+pub async fn resume(
+    pool: &PgPool,
+    tenant: Uuid,
+    run_id: Uuid,
+    input: ResumeInput,
+    decided_by: Uuid,
+) -> Result<Resumed, ResumeError> {
+    let mut tx = pool.begin().await?;
+    let run = sqlx::query_as::<_, RunRow>(
+        "SELECT * FROM runs WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
+    )
+    .bind(run_id)
+    .bind(tenant)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(ResumeError::NotFound)?;
+    let pending = run
+        .pending
+        .as_ref()
+        .map(|p| p.0.clone())
+        .unwrap_or(Value::Null);
+    let iteration = run.iteration;
+    match (run.status(), input) {
+        (RunStatus::WaitingForInput, ResumeInput::Answer(text)) => {
+            let call_id = pending
+                .get("tool_call_id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            let result = serde_json::json!({"answer": text});
+            sqlx::query(
+                "UPDATE tool_calls SET decided_by = $3, decided_at = now() WHERE run_id = $1 AND tool_call_id = $2",
+            )
+            .bind(run_id)
+            .bind(&call_id)
+            .bind(decided_by)
+            .execute(&mut *tx)
+            .await?;
+            super::tool_calls::finish_in(
+                &mut tx,
+                run_id,
+                run.thread_id,
+                iteration,
+                &call_id,
+                crate::domain::ToolCallStatus::Succeeded,
+                Some(&result),
+                None,
+                "The user answered; the answer is the next message.",
+            )
+            .await?;
+            messages::insert_user(&mut tx, run.thread_id, run_id, &text).await?;
+        }
+        (RunStatus::WaitingForConfirmation, ResumeInput::Decisions(decisions)) => {
+            let awaiting: Vec<(String,)> = sqlx::query_as(
+                "SELECT tool_call_id FROM tool_calls WHERE run_id = $1 AND status = 'awaiting_confirmation'
+                 ORDER BY iteration, position",
+            )
+            .bind(run_id)
+            .fetch_all(&mut *tx)
+            .await?;
+            let awaiting: Vec<String> = awaiting.into_iter().map(|(id,)| id).collect();
+            let mut seen = std::collections::HashSet::new();
+            for d in &decisions {
+                if !seen.insert(d.tool_call_id.as_str()) {
+                    return Err(ResumeError::DuplicateDecision(d.tool_call_id.clone()));
+                }
+            }
+            let unknown: Vec<String> = decisions
+                .iter()
+                .filter(|d| !awaiting.contains(&d.tool_call_id))
+                .map(|d| d.tool_call_id.clone())
+                .collect();
+            if !unknown.is_empty() {
+                return Err(ResumeError::UnknownToolCalls(unknown));
+            }
+            let missing: Vec<String> = awaiting
+                .iter()
+                .filter(|id| !seen.contains(id.as_str()))
+                .cloned()
+                .collect();
+            if !missing.is_empty() {
+                return Err(ResumeError::MissingDecisions(missing));
+            }
+            for d in &decisions {
+                sqlx::query(
+                    "UPDATE tool_calls SET status = 'approved', decided_by = $3, decided_at = now(), decision_reason = $4
+                     WHERE run_id = $1 AND tool_call_id = $2",
+                )
+                .bind(run_id)
+                .bind(&d.tool_call_id)
+                .bind(decided_by)
+                .bind(&d.reason)
+                .execute(&mut *tx)
+                .await?;
+                if !d.approve {
+                    let why = d.reason.as_deref().unwrap_or("no reason given");
+                    let content =
+                        serde_json::json!({"error": format!("the user rejected this call: {why}")})
+                            .to_string();
+                    let result = serde_json::json!({"rejected": true, "reason": d.reason});
+                    super::tool_calls::finish_in(
+                        &mut tx,
+                        run_id,
+                        run.thread_id,
+                        iteration,
+                        &d.tool_call_id,
+                        crate::domain::ToolCallStatus::Rejected,
+                        Some(&result),
+                        None,
+                        &content,
+                    )
+                    .await?;
+                }
+            }
+        }
+        (RunStatus::WaitingForInput, _) => {
+            return Err(ResumeError::WrongInput {
+                expected: "an `input` answer",
+            });
+        }
+        (RunStatus::WaitingForConfirmation, _) => {
+            return Err(ResumeError::WrongInput {
+                expected: "`decisions` on the pending tool calls",
+            });
+        }
+        (status, _) => return Err(ResumeError::NotWaiting(status)),
+    }
+    let resumed = sqlx::query_as::<_, RunRow>(
+        "UPDATE runs SET status = 'queued', pending = NULL, updated_at = now() WHERE id = $1 RETURNING *",
+    )
+    .bind(run_id)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Resumed {
+        paused_attempt: run.attempt,
+        run: resumed,
+        pending,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{runs, tenants};
+
+    async fn new_run(pool: &PgPool) -> RunRow {
+        let tenant = tenants::create(pool, "t").await.unwrap();
+        let agent: AgentSpec = serde_json::from_value(serde_json::json!({"model": "m"})).unwrap();
+        let mut tx = pool.begin().await.unwrap();
+        let run = create(
+            &mut tx,
+            NewRun {
+                id: Uuid::now_v7(),
+                tenant_id: tenant.tenant_id,
+                thread_id: None,
+                agent,
+                max_iterations: 5,
+                metadata: serde_json::json!({}),
+                idempotency_key: None,
+                request_hash: None,
+                input: "hi".into(),
+            },
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        run
+    }
+
+    const LEASE: Duration = Duration::from_secs(10);
+
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_queued_run_is_claimed_once(pool: PgPool) {
+        let run = new_run(&pool).await;
+        let claimed = claim(&pool, run.id, "w1", LEASE)
+            .await
+            .unwrap()
+            .expect("claimed");
+        assert_eq!((claimed.run.attempt, claimed.recovered), (1, false));
+        assert_eq!(claimed.run.status(), RunStatus::Running);
+        assert!(
+            claim(&pool, run.id, "w2", LEASE).await.unwrap().is_none(),
+            "a duplicate message claims nothing"
+        );
+    }
+
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_stale_attempt_is_fenced_out_after_a_take_over(pool: PgPool) {
+        let run = new_run(&pool).await;
+        let first = claim(&pool, run.id, "w1", LEASE).await.unwrap().unwrap();
+        sqlx::query("UPDATE runs SET lease_expires_at = now() - interval '1 second'")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let second = claim(&pool, run.id, "w2", LEASE)
+            .await
+            .unwrap()
+            .expect("expired lease is taken over");
+        assert_eq!(
+            (second.run.attempt, second.recovered, second.run.recoveries),
+            (2, true, 1)
+        );
+        assert!(matches!(
+            complete(&pool, first.fence(), 3).await,
+            Err(StoreError::LeaseLost { .. })
+        ));
+        assert!(matches!(
+            renew_lease(&pool, first.fence(), LEASE).await,
+            Err(StoreError::LeaseLost { .. })
+        ));
+        complete(&pool, second.fence(), 3).await.unwrap();
+        let done = runs::get(&pool, run.id).await.unwrap();
+        assert_eq!(done.status(), RunStatus::Completed);
+        assert_eq!(done.last_event_id, 3);
+        assert!(done.lease_owner.is_none());
+    }
+
+    #[sqlx::test(migrations = "../migrations")]
+    async fn release_hands_back_without_counting_a_recovery(pool: PgPool) {
+        let run = new_run(&pool).await;
+        let first = claim(&pool, run.id, "w1", LEASE).await.unwrap().unwrap();
+        release(&pool, first.fence(), true, 4).await.unwrap();
+        let again = claim(&pool, run.id, "w2", LEASE).await.unwrap().unwrap();
+        assert_eq!(
+            (again.run.attempt, again.run.recoveries, again.recovered),
+            (2, 0, true)
+        );
+    }
+
+    #[sqlx::test(migrations = "../migrations")]
+    async fn resume_needs_a_waiting_run_and_cancel_is_idempotent(pool: PgPool) {
+        let run = new_run(&pool).await;
+        let key: (Uuid,) = sqlx::query_as("SELECT id FROM api_keys")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let err = resume(
+            &pool,
+            run.tenant_id,
+            run.id,
+            ResumeInput::Answer("x".into()),
+            key.0,
+        )
+        .await;
+        assert!(matches!(
+            err,
+            Err(ResumeError::NotWaiting(RunStatus::Queued))
+        ));
+        let first = cancel(&pool, run.tenant_id, run.id).await.unwrap();
+        assert!(matches!(
+            first,
+            Cancelled::Now {
+                previous: RunStatus::Queued,
+                ..
+            }
+        ));
+        assert_eq!(
+            cancel(&pool, run.tenant_id, run.id).await.unwrap(),
+            Cancelled::Already
+        );
+        assert!(
+            claim(&pool, run.id, "w", LEASE).await.unwrap().is_none(),
+            "a cancelled run is never claimed"
+        );
+        assert!(matches!(
+            cancel(&pool, Uuid::new_v4(), run.id).await,
+            Err(StoreError::NotFound)
+        ));
+    }
+
+    #[sqlx::test(migrations = "../migrations")]
+    async fn the_schema_refuses_impossible_states(pool: PgPool) {
+        let run = new_run(&pool).await;
+        // Running without a lease.
+        let bad = sqlx::query("UPDATE runs SET status = 'running' WHERE id = $1")
+            .bind(run.id)
+            .execute(&pool)
+            .await;
+        assert!(bad.is_err());
+        // Waiting without a pending item.
+        let bad = sqlx::query("UPDATE runs SET status = 'waiting_for_input' WHERE id = $1")
+            .bind(run.id)
+            .execute(&pool)
+            .await;
+        assert!(bad.is_err());
+        // A second active run on the same thread.
+        let mut tx = pool.begin().await.unwrap();
+        let second = create(
+            &mut tx,
+            NewRun {
+                id: Uuid::now_v7(),
+                tenant_id: run.tenant_id,
+                thread_id: Some(run.thread_id),
+                agent: run.agent.0.clone(),
+                max_iterations: 5,
+                metadata: serde_json::json!({}),
+                idempotency_key: None,
+                request_hash: None,
+                input: "again".into(),
+            },
+        )
+        .await;
+        assert!(matches!(second, Err(StoreError::ThreadBusy { run_id, .. }) if run_id == run.id));
+    }
+}

@@ -1,0 +1,305 @@
+//! The demo: migrations, the API, two workers, the scripted LLM and a tool server; submits a
+//! few runs (one with a tool call, one that asks a question, one that needs a confirmation),
+//! answers them, prints one run's event stream, then shuts everything down cleanly.
+//!
+//! Run it with `scripts/demo` (which starts the services and builds the binaries first).
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use agentfleet_tests::harness::{binary, wait_for};
+use agentfleet_tests::mock_llm::{MockLlm, script};
+use agentfleet_tests::tool_server::ToolServer;
+
+const DB: &str = "agentfleet_demo";
+
+struct Proc(&'static str, Child);
+
+impl Proc {
+    fn term(&mut self) -> anyhow::Result<i32> {
+        Command::new("kill")
+            .arg("-TERM")
+            .arg(self.1.id().to_string())
+            .status()?;
+        let status = self.1.wait()?;
+        Ok(status.code().unwrap_or(-1))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.1.kill();
+        let _ = self.1.wait();
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    if let Err(e) = run().await {
+        eprintln!("demo failed: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
+    agentfleet_shared::telemetry::install_crypto();
+    let admin = std::env::var("AGENTFLEET_DEMO_ADMIN_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let db_url = admin
+        .rsplit_once('/')
+        .map(|(b, _)| format!("{b}/{DB}"))
+        .unwrap_or_default();
+    step("preparing the database");
+    {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&admin)
+            .await
+            .context("Postgres (run scripts/services)")?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {DB} WITH (FORCE)"
+        )))
+        .execute(&mut conn)
+        .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {DB}")))
+            .execute(&mut conn)
+            .await?;
+    }
+    let llm = MockLlm::start().await?;
+    let tools = ToolServer::start().await?;
+    let api_port = free_port()?;
+    let env = vec![
+        ("AGENTFLEET__DATABASE__URL".to_string(), db_url.clone()),
+        (
+            "AGENTFLEET__API__LISTEN".into(),
+            format!("127.0.0.1:{api_port}"),
+        ),
+        ("AGENTFLEET__MODELS__DEMO__BASE_URL".into(), llm.base_url()),
+        ("AGENTFLEET__MODELS__DEMO__MODEL".into(), "scripted".into()),
+        ("AGENTFLEET__REDIS__PREFIX".into(), "agentfleet-demo".into()),
+        ("AGENTFLEET__AMQP__PREFIX".into(), "agentfleet-demo".into()),
+        ("AGENTFLEET__TELEMETRY__LOG_FORMAT".into(), "pretty".into()),
+        (
+            "RUST_LOG".into(),
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        ),
+    ];
+    let api_bin = binary("agentfleet-api");
+    let status = Command::new(&api_bin)
+        .arg("migrate")
+        .envs(env.clone())
+        .status()?;
+    if !status.success() {
+        bail!("migrations failed");
+    }
+    let out = Command::new(&api_bin)
+        .args(["create-tenant", "--name", "demo"])
+        .envs(env.clone())
+        .output()?;
+    let key = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("api_key=").map(str::to_owned))
+        .context("create-tenant printed no key")?;
+    step("starting the API and two workers");
+    let spawn = |name: &'static str, args: &[&str]| -> anyhow::Result<Proc> {
+        let child = Command::new(binary(name))
+            .args(args)
+            .envs(env.clone())
+            .stdin(Stdio::null())
+            .spawn()?;
+        Ok(Proc(name, child))
+    };
+    let mut api = spawn("agentfleet-api", &["serve"])?;
+    let mut workers = vec![
+        spawn("agentfleet-worker", &[])?,
+        spawn("agentfleet-worker", &[])?,
+    ];
+    let base = format!("http://127.0.0.1:{api_port}");
+    let http = reqwest::Client::new();
+    wait_for("the API to be ready", Duration::from_secs(30), || {
+        let http = http.clone();
+        let url = format!("{base}/readyz");
+        async move {
+            http.get(url)
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status().is_success())
+        }
+    })
+    .await;
+
+    let echo = json!({"name": "lookup", "description": "Looks a word up", "kind": "http",
+        "url": tools.url("/echo"), "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}});
+    let pay = json!({"name": "pay", "description": "Sends money", "kind": "http", "risk": "high",
+        "url": tools.url("/side-effect"), "parameters": {"type": "object", "properties": {"amount": {"type": "number"}}}});
+    let agent = |tools: Value| json!({"model": "demo", "system_prompt": "You are a demo agent.", "tools": tools});
+    let post = |path: String, body: Value| {
+        let http = http.clone();
+        let key = key.clone();
+        async move {
+            let resp = http.post(path).bearer_auth(key).json(&body).send().await?;
+            let status = resp.status();
+            let v: Value = resp.json().await?;
+            anyhow::ensure!(status.is_success(), "{status}: {v}");
+            Ok::<Value, anyhow::Error>(v)
+        }
+    };
+
+    step("submitting runs");
+    let plain = post(
+        format!("{base}/v1/runs"),
+        json!({"input": "Say hello", "agent": agent(json!([]))}),
+    )
+    .await?;
+    let with_tool = post(
+        format!("{base}/v1/runs"),
+        json!({"input": script(json!([
+            {"content": "Let me look that up.", "tool_calls": [{"name": "lookup", "arguments": {"word": "fleet"}}]},
+            {"content": "A fleet is a group of ships working together.", "chunks": 6}])),
+            "agent": agent(json!([echo]))}),
+    )
+    .await?;
+    let asking = post(
+        format!("{base}/v1/runs"),
+        json!({"input": script(json!([
+            {"tool_calls": [{"name": "ask", "arguments": {"text": "Which city?"}}]},
+            {"content": "Paris it is."}])), "agent": agent(json!([]))}),
+    )
+    .await?;
+    let confirming = post(
+        format!("{base}/v1/runs"),
+        json!({"input": script(json!([
+            {"tool_calls": [{"name": "pay", "arguments": {"amount": 42}}]},
+            {"content": "Paid 42."}])), "agent": agent(json!([pay]))}),
+    )
+    .await?;
+    for run in [&plain, &with_tool, &asking, &confirming] {
+        println!(
+            "  run {} on thread {}: {}",
+            run["id"], run["thread_id"], run["status"]
+        );
+    }
+
+    step("the event stream of the run with a tool call");
+    print_stream(&http, &base, &key, with_tool["id"].as_str().unwrap(), 0).await?;
+
+    step("answering the question");
+    let ask_id = asking["id"].as_str().unwrap();
+    let seen = print_stream(&http, &base, &key, ask_id, 0).await?;
+    post(
+        format!("{base}/v1/runs/{ask_id}/resume"),
+        json!({"input": "Paris"}),
+    )
+    .await?;
+    print_stream(&http, &base, &key, ask_id, seen).await?;
+
+    step("approving the payment");
+    let pay_id = confirming["id"].as_str().unwrap();
+    let seen = print_stream(&http, &base, &key, pay_id, 0).await?;
+    let run: Value = http
+        .get(format!("{base}/v1/runs/{pay_id}"))
+        .bearer_auth(&key)
+        .send()
+        .await?
+        .json()
+        .await?;
+    let call_id = run["pending"]["tool_calls"][0]["tool_call_id"].clone();
+    println!("  pending: {}", run["pending"]);
+    post(
+        format!("{base}/v1/runs/{pay_id}/resume"),
+        json!({"decisions": [{"tool_call_id": call_id, "approve": true}]}),
+    )
+    .await?;
+    print_stream(&http, &base, &key, pay_id, seen).await?;
+
+    step("final states");
+    for id in [
+        &plain["id"],
+        &with_tool["id"],
+        &asking["id"],
+        &confirming["id"],
+    ] {
+        let id = id.as_str().unwrap();
+        let run = wait_for("the run to finish", Duration::from_secs(30), || {
+            let http = http.clone();
+            let url = format!("{base}/v1/runs/{id}");
+            let key = key.clone();
+            async move {
+                let v: Value = http
+                    .get(url)
+                    .bearer_auth(key)
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
+                matches!(v["status"].as_str(), Some("completed" | "failed")).then_some(v)
+            }
+        })
+        .await;
+        println!(
+            "  run {id}: {} after {} iteration(s)",
+            run["status"], run["iteration"]
+        );
+    }
+    println!("  the tool server saw {} call(s)", tools.calls().len());
+
+    step("shutting down (SIGTERM: workers drain, then exit)");
+    for w in &mut workers {
+        let code = w.term()?;
+        println!("  {} exited with {code}", w.0);
+    }
+    let code = api.term()?;
+    println!("  {} exited with {code}", api.0);
+    println!("\ndemo finished");
+    Ok(())
+}
+
+fn step(s: &str) {
+    println!("\n== {s}");
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Prints a run's events after `after` until the stream ends; returns the last id.
+async fn print_stream(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+    run: &str,
+    after: u64,
+) -> anyhow::Result<u64> {
+    let resp = http
+        .get(format!("{base}/v1/runs/{run}/events"))
+        .bearer_auth(key)
+        .header("Last-Event-ID", after.to_string())
+        .send()
+        .await?;
+    let mut stream = resp.bytes_stream().eventsource();
+    let mut last = after;
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(30), stream.next()).await? {
+        let ev = ev?;
+        if ev.data.is_empty() {
+            continue;
+        }
+        let v: Value = serde_json::from_str(&ev.data)?;
+        last = v["id"].as_u64().unwrap_or(last);
+        println!(
+            "  {:>3} {:<22} {}",
+            v["id"],
+            v["type"].as_str().unwrap_or(""),
+            v["data"]
+        );
+    }
+    Ok(last)
+}

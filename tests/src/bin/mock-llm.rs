@@ -1,0 +1,58 @@
+//! Stand-alone scripted OpenAI-compatible server, for the demo and for
+//! benchmarks that should measure agentfleet rather than a real model.
+
+use std::net::SocketAddr;
+
+use agentfleet_tests::mock_llm::{MockLlm, MockLlmOptions};
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "mock-llm",
+    about = "Scripted OpenAI-compatible chat completions server"
+)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8090")]
+    listen: SocketAddr,
+    /// Keep every request body (readable at GET /_mock/requests). Off by
+    /// default because the log grows without bound in long runs.
+    #[arg(long)]
+    log_requests: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let server = MockLlm::start_with(MockLlmOptions {
+        addr: args.listen,
+        log_requests: args.log_requests,
+    })
+    .await?;
+    println!("mock-llm listening on {}", server.base_url());
+    shutdown_signal().await;
+    server.shutdown().await;
+    Ok(())
+}
+
+/// Ctrl-C for a terminal, SIGTERM for containers and process supervisors.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sigterm) => {
+                sigterm.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

@@ -1,0 +1,6 @@
+//! agentfleet's test support: the scripted OpenAI-compatible LLM server, a tool server, and
+//! the harness the end-to-end tests, the demo and the benchmark share.
+
+pub mod harness;
+pub mod mock_llm;
+pub mod tool_server;

@@ -1,0 +1,10 @@
+//! End-to-end tests against real Postgres, RabbitMQ and Redis. One binary, several modules.
+
+mod faults;
+mod foundation;
+mod outages;
+mod pause_resume;
+mod resilience;
+mod streams;
+mod tenancy;
+mod validation;

@@ -1,0 +1,230 @@
+//! Outages of the shared servers under load: RabbitMQ, Postgres and Redis restart while runs
+//! are submitted and executed. These tests hold the servers exclusively (no other test runs
+//! meanwhile) and need root to restart the services, as CI has.
+
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+
+use agentfleet_tests::harness::*;
+
+const T: Duration = Duration::from_secs(90);
+
+fn sh(cmd: &str) -> bool {
+    Command::new("bash")
+        .arg("-c")
+        .arg(cmd)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+async fn until(what: &str, cmd: &'static str) {
+    wait_for(what, T, || async move { sh(cmd).then_some(()) }).await;
+}
+
+/// Submits runs in the background, retrying 503s as a client would; collects accepted ids.
+struct Load {
+    accepted: Arc<Mutex<Vec<String>>>,
+    unavailable: Arc<Mutex<usize>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Load {
+    fn start(base: String, key: String, body: serde_json::Value, total: usize) -> Load {
+        let accepted = Arc::new(Mutex::new(Vec::new()));
+        let unavailable = Arc::new(Mutex::new(0));
+        let (acc, una) = (accepted.clone(), unavailable.clone());
+        let task = tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            while acc.lock().unwrap().len() < total {
+                let resp = http
+                    .post(format!("{base}/v1/runs"))
+                    .bearer_auth(&key)
+                    .json(&body)
+                    .send()
+                    .await;
+                match resp {
+                    Ok(r) if r.status() == 202 => {
+                        let v: serde_json::Value = r.json().await.unwrap();
+                        acc.lock()
+                            .unwrap()
+                            .push(v["id"].as_str().unwrap().to_string());
+                    }
+                    Ok(r) if r.status() == 503 => {
+                        assert!(
+                            r.headers().contains_key("retry-after"),
+                            "503 carries a retry hint"
+                        );
+                        *una.lock().unwrap() += 1;
+                    }
+                    Ok(r) => panic!("unexpected answer {}", r.status()),
+                    Err(_) => *una.lock().unwrap() += 1,
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        Load {
+            accepted,
+            unavailable,
+            task,
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.accepted.lock().unwrap().len()
+    }
+
+    async fn finish(self) -> Vec<String> {
+        self.task.await.unwrap();
+        self.accepted.lock().unwrap().clone()
+    }
+}
+
+async fn all_complete(app: &TestApp, ids: &[String]) {
+    for id in ids {
+        let run = app.wait_status(id, &["completed", "failed"], T).await;
+        assert_eq!(run["status"], "completed", "{run}");
+        let events = app.events(id, 0, T).await;
+        assert!(
+            events
+                .iter()
+                .map(|e| e["id"].as_u64().unwrap())
+                .collect::<Vec<_>>()
+                .windows(2)
+                .all(|w| w[1] > w[0])
+        );
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| e["type"] == "run_completed")
+                .count(),
+            1,
+            "run {id}"
+        );
+    }
+}
+
+fn run_body(env: &TestEnv) -> serde_json::Value {
+    scripted_run(
+        json!([{"tool_calls": [{"name": "effect", "arguments": {}}], "delay_ms": 50}, {"content": "ok"}]),
+        json!([http_tool(env, "effect", "/side-effect")]),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_restart_under_load() {
+    let env = TestEnv::exclusive(&[]).await;
+    let (_api, base) = env.spawn_api_process(&[]).await;
+    let app = env.spawn_api().await;
+    let key = app.api_key.clone();
+    let _w1 = env.spawn_worker_process(&[]);
+    let _w2 = env.spawn_worker_process(&[]);
+    let load = Load::start(base.clone(), key, run_body(&env), 60);
+    wait_for("load to start", T, || async {
+        (load.count() >= 15).then_some(())
+    })
+    .await;
+    assert!(sh("rabbitmqctl -q stop_app"));
+    let http = reqwest::Client::new();
+    let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(
+        ready.status(),
+        503,
+        "readyz tells the truth during the outage"
+    );
+    assert!(sh("rabbitmqctl -q start_app"));
+    until("RabbitMQ back", "rabbitmqctl -q await_startup").await;
+    wait_for("readyz to recover", T, || {
+        let req = http.get(format!("{base}/readyz")).send();
+        async move { req.await.ok().filter(|r| r.status() == 200) }
+    })
+    .await;
+    let ids = load.finish().await;
+    assert_eq!(ids.len(), 60);
+    all_complete(&app, &ids).await;
+    assert_eq!(
+        env.tools.state().side_effect_count(),
+        60,
+        "each side effect happened once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restart_under_load() {
+    let env = TestEnv::exclusive(&[("database.connect_timeout_ms", "1000")]).await;
+    let (_api, base) = env.spawn_api_process(&[]).await;
+    let key = agentfleet_shared::store::tenants::create(&env.pool, "t")
+        .await
+        .unwrap()
+        .api_key;
+    let _w1 = env.spawn_worker_process(&[]);
+    let _w2 = env.spawn_worker_process(&[]);
+    let load = Load::start(base.clone(), key.clone(), run_body(&env), 60);
+    wait_for("load to start", T, || async {
+        (load.count() >= 15).then_some(())
+    })
+    .await;
+    assert!(sh(
+        "pg_ctlcluster --skip-systemctl-redirect $(pg_lsclusters -h | awk 'NR==1{print $1}') main stop -m fast"
+    ));
+    let http = reqwest::Client::new();
+    wait_for("a 503 while Postgres is down", T, || async {
+        (*load.unavailable.lock().unwrap() > 0).then_some(())
+    })
+    .await;
+    let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    assert!(sh(
+        "pg_ctlcluster --skip-systemctl-redirect $(pg_lsclusters -h | awk 'NR==1{print $1}') main start"
+    ));
+    until("Postgres back", "pg_isready -q -h 127.0.0.1").await;
+    let ids = load.finish().await;
+    assert_eq!(ids.len(), 60);
+    // Check through an API in this process (a fresh pool).
+    let mut app = env.spawn_api().await;
+    app.api_key = key;
+    all_complete(&app, &ids).await;
+    let effects = env.tools.state().side_effect_count();
+    assert_eq!(effects, 60, "each accepted run's side effect happened once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_while_runs_stream() {
+    let env = TestEnv::exclusive(&[]).await;
+    let app = env.spawn_api().await;
+    let _w = env.spawn_worker_process(&[]);
+    let body = scripted_run(
+        json!([{"content": "streaming through a redis restart", "chunks": 20, "chunk_delay_ms": 50,
+                "tool_calls": [{"name": "effect", "arguments": {}}]}, {"content": "done"}]),
+        json!([http_tool(&env, "effect", "/side-effect")]),
+    );
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        ids.push(
+            app.start_run(&body).await["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    let watch = app.watch(&ids[0]);
+    watch.wait_type("message_delta", T).await;
+    assert!(sh("redis-cli -h 127.0.0.1 shutdown nosave || true"));
+    assert!(sh(
+        "redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save '' --appendonly no --dir /tmp --logfile /tmp/redis-agentfleet-test.log"
+    ));
+    until("Redis back", "redis-cli -h 127.0.0.1 ping | grep -q PONG").await;
+    for id in &ids {
+        let run = app.wait_status(id, &["completed", "failed"], T).await;
+        assert_eq!(run["status"], "completed");
+        // A reconnecting client gets a consistent stream: increasing ids ending in run_completed.
+        let events = app.events(id, 0, T).await;
+        let ids: Vec<u64> = events.iter().map(|e| e["id"].as_u64().unwrap()).collect();
+        assert!(ids.windows(2).all(|w| w[1] > w[0]), "{ids:?}");
+        assert_eq!(events.last().unwrap()["type"], "run_completed");
+    }
+    assert_eq!(env.tools.state().side_effect_count(), 10);
+}

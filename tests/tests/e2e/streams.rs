@@ -1,0 +1,405 @@
+//! The stream contract: gap-free, resumable, browser-ready, survives Redis loss.
+
+use std::time::Duration;
+
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use agentfleet_tests::harness::*;
+
+const T: Duration = Duration::from_secs(60);
+
+fn multi_iteration_run(env: &TestEnv) -> Value {
+    scripted_run(
+        json!([
+            {"content": "first, a lookup", "chunks": 5, "chunk_delay_ms": 10, "tool_calls": [{"name": "echo", "arguments": {"i": 1}}]},
+            {"content": "then another one", "chunks": 5, "chunk_delay_ms": 10, "tool_calls": [{"name": "echo", "arguments": {"i": 2}}]},
+            {"content": "and the final answer, streamed", "chunks": 8, "chunk_delay_ms": 10}
+        ]),
+        json!([http_tool(env, "echo", "/echo")]),
+    )
+}
+
+/// Reads exactly one event after `after` (or None when the stream ends first).
+async fn one_event(app: &TestApp, run: &str, after: u64) -> Option<Value> {
+    let resp = app
+        .http
+        .get(app.url(&format!("/v1/runs/{run}/events")))
+        .bearer_auth(&app.api_key)
+        .header("Last-Event-ID", after.to_string())
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream().eventsource();
+    while let Some(ev) = tokio::time::timeout(T, stream.next())
+        .await
+        .expect("an event in time")
+    {
+        let ev = ev.unwrap();
+        if !ev.data.is_empty() {
+            return Some(serde_json::from_str(&ev.data).unwrap());
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnecting_after_every_single_event_yields_exactly_the_full_sequence() {
+    let env = TestEnv::with(&[("events.delta_flush_bytes", "1")]).await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let run = app.start_run(&multi_iteration_run(&env)).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let mut seen: Vec<Value> = Vec::new();
+    loop {
+        let after = seen.last().map(|e| e["id"].as_u64().unwrap()).unwrap_or(0);
+        let Some(ev) = one_event(&app, &id, after).await else {
+            break;
+        };
+        let done = ev["type"] == "run_completed";
+        seen.push(ev);
+        if done {
+            break;
+        }
+    }
+    assert_gap_free(&seen);
+    assert!(
+        seen.len() > 20,
+        "a multi-iteration run with many deltas: {}",
+        seen.len()
+    );
+    assert_eq!(seen, app.events(&id, 0, T).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_appended_while_clients_connect_are_neither_lost_nor_doubled() {
+    let env = TestEnv::with(&[("events.delta_flush_bytes", "1")]).await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let body = scripted_run(
+        json!([{"content": "x".repeat(300), "chunks": 300, "chunk_delay_ms": 1}]),
+        json!([]),
+    );
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    // Clients connect one after another while the run streams, each from the start.
+    let mut clients = Vec::new();
+    for i in 0..20u64 {
+        let app_ref = &app;
+        let id = id.clone();
+        clients.push(async move {
+            tokio::time::sleep(Duration::from_millis(i * 15)).await;
+            app_ref.events(&id, 0, T).await
+        });
+    }
+    let results = futures_util::future::join_all(clients).await;
+    let full = app.events(&id, 0, T).await;
+    assert!(full.len() > 100);
+    for got in results {
+        assert_eq!(got, full);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_clients_on_one_api_process_each_get_every_event() {
+    let env = TestEnv::with(&[
+        ("worker.concurrency", "50"),
+        ("database.max_connections", "30"),
+    ])
+    .await;
+    let app = env
+        .spawn_api_with(&[("database.max_connections", "40")])
+        .await;
+    let mut runs = Vec::new();
+    for _ in 0..50 {
+        let body = scripted_run(
+            json!([{"content": "hello to everyone watching", "chunks": 4, "chunk_delay_ms": 20}]),
+            json!([]),
+        );
+        runs.push(
+            app.start_run(&body).await["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    // 20 clients per run connect before any worker exists, so everything they get is live.
+    let mut clients = Vec::new();
+    for run in &runs {
+        for _ in 0..20 {
+            let app_ref = &app;
+            let run = run.clone();
+            clients.push(async move { (run.clone(), app_ref.events(&run, 0, T).await) });
+        }
+    }
+    let watch = futures_util::future::join_all(clients);
+    let start_worker = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        env.spawn_worker().await
+    };
+    let (results, _worker) = tokio::join!(watch, start_worker);
+    assert_eq!(results.len(), 1000);
+    for (run, got) in results {
+        assert_gap_free(&got);
+        assert_eq!(got.last().unwrap()["type"], "run_completed", "run {run}");
+        assert_eq!(got.first().unwrap()["type"], "run_queued");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_losing_the_list_mid_stream_gives_reconnecting_clients_a_consistent_stream() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let body = scripted_run(
+        json!([{"content": "before the loss", "tool_calls": [{"name": "slow", "arguments": {"ms": 700}}]},
+               {"content": "after the loss", "chunks": 4}]),
+        json!([http_tool(&env, "slow", "/slow")]),
+    );
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let watch = app.watch(&id);
+    watch.wait_type("tool_started", T).await;
+    env.flush_redis_keys().await;
+    app.wait_status(&id, &["completed"], T).await;
+    // The live client saw a consistent sequence: ids 1..n, nothing twice.
+    wait_for("the live client to see the end", T, || async {
+        watch
+            .snapshot()
+            .iter()
+            .any(|e| e["type"] == "run_completed")
+            .then_some(())
+    })
+    .await;
+    let live = watch.snapshot();
+    assert_gap_free(&live);
+    // A client reconnecting from the start gets one coarse `stream_rebuilt` standing for every
+    // id Redis forgot (at the last of those ids), then the real events with their ids.
+    let replay = app.events(&id, 0, T).await;
+    let rebuilt = &replay[0];
+    assert_eq!(rebuilt["type"], "stream_rebuilt", "{replay:#?}");
+    assert_eq!(rebuilt["data"]["coarse"], true);
+    assert!(!rebuilt["data"]["messages"].as_array().unwrap().is_empty());
+    let rebuilt_id = rebuilt["id"].as_u64().unwrap() as usize;
+    assert!(rebuilt_id >= 1);
+    assert_eq!(
+        replay[1..],
+        live[rebuilt_id..],
+        "events after the loss keep their ids and content"
+    );
+    // A client that had seen everything up to the loss continues exactly where it was.
+    let rest = app.events(&id, rebuilt_id as u64, T).await;
+    assert_eq!(rest, live[rebuilt_id..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_list_is_rebuilt_from_postgres() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let run = app
+        .start_run(&scripted_run(
+            json!([{"content": "kept in postgres"}]),
+            json!([]),
+        ))
+        .await;
+    let id = run["id"].as_str().unwrap().to_string();
+    app.wait_status(&id, &["completed"], T).await;
+    let original = app.events(&id, 0, T).await;
+    env.flush_redis_keys().await;
+    let rebuilt = app.events(&id, 0, T).await;
+    assert_eq!(rebuilt.len(), 2, "{rebuilt:#?}");
+    assert_eq!(rebuilt[0]["type"], "stream_rebuilt");
+    assert_eq!(rebuilt[1]["type"], "run_completed");
+    assert_eq!(
+        rebuilt[1]["id"],
+        original.last().unwrap()["id"],
+        "the final id is the one clients saw"
+    );
+    assert_eq!(rebuilt[0]["data"]["messages"].as_array().unwrap().len(), 2);
+    // A client that saw everything gets nothing more.
+    let last = original.last().unwrap()["id"].as_u64().unwrap();
+    assert!(app.events(&id, last, T).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_token_works_for_its_run_only_and_expires() {
+    let env = TestEnv::with(&[
+        ("api.stream_token_ttl_secs", "2"),
+        ("api.cors_allowed_origins", "https://app.example"),
+    ])
+    .await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let a = app
+        .start_run(&scripted_run(json!([{"content": "a"}]), json!([])))
+        .await;
+    let b = app
+        .start_run(&scripted_run(json!([{"content": "b"}]), json!([])))
+        .await;
+    let (a, b) = (
+        a["id"].as_str().unwrap().to_string(),
+        b["id"].as_str().unwrap().to_string(),
+    );
+    app.wait_status(&a, &["completed"], T).await;
+    let issued: Value = app
+        .post(&format!("/v1/runs/{a}/stream-token"), &json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let token = issued["token"].as_str().unwrap();
+    assert!(!token.contains(&app.api_key), "the token is not the key");
+    // No Authorization header, as a browser EventSource would connect.
+    let get = |run: &str| {
+        app.http
+            .get(app.url(&format!("/v1/runs/{run}/events?token={token}")))
+            .header("Origin", "https://app.example")
+            .send()
+    };
+    let ok = get(&a).await.unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(
+        ok.headers()["access-control-allow-origin"],
+        "https://app.example"
+    );
+    assert_eq!(ok.headers()["content-type"], "text/event-stream");
+    let body = ok.text().await.unwrap();
+    assert!(
+        body.contains("event: run_completed") && body.contains("retry:"),
+        "{body}"
+    );
+    assert_eq!(get(&b).await.unwrap().status(), 401, "another run");
+    wait_for("the token to expire", T, || async {
+        (get(&a).await.unwrap().status() == 401).then_some(())
+    })
+    .await;
+    let expired: Value = get(&a).await.unwrap().json().await.unwrap();
+    assert!(
+        expired["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("expired")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_stream_follows_its_runs_one_after_another() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let first = app.start_run(&scripted_run(json!([{"tool_calls": [{"name": "ask", "arguments": {"text": "name?"}}]}, {"content": "hi Ada"}]), json!([]))).await;
+    let thread = first["thread_id"].as_str().unwrap().to_string();
+    let first_id = first["id"].as_str().unwrap().to_string();
+    // One connection for the whole conversation.
+    let resp = app
+        .http
+        .get(app.url(&format!("/v1/threads/{thread}/events")))
+        .bearer_auth(&app.api_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream().eventsource();
+    let mut got: Vec<(String, Value)> = Vec::new();
+    loop {
+        let (sse_id, ev) = next_event(&mut stream).await;
+        let kind = ev["type"].as_str().unwrap().to_string();
+        got.push((sse_id, ev));
+        if kind == "input_required" {
+            break;
+        }
+    }
+    assert_eq!(
+        app.post(
+            &format!("/v1/runs/{first_id}/resume"),
+            &json!({"input": "Ada"})
+        )
+        .await
+        .status(),
+        202
+    );
+    loop {
+        let (sse_id, ev) = next_event(&mut stream).await;
+        let done = ev["type"] == "run_completed";
+        got.push((sse_id, ev));
+        if done {
+            break;
+        }
+    }
+    let second = app
+        .start_run(&json!({"input": "again", "thread_id": thread, "agent": agent(json!([]))}))
+        .await;
+    let second_id = second["id"].as_str().unwrap().to_string();
+    loop {
+        let (sse_id, ev) = next_event(&mut stream).await;
+        let done = ev["type"] == "run_completed";
+        got.push((sse_id, ev));
+        if done {
+            break;
+        }
+    }
+    let first_events: Vec<Value> = got
+        .iter()
+        .filter(|(_, e)| e["run_id"] == first_id.as_str())
+        .map(|(_, e)| e.clone())
+        .collect();
+    let second_events: Vec<Value> = got
+        .iter()
+        .filter(|(_, e)| e["run_id"] == second_id.as_str())
+        .map(|(_, e)| e.clone())
+        .collect();
+    assert_eq!(first_events, app.events(&first_id, 0, T).await);
+    assert_eq!(second_events, app.events(&second_id, 0, T).await);
+    for (sse_id, ev) in &got {
+        assert_eq!(
+            sse_id,
+            &format!("{}:{}", ev["run_id"].as_str().unwrap(), ev["id"])
+        );
+    }
+    // Resuming the thread stream from the middle of the first run gives the rest.
+    let resume_from = &got[3].0;
+    let resp = app
+        .http
+        .get(app.url(&format!("/v1/threads/{thread}/events")))
+        .bearer_auth(&app.api_key)
+        .header("Last-Event-ID", resume_from.as_str())
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream().eventsource();
+    let mut rest = Vec::new();
+    while rest.len() < got.len() - 4 {
+        let ev = tokio::time::timeout(T, stream.next())
+            .await
+            .expect("event")
+            .expect("open")
+            .unwrap();
+        if !ev.data.is_empty() {
+            rest.push(ev.id);
+        }
+    }
+    let expected: Vec<String> = got[4..].iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(rest, expected);
+}
+
+async fn next_event<S, E>(stream: &mut S) -> (String, Value)
+where
+    S: futures_util::Stream<Item = Result<eventsource_stream::Event, E>> + Unpin,
+    E: std::fmt::Debug,
+{
+    loop {
+        let ev = tokio::time::timeout(T, stream.next())
+            .await
+            .expect("event")
+            .expect("open")
+            .unwrap();
+        if !ev.data.is_empty() {
+            return (
+                ev.id.clone(),
+                serde_json::from_str::<Value>(&ev.data).unwrap(),
+            );
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Claiming a delivered run: one conditional UPDATE, then the ack. A claim that matches no
+//! row means the message is stale or a duplicate. A run taken over too many times after its
+//! worker vanished is poison: it is failed and its message dead-lettered.
+
+use std::sync::Arc;
+
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use serde_json::json;
+
+use agentfleet_shared::events::{EventType, Expiry, NewEvent, worker_fence};
+use agentfleet_shared::queue::RunMessage;
+use agentfleet_shared::store::transitions::{self, Claimed};
+
+use crate::shared::Shared;
+
+pub enum ClaimOutcome {
+    Claimed(Box<Claimed>),
+    /// Nothing to do (acked).
+    Skipped,
+}
+
+pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<ClaimOutcome> {
+    let Ok(message) = serde_json::from_slice::<RunMessage>(&delivery.data) else {
+        tracing::warn!("malformed run message dead-lettered");
+        delivery
+            .acker
+            .nack(BasicNackOptions {
+                requeue: false,
+                ..Default::default()
+            })
+            .await?;
+        return Ok(ClaimOutcome::Skipped);
+    };
+    let lease = shared.settings.worker.lease();
+    let claimed =
+        transitions::claim(&shared.pool, message.run_id, &shared.worker_id, lease).await?;
+    let Some(claimed) = claimed else {
+        delivery.acker.ack(BasicAckOptions::default()).await?;
+        metrics::counter!("agentfleet_stale_messages_total").increment(1);
+        return Ok(ClaimOutcome::Skipped);
+    };
+    if claimed.run.recoveries > shared.settings.worker.max_recoveries {
+        let fence = claimed.fence();
+        transitions::fail_poisoned(&shared.pool, fence, claimed.run.recoveries).await?;
+        let data = json!({"code": "poison_run", "message": "the run kept crashing its workers"});
+        let event = NewEvent {
+            run_id: fence.run_id,
+            thread_id: claimed.run.thread_id,
+            kind: EventType::RunFailed,
+            data: &data,
+        };
+        let _ = shared
+            .bus
+            .append(event, worker_fence(fence.attempt), 0, Expiry::Expire)
+            .await;
+        metrics::counter!("agentfleet_runs_total", "status" => "failed").increment(1);
+        tracing::error!(run_id = %fence.run_id, recoveries = claimed.run.recoveries, "poison run failed and dead-lettered");
+        delivery
+            .acker
+            .nack(BasicNackOptions {
+                requeue: false,
+                ..Default::default()
+            })
+            .await?;
+        return Ok(ClaimOutcome::Skipped);
+    }
+    delivery.acker.ack(BasicAckOptions::default()).await?;
+    Ok(ClaimOutcome::Claimed(Box::new(claimed)))
+}

@@ -1,0 +1,85 @@
+//! Cancel hints on the control channel, and the registry of runs executing in this worker.
+//! The cancel itself is in Postgres (the lease renewal also sees it); the hint only makes the
+//! stop immediate.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_redis::redis;
+use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use agentfleet_shared::events::Keys;
+
+use crate::stop::{StopReason, StopSignal};
+
+#[derive(Clone, Default)]
+pub struct Registry {
+    runs: Arc<Mutex<HashMap<Uuid, StopSignal>>>,
+}
+
+impl Registry {
+    pub fn insert(&self, run: Uuid, stop: StopSignal) {
+        self.runs.lock().expect("registry lock").insert(run, stop);
+    }
+    pub fn remove(&self, run: Uuid) {
+        self.runs.lock().expect("registry lock").remove(&run);
+    }
+    pub fn stop(&self, run: Uuid, reason: StopReason) {
+        if let Some(s) = self.runs.lock().expect("registry lock").get(&run) {
+            s.stop(reason);
+        }
+    }
+    pub fn stop_all(&self, reason: StopReason) {
+        for s in self.runs.lock().expect("registry lock").values() {
+            s.stop(reason);
+        }
+    }
+    pub fn len(&self) -> usize {
+        self.runs.lock().expect("registry lock").len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Listens for cancel hints until `shutdown`, reconnecting with backoff.
+pub fn spawn_listener(url: String, keys: Keys, registry: Registry, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let result = tokio::select! {
+                r = listen(&url, &keys, &registry) => r,
+                _ = shutdown.cancelled() => return,
+            };
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "control channel lost; reconnecting");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    });
+}
+
+async fn listen(url: &str, keys: &Keys, registry: &Registry) -> redis::RedisResult<()> {
+    let client = redis::Client::open(url)?;
+    let mut pubsub = client.get_async_pubsub().await?;
+    pubsub.psubscribe(keys.control_pattern()).await?;
+    let mut messages = pubsub.into_on_message();
+    while let Some(msg) = messages.next().await {
+        if let Some(run) = keys.run_of_channel(msg.get_channel_name())
+            && msg.get_payload_bytes() == b"cancel"
+        {
+            registry.stop(run, StopReason::Cancelled);
+        }
+    }
+    Err(redis::RedisError::from((
+        redis::ErrorKind::Io,
+        "control subscription ended",
+    )))
+}

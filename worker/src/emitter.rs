@@ -1,0 +1,83 @@
+//! Appends a run's events under the holder's fencing token.
+//!
+//! Redis carries the live stream but is not the truth: if it is unreachable the event is
+//! logged and dropped (the stream can be rebuilt from Postgres), and the run goes on. Only a
+//! fencing refusal matters to the run: it means another attempt owns the stream now.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use agentfleet_shared::events::{AppendError, EventBus, EventType, Expiry, NewEvent};
+
+#[derive(Clone)]
+pub struct Emitter {
+    bus: EventBus,
+    run_id: Uuid,
+    thread_id: Uuid,
+    fence: i64,
+    /// Highest id appended by this holder (or known durable at claim).
+    last: Arc<AtomicU64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the run's stream is fenced off: a newer holder owns it")]
+pub struct Fenced;
+
+impl Emitter {
+    pub fn new(
+        bus: EventBus,
+        run_id: Uuid,
+        thread_id: Uuid,
+        attempt: i32,
+        last_event_id: u64,
+    ) -> Emitter {
+        Emitter {
+            bus,
+            run_id,
+            thread_id,
+            fence: agentfleet_shared::events::worker_fence(attempt),
+            last: Arc::new(AtomicU64::new(last_event_id)),
+        }
+    }
+
+    pub fn last_id(&self) -> u64 {
+        self.last.load(Ordering::SeqCst)
+    }
+
+    pub async fn emit(&self, kind: EventType, data: Value) -> Result<(), Fenced> {
+        self.emit_with(kind, data, Expiry::Keep).await
+    }
+
+    pub async fn emit_with(
+        &self,
+        kind: EventType,
+        data: Value,
+        expiry: Expiry,
+    ) -> Result<(), Fenced> {
+        let event = NewEvent {
+            run_id: self.run_id,
+            thread_id: self.thread_id,
+            kind,
+            data: &data,
+        };
+        match self
+            .bus
+            .append(event, self.fence, self.last_id(), expiry)
+            .await
+        {
+            Ok(appended) => {
+                self.last.fetch_max(appended.id, Ordering::SeqCst);
+                Ok(())
+            }
+            Err(AppendError::Fenced { .. }) => Err(Fenced),
+            Err(e) => {
+                tracing::warn!(run_id = %self.run_id, event = kind.as_str(), error = %e,
+                    "event not appended; Redis unavailable");
+                Ok(())
+            }
+        }
+    }
+}

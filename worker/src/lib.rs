@@ -1,0 +1,185 @@
+//! agentfleet-worker: takes runs from the queue and executes the agent loop.
+//!
+//! A run's life, file by file: `intake` (deliveries into slots) → `claim` (lease + attempt) →
+//! `lease` (heartbeat) → `run` (the driver) → `iteration` (one model turn) → `model_call` →
+//! `tools` (settle the calls) → `pause` (ask, confirm) → `drain` (shutdown). `sweeper`
+//! re-enqueues what should be moving and is not; `control` carries cancel hints.
+
+pub mod claim;
+pub mod context_window;
+pub mod control;
+pub mod drain;
+pub mod emitter;
+pub mod health;
+pub mod intake;
+pub mod iteration;
+pub mod lease;
+pub mod model_call;
+pub mod pause;
+pub mod run;
+pub mod shared;
+pub mod stop;
+pub mod sweeper;
+pub mod tools;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use agentfleet_shared::config::Settings;
+use agentfleet_shared::events::{EventBus, Keys};
+use agentfleet_shared::queue::{self, Publisher, Topology};
+use agentfleet_shared::{db, telemetry};
+
+use crate::shared::Shared;
+
+pub struct Worker {
+    shared: Arc<Shared>,
+    health: Option<tokio::net::TcpListener>,
+}
+
+impl Worker {
+    pub async fn build(settings: Settings) -> anyhow::Result<Worker> {
+        telemetry::install_crypto();
+        let settings = Arc::new(settings);
+        let pool = db::connect(&settings.database)
+            .await
+            .context("connecting to Postgres")?;
+        if settings.database.migrate_on_start {
+            db::migrate(&pool).await.context("applying migrations")?;
+        }
+        let redis = agentfleet_shared::events::redis_pool(&settings.redis).context("redis pool")?;
+        let bus = EventBus::new(
+            redis,
+            &settings.redis.prefix,
+            settings.events.retention_secs,
+        );
+        let worker_id = format!(
+            "{}-{}-{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()),
+            std::process::id(),
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let publisher = Publisher::new(
+            &settings.amqp.url,
+            &worker_id,
+            Topology::new(&settings.amqp.prefix),
+        )
+        .await
+        .context("connecting to RabbitMQ and declaring the queue topology")?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(
+                settings.worker.model_connect_timeout_ms,
+            ))
+            .pool_max_idle_per_host(64)
+            .build()
+            .context("http client")?;
+        let health = if settings.worker.metrics_listen.is_empty() {
+            None
+        } else {
+            Some(
+                tokio::net::TcpListener::bind(&settings.worker.metrics_listen)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "binding worker.metrics_listen {}",
+                            settings.worker.metrics_listen
+                        )
+                    })?,
+            )
+        };
+        let shared = Arc::new(Shared {
+            pool,
+            bus,
+            publisher,
+            settings,
+            http,
+            worker_id,
+            active: Default::default(),
+        });
+        Ok(Worker { shared, health })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.shared.worker_id
+    }
+
+    pub fn health_port(&self) -> Option<u16> {
+        self.health
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map(|a| a.port())
+    }
+
+    /// Runs until `stop` resolves, then drains and returns.
+    pub async fn run_until_stopped(
+        self,
+        stop: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let shared = self.shared.clone();
+        let background = CancellationToken::new();
+        let intake_stop = CancellationToken::new();
+        let draining = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        crate::sweeper::spawn(shared.clone(), background.clone());
+        crate::control::spawn_listener(
+            shared.settings.redis.url.clone(),
+            Keys::new(&shared.settings.redis.prefix),
+            shared.active.clone(),
+            background.clone(),
+        );
+        if let Some(listener) = self.health {
+            let router = crate::health::router(shared.clone());
+            let token = background.clone();
+            tokio::spawn(async move {
+                let _ = axum::serve(listener, router)
+                    .with_graceful_shutdown(token.cancelled_owned())
+                    .await;
+            });
+        }
+        let intake = intake::Intake {
+            shared: shared.clone(),
+            slots: Arc::new(Semaphore::new(shared.settings.worker.concurrency as usize)),
+            freed: Arc::new(Notify::new()),
+            tracker: tracker.clone(),
+            draining: draining.clone(),
+        };
+        let stopper = intake_stop.clone();
+        tokio::spawn(async move {
+            stop.await;
+            stopper.cancel();
+        });
+        tracing::info!(worker = %shared.worker_id, concurrency = shared.settings.worker.concurrency, "worker started");
+        // The consumer's connection is re-made whenever it fails (broker restart, network).
+        let mut backoff = Duration::from_millis(200);
+        while !intake_stop.is_cancelled() {
+            let attempt = async {
+                let conn = queue::connect(&shared.settings.amqp.url, &shared.worker_id).await?;
+                let channel = conn.create_channel().await?;
+                let result = intake.run(&channel, intake_stop.clone()).await;
+                let _ = conn.close(200, "intake stopped".into()).await;
+                result
+            };
+            match attempt.await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "intake interrupted; reconnecting");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = intake_stop.cancelled() => break,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        let grace = Duration::from_millis(shared.settings.worker.drain_grace_ms);
+        crate::drain::drain(&tracker, &draining, &shared.active, grace).await;
+        background.cancel();
+        shared.publisher.close().await;
+        Ok(())
+    }
+}

@@ -1,0 +1,80 @@
+//! Pausing a run for a human: the question or the calls to confirm are committed as the run's
+//! pending item, the lease is released, and then the pausing event is appended with the
+//! retention expiry. Nothing about the paused run stays in this worker.
+
+use serde_json::{Value, json};
+
+use agentfleet_shared::domain::{RunStatus, ToolCallStatus};
+use agentfleet_shared::events::{EventType, Expiry, pending_event};
+use agentfleet_shared::store::tool_calls::{self, ToolCallRow};
+use agentfleet_shared::store::{StoreError, lock_fenced, transitions};
+
+use crate::run::{RunCtx, RunError};
+
+pub async fn for_confirmation(ctx: &RunCtx, calls: &[&ToolCallRow]) -> Result<(), RunError> {
+    let listed: Vec<Value> = calls
+        .iter()
+        .map(|c| {
+            json!({
+                "tool_call_id": c.tool_call_id,
+                "name": c.name,
+                "arguments": c.arguments.as_ref().map(|a| a.0.clone())
+                    .unwrap_or(Value::String(c.raw_arguments.clone())),
+                "risk": c.risk,
+            })
+        })
+        .collect();
+    let pending = json!({"kind": "confirmation", "tool_calls": listed});
+    let ids: Vec<String> = calls.iter().map(|c| c.tool_call_id.clone()).collect();
+    pause(
+        ctx,
+        &ids,
+        ToolCallStatus::AwaitingConfirmation,
+        RunStatus::WaitingForConfirmation,
+        &pending,
+    )
+    .await
+}
+
+pub async fn for_input(ctx: &RunCtx, call: &ToolCallRow, args: &Value) -> Result<(), RunError> {
+    let pending = json!({
+        "kind": "input",
+        "tool_call_id": call.tool_call_id,
+        "question": args.get("text").cloned().unwrap_or(Value::Null),
+        "attachments": args.get("attachments").cloned().unwrap_or(json!([])),
+    });
+    let ids = std::slice::from_ref(&call.tool_call_id);
+    pause(
+        ctx,
+        ids,
+        ToolCallStatus::AwaitingInput,
+        RunStatus::WaitingForInput,
+        &pending,
+    )
+    .await
+}
+
+/// Commits the pause (fenced), then announces it. The run records the id its pausing event
+/// will get, so the API can tell whether the event made it to the stream.
+async fn pause(
+    ctx: &RunCtx,
+    call_ids: &[String],
+    call_status: ToolCallStatus,
+    run_status: RunStatus,
+    pending: &Value,
+) -> Result<(), RunError> {
+    let mut tx = ctx.shared.pool.begin().await.map_err(StoreError::from)?;
+    lock_fenced(&mut tx, ctx.fence).await?;
+    tool_calls::set_status(&mut tx, ctx.fence.run_id, call_ids, call_status).await?;
+    let next_id = ctx.emitter.last_id() + 1;
+    transitions::wait(&mut tx, ctx.fence, run_status, pending, next_id).await?;
+    tx.commit().await.map_err(StoreError::from)?;
+    metrics::counter!("agentfleet_runs_total", "status" => run_status.as_str()).increment(1);
+    let (kind, data) = pending_event(pending);
+    debug_assert!(matches!(
+        kind,
+        EventType::InputRequired | EventType::ConfirmationRequired
+    ));
+    ctx.emitter.emit_with(kind, data, Expiry::Expire).await?;
+    Ok(())
+}

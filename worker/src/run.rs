@@ -1,0 +1,271 @@
+//! Driving one claimed run: announce the attempt, alternate model turns and tool settlement
+//! until the run completes, pauses, fails, is stopped or is handed back on drain.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use agentfleet_shared::events::{EventType, Expiry};
+use agentfleet_shared::store::runs::RunRow;
+use agentfleet_shared::store::transitions::{self, Claimed};
+use agentfleet_shared::store::{Fence, StoreError};
+
+use crate::emitter::{Emitter, Fenced};
+use crate::iteration;
+use crate::model_call::ModelError;
+use crate::shared::Shared;
+use crate::stop::{StopReason, StopSignal};
+use crate::tools::settle::{Settled, settle};
+
+/// Everything one run's execution needs.
+pub struct RunCtx {
+    pub shared: Arc<Shared>,
+    pub fence: Fence,
+    pub run: RunRow,
+    pub emitter: Emitter,
+    pub stop: StopSignal,
+    pub timing: IterationTiming,
+}
+
+/// Time spent in the model and in tools during the current iteration, so the framework's own
+/// share can be recorded.
+#[derive(Default)]
+pub struct IterationTiming {
+    model_us: AtomicU64,
+    tools_us: AtomicU64,
+}
+
+impl IterationTiming {
+    pub fn add_model(&self, d: Duration) {
+        self.model_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+    pub fn add_tools(&self, d: Duration) {
+        self.tools_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+    fn take(&self) -> (i64, i64) {
+        (
+            self.model_us.swap(0, Ordering::Relaxed) as i64,
+            self.tools_us.swap(0, Ordering::Relaxed) as i64,
+        )
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("stopped")]
+    Stopped,
+    #[error("lease lost")]
+    LeaseLost,
+    #[error("model call failed: {0}")]
+    Model(ModelError),
+    #[error("store: {0}")]
+    Store(StoreError),
+}
+
+impl From<StoreError> for RunError {
+    fn from(e: StoreError) -> RunError {
+        match e {
+            StoreError::LeaseLost { .. } => RunError::LeaseLost,
+            other => RunError::Store(other),
+        }
+    }
+}
+
+impl From<Fenced> for RunError {
+    fn from(_: Fenced) -> RunError {
+        RunError::LeaseLost
+    }
+}
+
+impl From<ModelError> for RunError {
+    fn from(e: ModelError) -> RunError {
+        match e {
+            ModelError::Fenced(_) => RunError::LeaseLost,
+            other => RunError::Model(other),
+        }
+    }
+}
+
+enum Outcome {
+    /// Completed at this iteration.
+    Completed(i32),
+    Paused,
+    /// Drain: handed back between iterations.
+    Released,
+    MaxIterations,
+}
+
+pub async fn execute(
+    shared: Arc<Shared>,
+    claimed: Claimed,
+    stop: StopSignal,
+    draining: CancellationToken,
+) {
+    let fence = claimed.fence();
+    let run = claimed.run;
+    // Ids continue past every event a client could have seen: the durable floor, or the
+    // list as it stands (the API may have appended `run_resumed` after the pause).
+    let listed = shared.bus.len(run.id).await.unwrap_or(0);
+    let floor = (run.last_event_id as u64).max(listed);
+    let emitter = Emitter::new(
+        shared.bus.clone(),
+        run.id,
+        run.thread_id,
+        fence.attempt,
+        floor,
+    );
+    let ctx = RunCtx {
+        shared,
+        fence,
+        run,
+        emitter,
+        stop,
+        timing: IterationTiming::default(),
+    };
+    let lease = crate::lease::spawn(ctx.shared.clone(), fence, ctx.stop.clone());
+    let result = tokio::select! {
+        r = drive(&ctx, claimed.recovered, &draining) => r,
+        // Every await point of `drive` is abandoned at once when the run must stop.
+        _ = ctx.stop.stopped() => Err(RunError::Stopped),
+    };
+    lease.abort();
+    finish(&ctx, result).await;
+}
+
+async fn drive(
+    ctx: &RunCtx,
+    recovered: bool,
+    draining: &CancellationToken,
+) -> Result<Outcome, RunError> {
+    let (kind, data) = if recovered {
+        (
+            EventType::RunRecovered,
+            json!({"attempt": ctx.fence.attempt, "worker": ctx.shared.worker_id,
+            "iteration": ctx.run.iteration}),
+        )
+    } else {
+        (
+            EventType::RunStarted,
+            json!({"attempt": ctx.fence.attempt, "worker": ctx.shared.worker_id}),
+        )
+    };
+    ctx.emitter.emit_with(kind, data, Expiry::Persist).await?;
+    let mut iteration = ctx.run.iteration;
+    let mut started = chrono::Utc::now();
+    loop {
+        if iteration > 0 {
+            let settled = settle(ctx, iteration).await?;
+            iteration::record_timing(ctx, iteration, started, ctx.timing.take()).await;
+            match settled {
+                Settled::Paused => return Ok(Outcome::Paused),
+                Settled::Complete => return Ok(Outcome::Completed(iteration)),
+                Settled::NextIteration => {}
+            }
+        }
+        if draining.is_cancelled() {
+            return Ok(Outcome::Released);
+        }
+        if iteration >= ctx.run.max_iterations {
+            return Ok(Outcome::MaxIterations);
+        }
+        iteration += 1;
+        started = chrono::Utc::now();
+        iteration::model_turn(ctx, iteration).await?;
+    }
+}
+
+/// Commits the end of this holding and announces it.
+async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
+    let pool = &ctx.shared.pool;
+    let next_id = ctx.emitter.last_id() + 1;
+    let run_id = ctx.fence.run_id;
+    let outcome = match result {
+        Ok(Outcome::Paused) => return,
+        Ok(Outcome::Completed(iteration)) => transitions::complete(pool, ctx.fence, next_id)
+            .await
+            .map(|_| {
+                (
+                    EventType::RunCompleted,
+                    json!({"iteration": iteration}),
+                    "completed",
+                )
+            }),
+        Ok(Outcome::MaxIterations) => {
+            let msg = format!(
+                "the run reached max_iterations ({})",
+                ctx.run.max_iterations
+            );
+            transitions::fail(pool, ctx.fence, "max_iterations_reached", &msg, next_id)
+                .await
+                .map(|_| {
+                    (
+                        EventType::RunFailed,
+                        json!({"code": "max_iterations_reached", "message": msg}),
+                        "failed",
+                    )
+                })
+        }
+        Err(RunError::Model(e)) => {
+            let msg = e.to_string();
+            transitions::fail(pool, ctx.fence, e.code(), &msg, next_id)
+                .await
+                .map(|_| {
+                    (
+                        EventType::RunFailed,
+                        json!({"code": e.code(), "message": msg}),
+                        "failed",
+                    )
+                })
+        }
+        Ok(Outcome::Released) => return hand_back(ctx, false).await,
+        Err(RunError::Stopped) if ctx.stop.reason() == Some(StopReason::DrainDeadline) => {
+            return hand_back(ctx, true).await;
+        }
+        Err(RunError::Stopped) | Err(RunError::LeaseLost) => {
+            tracing::info!(%run_id, attempt = ctx.fence.attempt, reason = ?ctx.stop.reason(),
+                "stopped: the run was cancelled or is held by another attempt");
+            return;
+        }
+        Err(RunError::Store(e)) => {
+            tracing::error!(%run_id, error = %e, "database error; handing the run back");
+            return hand_back(ctx, true).await;
+        }
+    };
+    match outcome {
+        Ok((kind, data, status)) => {
+            metrics::counter!("agentfleet_runs_total", "status" => status).increment(1);
+            let _ = ctx.emitter.emit_with(kind, data, Expiry::Expire).await;
+        }
+        Err(e) => {
+            tracing::info!(%run_id, error = %e, "could not record the run's end; another holder owns it")
+        }
+    }
+}
+
+/// `running -> queued` and a new message, so another worker continues the run.
+async fn hand_back(ctx: &RunCtx, interrupted: bool) {
+    let run_id = ctx.fence.run_id;
+    match transitions::release(
+        &ctx.shared.pool,
+        ctx.fence,
+        interrupted,
+        ctx.emitter.last_id(),
+    )
+    .await
+    {
+        Ok(()) => {
+            if let Err(e) = ctx.shared.publisher.publish_run(run_id).await {
+                tracing::warn!(%run_id, error = %e, "re-publish failed; the sweeper will re-enqueue");
+            }
+            tracing::info!(%run_id, interrupted, "run handed back to the queue");
+        }
+        Err(e) => {
+            tracing::warn!(%run_id, error = %e, "could not hand the run back; its lease will expire")
+        }
+    }
+}

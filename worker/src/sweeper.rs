@@ -1,0 +1,73 @@
+//! The sweeper: in every worker, one active at a time. Each tick, whoever takes a
+//! transaction-scoped Postgres advisory lock sweeps; the lock is never held between ticks, so
+//! a worker that is stopped or partitioned cannot block sweeping. It re-enqueues runs whose
+//! lease expired and queued runs whose message seems lost.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use agentfleet_shared::store::runs;
+
+use crate::shared::Shared;
+
+/// Advisory lock key of the sweeper (advisory locks are per database).
+const SWEEPER_LOCK: i64 = 0x6167_656e_7466_6c74; // "agentflt"
+
+pub fn spawn(shared: Arc<Shared>, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        let every = Duration::from_millis(shared.settings.worker.sweep_interval_ms);
+        let mut ticker = tokio::time::interval(every);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            if let Err(e) = sweep_if_elected(&shared).await {
+                tracing::warn!(error = %format!("{e:#}"), "sweep failed");
+            }
+        }
+    });
+}
+
+async fn sweep_if_elected(shared: &Shared) -> anyhow::Result<()> {
+    // Hold the election only while reading; publishing happens after the commit (two sweepers
+    // publishing the same run is harmless: claims are idempotent).
+    let mut tx = shared.pool.begin().await?;
+    let (elected,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(SWEEPER_LOCK)
+        .fetch_one(&mut *tx)
+        .await?;
+    let ids = if elected {
+        stale_runs(shared).await?
+    } else {
+        Vec::new()
+    };
+    tx.commit().await?;
+    publish(shared, &ids).await
+}
+
+async fn stale_runs(shared: &Shared) -> anyhow::Result<Vec<uuid::Uuid>> {
+    let requeue_after = Duration::from_millis(shared.settings.worker.requeue_after_ms);
+    Ok(runs::stale(&shared.pool, requeue_after, 500).await?)
+}
+
+async fn publish(shared: &Shared, ids: &[uuid::Uuid]) -> anyhow::Result<()> {
+    for id in ids {
+        shared.publisher.publish_run(*id).await?;
+        metrics::counter!("agentfleet_sweeper_requeued_total").increment(1);
+    }
+    if !ids.is_empty() {
+        tracing::info!(count = ids.len(), "sweeper re-enqueued stale runs");
+    }
+    Ok(())
+}
+
+/// One sweep regardless of the election (tests and tools).
+pub async fn sweep_once(shared: &Shared) -> anyhow::Result<usize> {
+    let ids = stale_runs(shared).await?;
+    publish(shared, &ids).await?;
+    Ok(ids.len())
+}
