@@ -12,11 +12,14 @@
 //! carrying the run's state from Postgres, at the id of the last event it stands for, so ids
 //! stay consistent for every client that reconnects.
 
+use std::borrow::Cow;
+
 use axum::response::sse::Event;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+use agentfleet_shared::compaction::{self, Header};
 use agentfleet_shared::events::{EventType, peek, pending_event, timestamp};
 use agentfleet_shared::store::{runs, tool_calls};
 
@@ -58,6 +61,8 @@ pub struct Follower<'a> {
     pub id_prefix: String,
     /// Placeholder ids waiting to be replaced by one `stream_rebuilt`.
     lost_until: Option<u64>,
+    /// The compacted delta range being replayed, with its raw `message_completed`.
+    compacted: Option<(Header, String)>,
 }
 
 impl<'a> Follower<'a> {
@@ -82,6 +87,7 @@ impl<'a> Follower<'a> {
             mode,
             id_prefix,
             lost_until: None,
+            compacted: None,
         }
     }
 
@@ -146,8 +152,10 @@ impl<'a> Follower<'a> {
             return self.rebuild_if_gone().await;
         }
         let n = items.len();
+        let base = self.last;
         for (i, raw) in items.iter().enumerate() {
-            if !self.offer(raw, i + 1 == n).await? {
+            let raw = self.expand(base + i as u64 + 1, raw).await?;
+            if !self.offer(&raw, i + 1 == n).await? {
                 break;
             }
             if self.ended {
@@ -155,6 +163,59 @@ impl<'a> Follower<'a> {
             }
         }
         Ok(())
+    }
+
+    /// The stored element at `id` as it was appended: a compacted delta range (see
+    /// `agentfleet_shared::compaction`) is expanded back into its original events.
+    async fn expand<'r>(&mut self, id: u64, raw: &'r str) -> Result<Cow<'r, str>, FollowError> {
+        let header = compaction::parse_header(raw);
+        if header.is_none() && !raw.is_empty() {
+            return Ok(Cow::Borrowed(raw));
+        }
+        let known = self.compacted.as_ref().is_some_and(|(h, _)| h.covers(id));
+        if !known {
+            let header = match header {
+                Some(h) => Some(h),
+                // An emptied element: its header is the nearest one before it.
+                None => self
+                    .state
+                    .bus
+                    .read_range(self.run_id, 1, id)
+                    .await?
+                    .iter()
+                    .rev()
+                    .find_map(|r| compaction::parse_header(r))
+                    .filter(|h| h.covers(id)),
+            };
+            self.compacted = match header {
+                Some(h) => {
+                    let completed = self
+                        .state
+                        .bus
+                        .read_range(self.run_id, h.to + 1, h.to + 1)
+                        .await?
+                        .pop()
+                        .unwrap_or_default();
+                    Some((h, completed))
+                }
+                None => None,
+            };
+        }
+        let expanded = self
+            .compacted
+            .as_ref()
+            .and_then(|(h, completed)| h.expand(id, completed));
+        match expanded {
+            Some(event) => Ok(Cow::Owned(event)),
+            None => {
+                let run = runs::get(&self.state.pool, self.run_id).await?;
+                Ok(Cow::Owned(compaction::superseded_delta(
+                    id,
+                    self.run_id,
+                    run.thread_id,
+                )))
+            }
+        }
     }
 
     /// The list is empty past `last`: if Redis lost (or expired) it while Postgres knows of

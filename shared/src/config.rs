@@ -125,6 +125,9 @@ pub struct EventSettings {
     pub delta_flush_ms: u64,
     /// ...or once this many bytes of text are buffered.
     pub delta_flush_bytes: usize,
+    /// Rewrite a finished message's deltas in Redis as one small header (see
+    /// `compaction.rs`); replays are unchanged, the list shrinks several-fold.
+    pub compact_deltas: bool,
     pub keepalive_secs: u64,
     pub sse_retry_ms: u64,
     /// Events buffered per SSE client before a slow client is disconnected.
@@ -218,6 +221,7 @@ model_retry_max_ms = 10000
 retention_secs = 86400
 delta_flush_ms = 50
 delta_flush_bytes = 512
+compact_deltas = true
 keepalive_secs = 15
 sse_retry_ms = 2000
 client_buffer = 1024

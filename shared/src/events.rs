@@ -88,13 +88,13 @@ pub struct Envelope {
 
 /// The envelope without its id: the id is assigned inside Redis.
 #[derive(Serialize)]
-struct Unnumbered<'a> {
-    run_id: Uuid,
-    thread_id: Uuid,
+pub(crate) struct Unnumbered<'a> {
+    pub run_id: Uuid,
+    pub thread_id: Uuid,
     #[serde(rename = "type")]
-    kind: EventType,
-    at: String,
-    data: &'a Value,
+    pub kind: EventType,
+    pub at: String,
+    pub data: &'a Value,
 }
 
 pub fn timestamp(at: DateTime<Utc>) -> String {
@@ -214,6 +214,8 @@ pub struct EventBus {
 #[derive(Debug, Clone)]
 pub struct Appended {
     pub id: u64,
+    /// The envelope's `at`, in Unix milliseconds.
+    pub at_ms: i64,
 }
 
 pub struct NewEvent<'a> {
@@ -249,11 +251,12 @@ impl EventBus {
         floor: u64,
         expiry: Expiry,
     ) -> Result<Appended, AppendError> {
+        let at = Utc::now();
         let body = serde_json::to_string(&Unnumbered {
             run_id: event.run_id,
             thread_id: event.thread_id,
             kind: event.kind,
-            at: timestamp(Utc::now()),
+            at: timestamp(at),
             data: event.data,
         })
         .expect("event serializes");
@@ -283,7 +286,10 @@ impl EventBus {
                 current,
             });
         }
-        Ok(Appended { id: id as u64 })
+        Ok(Appended {
+            id: id as u64,
+            at_ms: at.timestamp_millis(),
+        })
     }
 
     /// Events with id > `after`, in order (raw JSON as stored).

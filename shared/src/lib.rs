@@ -1,6 +1,7 @@
 //! agentfleet-shared: the domain, configuration, Postgres store, queue topology, event bus and
 //! telemetry used by both the API and the workers.
 
+pub mod compaction;
 pub mod config;
 pub mod db;
 pub mod domain;

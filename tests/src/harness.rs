@@ -744,3 +744,21 @@ impl TestEnv {
         }
     }
 }
+
+impl TestEnv {
+    /// A run's Redis event list exactly as stored (compacted ranges included).
+    pub async fn raw_events(&self, run_id: &str) -> Vec<String> {
+        let client = deadpool_redis::redis::Client::open(redis_url()).expect("redis url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis");
+        deadpool_redis::redis::cmd("LRANGE")
+            .arg(format!("{}:run:{run_id}:events", self.prefix))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .expect("LRANGE")
+    }
+}

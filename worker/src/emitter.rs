@@ -4,13 +4,14 @@
 //! logged and dropped (the stream can be rebuilt from Postgres), and the run goes on. Only a
 //! fencing refusal matters to the run: it means another attempt owns the stream now.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use uuid::Uuid;
 
-use agentfleet_shared::events::{AppendError, EventBus, EventType, Expiry, NewEvent};
+use agentfleet_shared::compaction::{DeltaRecord, Header};
+use agentfleet_shared::events::{AppendError, Appended, EventBus, EventType, Expiry, NewEvent};
 
 #[derive(Clone)]
 pub struct Emitter {
@@ -20,6 +21,10 @@ pub struct Emitter {
     fence: i64,
     /// Highest id appended by this holder (or known durable at claim).
     last: Arc<AtomicU64>,
+    /// Whether finished messages' deltas are compacted (`events.compact_deltas`).
+    compact: bool,
+    /// The current message's deltas, compacted once its `message_completed` is appended.
+    deltas: Arc<Mutex<Vec<DeltaRecord>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +38,7 @@ impl Emitter {
         thread_id: Uuid,
         attempt: i32,
         last_event_id: u64,
+        compact: bool,
     ) -> Emitter {
         Emitter {
             bus,
@@ -40,6 +46,8 @@ impl Emitter {
             thread_id,
             fence: agentfleet_shared::events::worker_fence(attempt),
             last: Arc::new(AtomicU64::new(last_event_id)),
+            compact,
+            deltas: Default::default(),
         }
     }
 
@@ -70,6 +78,9 @@ impl Emitter {
         {
             Ok(appended) => {
                 self.last.fetch_max(appended.id, Ordering::SeqCst);
+                if self.compact {
+                    self.track(kind, &data, &appended);
+                }
                 Ok(())
             }
             Err(AppendError::Fenced { .. }) => Err(Fenced),
@@ -78,6 +89,37 @@ impl Emitter {
                     "event not appended; Redis unavailable");
                 Ok(())
             }
+        }
+    }
+}
+
+impl Emitter {
+    /// Follows the deltas of the message being streamed; once it is complete, compacts them
+    /// in the background (an optimisation of Redis memory: a failure only costs bytes).
+    fn track(&self, kind: EventType, data: &Value, appended: &Appended) {
+        let mut deltas = self.deltas.lock().expect("deltas lock");
+        match kind {
+            EventType::MessageDelta => deltas.push(DeltaRecord {
+                id: appended.id,
+                len: data["text"].as_str().map_or(0, str::len),
+                at_ms: appended.at_ms,
+            }),
+            EventType::MessageCompleted => {
+                let content_len = data["content"].as_str().map_or(0, str::len);
+                let Some(header) = Header::build(&deltas, appended.id, appended.at_ms, content_len)
+                else {
+                    deltas.clear();
+                    return;
+                };
+                deltas.clear();
+                let (bus, run_id, fence) = (self.bus.clone(), self.run_id, self.fence);
+                tokio::spawn(async move {
+                    if let Err(e) = bus.compact_deltas(run_id, fence, &header).await {
+                        tracing::debug!(%run_id, error = %e, "deltas not compacted");
+                    }
+                });
+            }
+            _ => deltas.clear(),
         }
     }
 }

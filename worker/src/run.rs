@@ -118,6 +118,7 @@ pub async fn execute(
         run.thread_id,
         fence.attempt,
         floor,
+        shared.settings.events.compact_deltas,
     );
     let ctx = RunCtx {
         shared,

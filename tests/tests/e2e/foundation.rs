@@ -83,7 +83,8 @@ async fn a_run_with_one_http_tool_call_completes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_ids_are_gap_free_and_replay_equals_live() {
-    let env = TestEnv::new().await;
+    // Small deltas, so each message streams as several.
+    let env = TestEnv::with(&[("events.delta_flush_bytes", "4")]).await;
     let app = env.spawn_api().await;
     let body = scripted_run(
         json!([
@@ -134,11 +135,32 @@ async fn event_ids_are_gap_free_and_replay_equals_live() {
         text,
         "let me look that up for youhere is the answer you wanted"
     );
+    // Both messages' deltas get compacted in Redis once the messages complete...
+    let deltas = kinds.iter().filter(|k| *k == "message_delta").count();
+    assert!(deltas >= 6, "several deltas per message: {kinds:?}");
+    let stored = wait_for("the deltas to be compacted", T, || async {
+        let raw = env.raw_events(&run_id).await;
+        let headers = raw
+            .iter()
+            .filter(|r| r.contains("\"type\":\"~delta\""))
+            .count();
+        (headers == 2).then_some(raw)
+    })
+    .await;
+    assert_eq!(stored.len(), live.len());
+    assert_eq!(
+        stored.iter().filter(|r| r.is_empty()).count(),
+        deltas - 2,
+        "every delta but each range's first is emptied"
+    );
+    // ...yet a replay still equals, event for event, what the live client saw.
     let replay = app.events(&run_id, 0, T).await;
     assert_eq!(replay, live, "a replay must equal what the live client saw");
-    // Resuming from the middle gives exactly the rest.
-    let tail = app.events(&run_id, 4, T).await;
-    assert_eq!(tail, live[4..].to_vec());
+    // Resuming from any point, inside a compacted range too, gives exactly the rest.
+    for after in 1..live.len() {
+        let tail = app.events(&run_id, after as u64, T).await;
+        assert_eq!(tail, live[after..].to_vec(), "resuming after {after}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

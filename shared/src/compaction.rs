@@ -1,0 +1,330 @@
+//! Delta compaction: once an assistant message is complete, its `message_delta` events are
+//! redundant in Redis (the `message_completed` event that follows holds the whole text), yet
+//! each carries a ~170-byte envelope for a few bytes of text. At a realistic streaming rate the
+//! deltas alone would hold 10–15 times the streamed text.
+//!
+//! So the worker rewrites a finished message's deltas in place: the first becomes a small
+//! header (`"type":"~delta"`, each delta's text length and its time before the completion),
+//! the others become empty strings. Positions, and therefore ids, are unchanged. The API
+//! expands the range back into the very events that were appended (same ids, texts and
+//! timestamps, byte for byte), sliced out of the `message_completed` content, so a replay
+//! still equals what a live client saw. Live clients are unaffected: pub/sub carries each
+//! event in full when it is appended.
+
+use deadpool_redis::redis;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::events::{AppendError, EventBus, EventType, Unnumbered};
+
+/// The type tag of a compacted range's first element.
+pub const HEADER_TYPE: &str = "~delta";
+
+/// One delta as the worker appended it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaRecord {
+    pub id: u64,
+    /// Text length in bytes.
+    pub len: usize,
+    /// The envelope's `at`, in Unix milliseconds.
+    pub at_ms: i64,
+}
+
+/// The stored form of a compacted range `id..=to`; the range's `message_completed` is `to + 1`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    pub id: u64,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub to: u64,
+    /// Text length of each delta, in bytes.
+    pub n: Vec<usize>,
+    /// Milliseconds from each delta's `at` to the next event's (the last one's: to the
+    /// completion's). Gaps, not offsets: a few digits each.
+    pub ms: Vec<i64>,
+}
+
+impl Header {
+    /// The header for `deltas` (contiguous ids, ending right before the completion, spelling
+    /// out its whole `content_len` bytes of text), or `None` when they cannot be compacted
+    /// safely (a delta was lost to a Redis error, say).
+    pub fn build(
+        deltas: &[DeltaRecord],
+        completed_id: u64,
+        completed_at_ms: i64,
+        content_len: usize,
+    ) -> Option<Self> {
+        let first = deltas.first()?;
+        let contiguous = deltas.windows(2).all(|w| w[1].id == w[0].id + 1);
+        let last = deltas.last()?;
+        let spelled: usize = deltas.iter().map(|d| d.len).sum();
+        if !contiguous || last.id + 1 != completed_id || spelled != content_len {
+            return None;
+        }
+        Some(Header {
+            id: first.id,
+            kind: HEADER_TYPE.to_owned(),
+            to: last.id,
+            n: deltas.iter().map(|d| d.len).collect(),
+            ms: deltas
+                .iter()
+                .zip(
+                    deltas
+                        .iter()
+                        .skip(1)
+                        .map(|d| d.at_ms)
+                        .chain([completed_at_ms]),
+                )
+                .map(|(d, next)| next - d.at_ms)
+                .collect(),
+        })
+    }
+
+    pub fn covers(&self, id: u64) -> bool {
+        (self.id..=self.to).contains(&id)
+    }
+
+    /// The original event `id` of the range, rebuilt from the raw `message_completed` that
+    /// follows it. `None` if the completion does not match (it should never happen: the
+    /// worker compacts only what it appended itself).
+    pub fn expand(&self, id: u64, completed_raw: &str) -> Option<String> {
+        #[derive(Deserialize)]
+        struct Completed {
+            id: u64,
+            run_id: Uuid,
+            thread_id: Uuid,
+            at: String,
+            data: CompletedData,
+        }
+        #[derive(Deserialize)]
+        struct CompletedData {
+            content: Option<String>,
+        }
+        if !self.covers(id)
+            || self.n.len() as u64 != self.to - self.id + 1
+            || self.ms.len() != self.n.len()
+        {
+            return None;
+        }
+        let completed: Completed = serde_json::from_str(completed_raw).ok()?;
+        if completed.id != self.to + 1 {
+            return None;
+        }
+        let content = completed.data.content.unwrap_or_default();
+        let index = (id - self.id) as usize;
+        let offset: usize = self.n[..index].iter().sum();
+        let text = content.get(offset..offset + self.n[index])?;
+        let completed_at = chrono::DateTime::parse_from_rfc3339(&completed.at).ok()?;
+        let before: i64 = self.ms.get(index..)?.iter().sum();
+        let at = completed_at.timestamp_millis() - before;
+        let at = chrono::DateTime::from_timestamp_millis(at)?;
+        let data = json!({"text": text});
+        let body = serde_json::to_string(&Unnumbered {
+            run_id: completed.run_id,
+            thread_id: completed.thread_id,
+            kind: EventType::MessageDelta,
+            at: crate::events::timestamp(at),
+            data: &data,
+        })
+        .ok()?;
+        Some(format!("{{\"id\":{id},{}", &body[1..]))
+    }
+}
+
+/// Parses a stored element as a compaction header.
+pub fn parse_header(raw: &str) -> Option<Header> {
+    if !raw.contains(HEADER_TYPE) {
+        return None;
+    }
+    serde_json::from_str::<Header>(raw)
+        .ok()
+        .filter(|h| h.kind == HEADER_TYPE)
+}
+
+/// KEYS: list, fence. ARGV: token, first id, last id, header JSON.
+/// Refuses a stale holder, and rewrites nothing unless the range still holds the events it
+/// names (the list may have been lost and refilled with placeholders meanwhile).
+const COMPACT_LUA: &str = r#"
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+if tonumber(ARGV[1]) < fence then return -1 end
+local first = tonumber(ARGV[2])
+local last = tonumber(ARGV[3])
+if redis.call('LLEN', KEYS[1]) < last + 1 then return 0 end
+for _, id in ipairs({first, last, last + 1}) do
+  local item = redis.call('LINDEX', KEYS[1], id - 1)
+  if string.sub(item, 1, string.len('{"id":' .. id .. ',')) ~= '{"id":' .. id .. ',' then return 0 end
+end
+redis.call('LSET', KEYS[1], first - 1, ARGV[4])
+for id = first + 1, last do
+  redis.call('LSET', KEYS[1], id - 1, '')
+end
+return 1
+"#;
+
+static SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(COMPACT_LUA));
+
+impl EventBus {
+    /// Rewrites a finished message's deltas as one header (see the module docs). Returns
+    /// whether the range was rewritten.
+    pub async fn compact_deltas(
+        &self,
+        run: Uuid,
+        fence: i64,
+        header: &Header,
+    ) -> Result<bool, AppendError> {
+        let raw = serde_json::to_string(header).expect("header serializes");
+        let mut conn = self.pool().get().await?;
+        let done: i64 = SCRIPT
+            .key(self.keys().events(run))
+            .key(self.keys().fence(run))
+            .arg(fence)
+            .arg(header.id)
+            .arg(header.to)
+            .arg(raw)
+            .invoke_async(&mut conn)
+            .await?;
+        if done < 0 {
+            return Err(AppendError::Fenced {
+                run_id: run,
+                current: 0,
+            });
+        }
+        Ok(done == 1)
+    }
+
+    /// Elements `[from_id, to_id]` of a run's list, as stored (for locating a header).
+    pub async fn read_range(
+        &self,
+        run: Uuid,
+        from_id: u64,
+        to_id: u64,
+    ) -> Result<Vec<String>, AppendError> {
+        let mut conn = self.pool().get().await?;
+        let items: Vec<String> = redis::cmd("LRANGE")
+            .arg(self.keys().events(run))
+            .arg(from_id.saturating_sub(1) as i64)
+            .arg(to_id.saturating_sub(1) as i64)
+            .query_async(&mut conn)
+            .await?;
+        Ok(items)
+    }
+}
+
+/// A `message_delta` that could not be rebuilt (its completion is gone): still delivered, so
+/// ids stay gap-free, with no text and `superseded: true`.
+pub fn superseded_delta(id: u64, run_id: Uuid, thread_id: Uuid) -> String {
+    json!({"id": id, "run_id": run_id, "thread_id": thread_id, "type": "message_delta",
+           "at": crate::events::timestamp(chrono::Utc::now()),
+           "data": {"text": "", "superseded": true}})
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+
+    fn appended(id: u64, kind: EventType, at_ms: i64, data: Value) -> String {
+        let at = chrono::DateTime::from_timestamp_millis(at_ms).unwrap();
+        let body = serde_json::to_string(&Unnumbered {
+            run_id: Uuid::nil(),
+            thread_id: Uuid::max(),
+            kind,
+            at: crate::events::timestamp(at),
+            data: &data,
+        })
+        .unwrap();
+        format!("{{\"id\":{id},{}", &body[1..])
+    }
+
+    #[test]
+    fn expansion_restores_every_delta_byte_for_byte() {
+        let pieces = ["Hé", "llo, ", "wörld", "!"];
+        let t0 = 1_795_000_000_000i64;
+        let originals: Vec<String> = pieces
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                appended(
+                    4 + i as u64,
+                    EventType::MessageDelta,
+                    t0 + 37 * i as i64,
+                    json!({"text": p}),
+                )
+            })
+            .collect();
+        let records: Vec<DeltaRecord> = pieces
+            .iter()
+            .enumerate()
+            .map(|(i, p)| DeltaRecord {
+                id: 4 + i as u64,
+                len: p.len(),
+                at_ms: t0 + 37 * i as i64,
+            })
+            .collect();
+        let done_at = t0 + 500;
+        let completed = appended(
+            8,
+            EventType::MessageCompleted,
+            done_at,
+            json!({"content": pieces.concat(), "tool_calls": []}),
+        );
+        let header =
+            Header::build(&records, 8, done_at, pieces.concat().len()).expect("compactable");
+        let stored = serde_json::to_string(&header).unwrap();
+        let header = parse_header(&stored).expect("parses back");
+        for (i, original) in originals.iter().enumerate() {
+            assert_eq!(
+                header.expand(4 + i as u64, &completed).as_deref(),
+                Some(original.as_str())
+            );
+        }
+        assert_eq!(header.expand(9, &completed), None, "outside the range");
+    }
+
+    #[test]
+    fn only_a_contiguous_range_right_before_its_completion_is_compacted() {
+        let d = |id| DeltaRecord {
+            id,
+            len: 1,
+            at_ms: 0,
+        };
+        assert!(Header::build(&[d(3), d(4)], 5, 0, 2).is_some());
+        assert!(Header::build(&[d(3), d(5)], 6, 0, 2).is_none(), "a hole");
+        assert!(
+            Header::build(&[d(3), d(4)], 6, 0, 2).is_none(),
+            "not adjacent"
+        );
+        assert!(
+            Header::build(&[d(3), d(4)], 5, 0, 3).is_none(),
+            "text missing"
+        );
+        assert!(Header::build(&[], 6, 0, 0).is_none());
+    }
+
+    #[test]
+    fn a_mismatched_completion_expands_to_nothing() {
+        let header = Header::build(
+            &[DeltaRecord {
+                id: 2,
+                len: 50,
+                at_ms: 0,
+            }],
+            3,
+            0,
+            50,
+        )
+        .unwrap();
+        let completed = appended(
+            3,
+            EventType::MessageCompleted,
+            0,
+            json!({"content": "short"}),
+        );
+        assert_eq!(header.expand(2, &completed), None);
+        assert!(parse_header(r#"{"id":1,"type":"run_started"}"#).is_none());
+    }
+}
