@@ -107,6 +107,46 @@ async fn all_complete(app: &TestApp, ids: &[String]) {
     }
 }
 
+/// Throughput is back after the fault: every slot of the fleet works at once again. Each of
+/// `slots` runs holds its slot on a slow model call, so all of them can be `running` together
+/// only if every worker's consumer came back with its full prefetch (a consumer that never
+/// reconnected, a leaked slot or a stuck channel caps this below `slots`). Counting busy slots
+/// instead of timing keeps the check exact on a loaded machine.
+async fn assert_full_capacity(env: &TestEnv, app: &TestApp, slots: usize) {
+    let body = scripted_run(
+        json!([{"content": "holding a slot", "delay_ms": 4000}]),
+        json!([]),
+    );
+    let mut ids = Vec::new();
+    for _ in 0..slots {
+        ids.push(
+            app.start_run(&body).await["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    wait_for("every slot of the fleet to be busy at once", T, || async {
+        let (running,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM runs WHERE status = 'running' AND id = ANY($1::uuid[])",
+        )
+        .bind(&ids)
+        .fetch_one(&env.pool)
+        .await
+        .ok()?;
+        (running as usize == slots).then_some(())
+    })
+    .await;
+    for id in &ids {
+        let run = app.wait_status(id, &["completed", "failed"], T).await;
+        assert_eq!(run["status"], "completed", "{run}");
+    }
+}
+
+/// Slots of the two workers the RabbitMQ and Postgres tests run (`worker.concurrency` is 8
+/// in tests).
+const SLOTS: usize = 2 * 8;
+
 fn run_body(env: &TestEnv) -> serde_json::Value {
     scripted_run(
         json!([{"tool_calls": [{"name": "effect", "arguments": {}}], "delay_ms": 50}, {"content": "ok"}]),
@@ -150,6 +190,7 @@ async fn rabbitmq_restart_under_load() {
         60,
         "each side effect happened once"
     );
+    assert_full_capacity(&env, &app, SLOTS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -189,6 +230,7 @@ async fn postgres_restart_under_load() {
     all_complete(&app, &ids).await;
     let effects = env.tools.state().side_effect_count();
     assert_eq!(effects, 60, "each accepted run's side effect happened once");
+    assert_full_capacity(&env, &app, SLOTS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,4 +269,5 @@ async fn redis_restart_while_runs_stream() {
         assert_eq!(events.last().unwrap()["type"], "run_completed");
     }
     assert_eq!(env.tools.state().side_effect_count(), 10);
+    assert_full_capacity(&env, &app, SLOTS / 2).await;
 }
