@@ -37,10 +37,16 @@ pub async fn principal_from(
         .map(str::trim)
         .filter(|k| !k.is_empty() && k.len() <= 256)
         .ok_or_else(|| unauthorized("Authorization must be `Bearer <api key>`"))?;
-    tenants::authenticate(&state.pool, key)
+    let hash = tenants::hash_key(key);
+    if let Some(principal) = state.auth_cache.get(&hash) {
+        return Ok(principal);
+    }
+    let principal = tenants::authenticate_hash(&state.pool, &hash)
         .await
         .map_err(ApiError::unexpected)?
-        .ok_or_else(|| unauthorized("unknown or revoked API key"))
+        .ok_or_else(|| unauthorized("unknown or revoked API key"))?;
+    state.auth_cache.put(hash, principal);
+    Ok(principal)
 }
 
 /// Authorization for event streams: a stream token (`?token=`) for the given run, or the

@@ -2,6 +2,7 @@
 //! their events; it never runs an agent itself.
 
 pub mod auth;
+pub mod auth_cache;
 pub mod error;
 pub mod hub;
 pub mod routes;

@@ -57,8 +57,13 @@ impl Application {
             shutdown.clone(),
         );
         let tokens = crate::stream_token::TokenSigner::new(&settings.api.stream_token_secret);
+        let auth_cache = Arc::new(crate::auth_cache::AuthCache::new(
+            Duration::from_millis(settings.api.auth_cache_ttl_ms),
+            settings.api.auth_cache_max_keys,
+        ));
         let state = AppState {
             tokens,
+            auth_cache,
             pool,
             bus,
             publisher,

@@ -15,6 +15,7 @@ pub struct AppState {
     pub hub: Hub,
     pub settings: Arc<Settings>,
     pub tokens: crate::stream_token::TokenSigner,
+    pub auth_cache: Arc<crate::auth_cache::AuthCache>,
     /// Cancelled when the server stops, so open event streams end and shutdown can finish.
     pub shutdown: tokio_util::sync::CancellationToken,
 }

@@ -87,6 +87,10 @@ pub struct ApiSettings {
     pub stream_token_ttl_secs: u64,
     /// Comma-separated origins allowed by CORS (`*` for any); empty disables CORS.
     pub cors_allowed_origins: String,
+    /// How long an authenticated API key is trusted without asking Postgres again (so a
+    /// revocation takes effect within this time); 0 disables the cache.
+    pub auth_cache_ttl_ms: u64,
+    pub auth_cache_max_keys: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -196,6 +200,8 @@ request_timeout_ms = 30000
 stream_token_secret = ""
 stream_token_ttl_secs = 900
 cors_allowed_origins = ""
+auth_cache_ttl_ms = 5000
+auth_cache_max_keys = 10000
 
 [worker]
 concurrency = 16
@@ -277,6 +283,9 @@ impl Settings {
         }
         if !name_ok(&self.amqp.prefix) {
             return Err(invalid("amqp.prefix", "must be non-empty [A-Za-z0-9._-]"));
+        }
+        if self.api.auth_cache_max_keys == 0 {
+            return Err(invalid("api.auth_cache_max_keys", "must be at least 1"));
         }
         if self.worker.concurrency == 0 {
             return Err(invalid("worker.concurrency", "must be at least 1"));

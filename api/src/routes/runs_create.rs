@@ -172,15 +172,18 @@ pub async fn submit(
         input: body.input,
         agent: body.agent,
     };
-    let mut tx = state.pool.begin().await.map_err(anyhow::Error::from)?;
-    let run = match transitions::create(&mut tx, new).await {
+    let created = if new.thread_id.is_none() {
+        transitions::create_on_new_thread(&state.pool, new).await
+    } else {
+        create_in_transaction(state, new).await
+    };
+    let run = match created {
         Ok(run) => run,
         Err(StoreError::NotFound) => return Err(CreateRunError::ThreadNotFound),
         Err(StoreError::ThreadBusy { thread_id, run_id }) => {
             return Err(CreateRunError::ThreadBusy { thread_id, run_id });
         }
         Err(StoreError::Db(e)) if key.is_some() && is_idempotency_race(&e) => {
-            drop(tx);
             let k = key.as_deref().expect("checked");
             let existing = runs::by_idempotency_key(&state.pool, tenant, k)
                 .await
@@ -190,10 +193,17 @@ pub async fn submit(
         }
         Err(e) => return Err(CreateRunError::Unexpected(e.into())),
     };
-    tx.commit().await.map_err(anyhow::Error::from)?;
     agentfleet_shared::failpoint::hit("api_after_commit");
     metrics::counter!("agentfleet_runs_created_total").increment(1);
     announce(state, &run).await;
+    Ok(run)
+}
+
+/// A run on an existing thread: the thread row is locked first (see `transitions::create`).
+async fn create_in_transaction(state: &AppState, new: NewRun) -> Result<RunRow, StoreError> {
+    let mut tx = state.pool.begin().await?;
+    let run = transitions::create(&mut tx, new).await?;
+    tx.commit().await?;
     Ok(run)
 }
 

@@ -8,22 +8,18 @@ use uuid::Uuid;
 
 use super::StoreError;
 
+/// The stored body of a user message: the OpenAI chat message object.
+pub fn user_body(text: &str) -> Value {
+    json!({"role": "user", "content": text})
+}
+
 pub async fn insert_user(
     conn: &mut PgConnection,
     thread: Uuid,
     run: Uuid,
     text: &str,
 ) -> Result<i64, StoreError> {
-    insert(
-        conn,
-        thread,
-        run,
-        "user",
-        true,
-        &json!({"role": "user", "content": text}),
-        None,
-    )
-    .await
+    insert(conn, thread, run, "user", true, &user_body(text), None).await
 }
 
 pub async fn insert(

@@ -69,10 +69,18 @@ pub struct Principal {
 }
 
 pub async fn authenticate(pool: &PgPool, key: &str) -> Result<Option<Principal>, StoreError> {
+    authenticate_hash(pool, &hash_key(key)).await
+}
+
+/// The principal of a key given its hash (see `hash_key`).
+pub async fn authenticate_hash(
+    pool: &PgPool,
+    key_hash: &[u8],
+) -> Result<Option<Principal>, StoreError> {
     let row: Option<(Uuid, Uuid)> = sqlx::query_as(
         "SELECT tenant_id, id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
     )
-    .bind(hash_key(key))
+    .bind(key_hash)
     .fetch_optional(pool)
     .await?;
     Ok(row.map(|(tenant_id, key_id)| Principal { tenant_id, key_id }))

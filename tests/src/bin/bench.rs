@@ -184,7 +184,7 @@ async fn main() {
 async fn run(args: Args) -> anyhow::Result<()> {
     agentfleet_shared::telemetry::install_crypto();
     let env = TestEnv::with(&[
-        ("database.max_connections", "40"),
+        ("database.max_connections", "24"),
         ("worker.lease_ms", "10000"),
         ("worker.lease_renew_ms", "3000"),
         ("worker.requeue_after_ms", "15000"),
@@ -496,7 +496,7 @@ async fn end_to_end(
         ctx.args.workers,
         &[
             ("worker.concurrency", "64"),
-            ("database.max_connections", "30"),
+            ("database.max_connections", "20"),
         ],
     );
     let input = script(
@@ -846,7 +846,7 @@ async fn memory(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
     let worker = ctx.env.spawn_worker_process(&[
         ("worker.concurrency", concurrency.as_str()),
         ("worker.lease_renew_ms", "5000"),
-        ("database.max_connections", "30"),
+        ("database.max_connections", "20"),
     ]);
     // Let it connect and settle before the idle reading.
     tokio::time::sleep(Duration::from_secs(2)).await;

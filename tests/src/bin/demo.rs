@@ -83,6 +83,11 @@ async fn run() -> anyhow::Result<()> {
         ("AGENTFLEET__REDIS__PREFIX".into(), "agentfleet-demo".into()),
         ("AGENTFLEET__AMQP__PREFIX".into(), "agentfleet-demo".into()),
         ("AGENTFLEET__TELEMETRY__LOG_FORMAT".into(), "pretty".into()),
+        // A demo-only secret: stream tokens then verify on any API replica.
+        (
+            "AGENTFLEET__API__STREAM_TOKEN_SECRET".into(),
+            format!("demo-{}", uuid::Uuid::new_v4().simple()),
+        ),
         (
             "RUST_LOG".into(),
             std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
