@@ -7,6 +7,7 @@ use anyhow::Context;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_http::trace::TraceLayer;
@@ -92,7 +93,13 @@ impl Application {
         stop: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let token = self.shutdown.clone();
-        axum::serve(self.listener, self.router)
+        // Small writes (SSE events) must not wait for the peer's delayed ACK (Nagle).
+        let listener = self.listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "TCP_NODELAY not set");
+            }
+        });
+        axum::serve(listener, self.router)
             .with_graceful_shutdown(async move {
                 stop.await;
                 token.cancel();

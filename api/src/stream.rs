@@ -13,6 +13,7 @@
 //! stay consistent for every client that reconnects.
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use axum::response::sse::Event;
 use serde_json::{Value, json};
@@ -269,18 +270,31 @@ impl<'a> Follower<'a> {
         if self.ended {
             return Ok(());
         }
+        // A run that has stopped in Postgres while its last event is not in the list yet: the
+        // worker appends it right after its commit, so wait for it live, briefly. If it never
+        // comes (the worker died in between, or Redis lost it), Postgres has it: the replay
+        // then serves it from there (`rebuild_if_gone`).
+        let mut final_deadline = None;
         if runs::get(&self.state.pool, self.run_id)
             .await
             .is_ok_and(|r| r.status().is_final())
         {
-            // Caught up with a run that has stopped: read once more in case its last event
-            // landed meanwhile, then end.
             self.replay().await?;
-            return Ok(());
+            if self.ended {
+                return Ok(());
+            }
+            let grace = Duration::from_millis(self.state.settings.events.final_event_grace_ms);
+            final_deadline = Some(tokio::time::Instant::now() + grace);
         }
         loop {
+            let deadline = final_deadline
+                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
             let msg = tokio::select! {
                 m = sub.rx.recv() => m,
+                _ = tokio::time::sleep_until(deadline), if final_deadline.is_some() => {
+                    self.replay().await?;
+                    return Ok(());
+                }
                 _ = self.tx.closed() => return Err(FollowError::ClientGone),
                 _ = self.state.shutdown.cancelled() => return Err(FollowError::Shutdown),
             };

@@ -136,6 +136,9 @@ pub struct EventSettings {
     pub sse_retry_ms: u64,
     /// Events buffered per SSE client before a slow client is disconnected.
     pub client_buffer: usize,
+    /// How long a stream waits for the last event of a run Postgres already shows as ended,
+    /// before serving that event from Postgres.
+    pub final_event_grace_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -231,6 +234,7 @@ compact_deltas = true
 keepalive_secs = 15
 sse_retry_ms = 2000
 client_buffer = 1024
+final_event_grace_ms = 2000
 
 [telemetry]
 otlp_endpoint = ""

@@ -43,6 +43,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -218,6 +219,11 @@ impl MockLlm {
         let stop = state.shutdown_requested();
         let app = router(state.clone());
         let task = tokio::spawn(async move {
+            // Streamed chunks are small writes: without TCP_NODELAY each waits ~40 ms for the
+            // client's delayed ACK, and a "zero-delay" model takes 40 ms.
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             if let Err(error) = axum::serve(listener, app)
                 .with_graceful_shutdown(stop)
                 .await

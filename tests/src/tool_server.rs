@@ -30,6 +30,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -173,6 +174,9 @@ impl ToolServer {
         let stop = state.shutdown_requested();
         let app = router(state.clone());
         let task = tokio::spawn(async move {
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             if let Err(error) = axum::serve(listener, app)
                 .with_graceful_shutdown(stop)
                 .await

@@ -8,8 +8,9 @@ use serde_json::{Value, json};
 
 use agentfleet_shared::domain::Risk;
 use agentfleet_shared::events::EventType;
-use agentfleet_shared::store::tool_calls::{self, NewToolCall};
-use agentfleet_shared::store::{StoreError, lock_fenced, messages};
+use agentfleet_shared::store::messages;
+use agentfleet_shared::store::tool_calls::NewToolCall;
+use agentfleet_shared::store::turns::{self, Turn};
 
 use crate::context_window;
 use crate::model_call::{self, DeltaPolicy, ModelError, ModelRequest, ModelResponse};
@@ -86,7 +87,7 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<(), RunError> {
     Ok(())
 }
 
-/// The assistant message, its tool calls, the iteration counter and usage: one transaction.
+/// The assistant message, its tool calls, the iteration counter and usage: one statement.
 async fn persist(ctx: &RunCtx, iteration: i32, response: &ModelResponse) -> Result<(), RunError> {
     let content = if response.content.is_empty() {
         Value::Null
@@ -102,49 +103,42 @@ async fn persist(ctx: &RunCtx, iteration: i32, response: &ModelResponse) -> Resu
             .collect();
     }
     let agent = &ctx.run.agent.0;
-    let mut tx = ctx.shared.pool.begin().await.map_err(StoreError::from)?;
-    lock_fenced(&mut tx, ctx.fence).await?;
-    messages::insert(
-        &mut tx,
-        ctx.run.thread_id,
-        ctx.run.id,
-        "assistant",
-        true,
-        &body,
-        Some(iteration),
+    let parsed: Vec<Option<Value>> = response
+        .tool_calls
+        .iter()
+        .map(|c| serde_json::from_str(&c.arguments).ok())
+        .collect();
+    let calls: Vec<NewToolCall> = response
+        .tool_calls
+        .iter()
+        .zip(&parsed)
+        .enumerate()
+        .map(|(position, (call, parsed))| NewToolCall {
+            tool_call_id: &call.id,
+            position: position as i32,
+            name: &call.name,
+            raw_arguments: &call.arguments,
+            arguments: parsed.as_ref(),
+            risk: agent
+                .tool(&call.name)
+                .map(|t| t.risk)
+                .unwrap_or(Risk::Low)
+                .as_str(),
+        })
+        .collect();
+    turns::record(
+        &ctx.shared.pool,
+        ctx.fence,
+        &Turn {
+            thread_id: ctx.run.thread_id,
+            iteration,
+            message: &body,
+            tool_calls: &calls,
+            prompt_tokens: response.usage.prompt_tokens,
+            completion_tokens: response.usage.completion_tokens,
+        },
     )
     .await?;
-    for (position, call) in response.tool_calls.iter().enumerate() {
-        let parsed: Option<Value> = serde_json::from_str(&call.arguments).ok();
-        let risk = agent.tool(&call.name).map(|t| t.risk).unwrap_or(Risk::Low);
-        tool_calls::insert(
-            &mut tx,
-            ctx.run.id,
-            iteration,
-            &NewToolCall {
-                tool_call_id: &call.id,
-                position: position as i32,
-                name: &call.name,
-                raw_arguments: &call.arguments,
-                arguments: parsed.as_ref(),
-                risk: risk.as_str(),
-            },
-        )
-        .await?;
-    }
-    sqlx::query(
-        "UPDATE runs SET iteration = $2, prompt_tokens = prompt_tokens + $3,
-                         completion_tokens = completion_tokens + $4, updated_at = now()
-         WHERE id = $1",
-    )
-    .bind(ctx.run.id)
-    .bind(iteration)
-    .bind(response.usage.prompt_tokens)
-    .bind(response.usage.completion_tokens)
-    .execute(&mut *tx)
-    .await
-    .map_err(StoreError::from)?;
-    tx.commit().await.map_err(StoreError::from)?;
     Ok(())
 }
 

@@ -76,6 +76,7 @@ impl Worker {
                 settings.worker.model_connect_timeout_ms,
             ))
             .pool_max_idle_per_host(64)
+            .tcp_nodelay(true)
             .build()
             .context("http client")?;
         let health = if settings.worker.metrics_listen.is_empty() {

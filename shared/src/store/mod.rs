@@ -5,6 +5,7 @@ pub mod runs;
 pub mod tenants;
 pub mod tool_calls;
 pub mod transitions;
+pub mod turns;
 
 use uuid::Uuid;
 

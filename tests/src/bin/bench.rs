@@ -37,7 +37,8 @@ struct Args {
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench.json")]
     out: String,
-    /// Run only these sections (limits, enqueue, e2e, events, resume, recovery, memory, redis).
+    /// Run only these sections (limits, enqueue, framework, e2e, events, resume, recovery,
+    /// memory, redis).
     #[arg(long)]
     only: Vec<String>,
 }
@@ -217,6 +218,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     if ctx.wants("enqueue") {
         enqueue(&ctx, &mut report, &limits).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("framework") {
+        framework_time(&ctx, &mut report).await?;
         ctx.settle().await;
     }
     if ctx.wants("e2e") {
@@ -482,6 +487,80 @@ async fn enqueue(
     Ok(())
 }
 
+/// The framework's own time per iteration (the iteration's wall time minus the model call and
+/// the tool calls, as the worker records it), one run at a time so that nothing queues.
+async fn framework_time(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
+    let n = if ctx.args.smoke { 10 } else { 200 };
+    let _worker = ctx.workers(1, &[]);
+    let input = script(
+        json!([{"tool_calls": [{"name": "echo", "arguments": {"x": 1}}]}, {"content": "done"}]),
+    );
+    let body = json!({"input": input, "agent": ctx.agent()});
+    let mut ids = Vec::with_capacity(n);
+    for _ in 0..n {
+        let id = ctx.post("/v1/runs", &body).await?["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        wait_for("the run to complete", Duration::from_secs(60), || async {
+            let (status,): (String,) =
+                sqlx::query_as("SELECT status FROM runs WHERE id = $1::uuid")
+                    .bind(&id)
+                    .fetch_one(&ctx.env.pool)
+                    .await
+                    .ok()?;
+            (status == "completed").then_some(())
+        })
+        .await;
+        ids.push(id);
+    }
+    let rows: Vec<(i64, i64, i64)> = sqlx::query_as(
+        "SELECT total_us - model_us - tools_us, model_us, tools_us FROM iterations
+         WHERE run_id = ANY($1::uuid[])",
+    )
+    .bind(&ids)
+    .fetch_all(&ctx.env.pool)
+    .await?;
+    let fw = sorted(rows.iter().map(|r| r.0 as f64 / 1000.0).collect());
+    let (p50, p99) = (percentile(&fw, 0.5), percentile(&fw, 0.99));
+    report.add(
+        "framework",
+        &format!("framework time per iteration p50 ({} iterations)", fw.len()),
+        p50,
+        "ms",
+        Some(("goal <= 1 ms", p50 <= 1.0)),
+    );
+    report.add(
+        "framework",
+        "framework time per iteration p99",
+        p99,
+        "ms",
+        Some(("goal <= 5 ms", p99 <= 5.0)),
+    );
+    let model = sorted(rows.iter().map(|r| r.1 as f64 / 1000.0).collect());
+    report.add(
+        "framework",
+        "model call (scripted, zero delay) p50",
+        percentile(&model, 0.5),
+        "ms",
+        None,
+    );
+    let tools = sorted(
+        rows.iter()
+            .filter(|r| r.2 > 0)
+            .map(|r| r.2 as f64 / 1000.0)
+            .collect(),
+    );
+    report.add(
+        "framework",
+        "tool call (local http) p50",
+        percentile(&tools, 0.5),
+        "ms",
+        None,
+    );
+    Ok(())
+}
+
 /// No-op runs (one http tool call, then a final answer) from POST to run_completed.
 async fn end_to_end(
     ctx: &Ctx,
@@ -567,33 +646,33 @@ async fn end_to_end(
         None,
     );
     report.add("e2e", "run latency p99", percentile(&lat, 0.99), "ms", None);
-    // Framework time per iteration: total minus model and tools, from the workers' records.
+    // Framework time per iteration under this load: mostly queueing for the two cores and
+    // the connection pools (the intrinsic figure is the `framework` section's).
     let fw: Vec<(i64,)> = sqlx::query_as("SELECT total_us - model_us - tools_us FROM iterations")
         .fetch_all(&ctx.env.pool)
         .await?;
     let fw = sorted(fw.into_iter().map(|(v,)| v as f64 / 1000.0).collect());
-    let (p50, p99) = (percentile(&fw, 0.5), percentile(&fw, 0.99));
     report.add(
-        "framework",
-        "framework time per iteration p50",
-        p50,
+        "e2e",
+        "framework time per iteration under load p50",
+        percentile(&fw, 0.5),
         "ms",
-        Some(("goal <= 1 ms", p50 <= 1.0)),
+        None,
     );
     report.add(
-        "framework",
-        "framework time per iteration p99",
-        p99,
+        "e2e",
+        "framework time per iteration under load p99",
+        percentile(&fw, 0.99),
         "ms",
-        Some(("goal <= 5 ms", p99 <= 5.0)),
+        None,
     );
     let model: Vec<(i64, i64)> = sqlx::query_as("SELECT model_us, tools_us FROM iterations")
         .fetch_all(&ctx.env.pool)
         .await?;
     let m = sorted(model.iter().map(|(m, _)| *m as f64 / 1000.0).collect());
     report.add(
-        "framework",
-        "model call (scripted, zero delay) p50",
+        "e2e",
+        "model call (scripted, zero delay) under load p50",
         percentile(&m, 0.5),
         "ms",
         None,
@@ -608,10 +687,12 @@ async fn event_latency(
     report: &mut Report,
     limits: &HashMap<&str, f64>,
 ) -> anyhow::Result<()> {
+    // The goal's load: 1,000 clients receiving 20,000 events/s in all (50 runs streaming 20
+    // events/s each, 20 clients per run).
     let (runs, clients, chunks) = if ctx.args.smoke {
-        (4, 2, 50)
+        (4, 2, 20)
     } else {
-        (50, 20, 400)
+        (50, 20, 100)
     };
     let _workers = ctx.workers(
         ctx.args.workers,
@@ -622,8 +703,9 @@ async fn event_latency(
         ],
     );
     let text = "abcdefghij".repeat(chunks / 10);
-    let input =
-        script(json!([{"content": text, "chunks": chunks, "chunk_delay_ms": 5, "delay_ms": 1500}]));
+    let input = script(
+        json!([{"content": text, "chunks": chunks, "chunk_delay_ms": 50, "delay_ms": 1500}]),
+    );
     let body = json!({"input": input, "agent": {"model": "mock"}});
     let mut handles = Vec::new();
     let t = Instant::now();

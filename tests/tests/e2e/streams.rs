@@ -69,7 +69,14 @@ async fn reconnecting_after_every_single_event_yields_exactly_the_full_sequence(
         "a multi-iteration run with many deltas: {}",
         seen.len()
     );
-    assert_eq!(seen, app.events(&id, 0, T).await);
+    let replay = app.events(&id, 0, T).await;
+    if let Some(i) = (0..seen.len().max(replay.len())).find(|&i| seen.get(i) != replay.get(i)) {
+        panic!(
+            "event {i} differs:\n  one by one: {:?}\n  replay:     {:?}",
+            seen.get(i).map(Value::to_string),
+            replay.get(i).map(Value::to_string)
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,6 +228,38 @@ async fn an_expired_list_is_rebuilt_from_postgres() {
     // A client that saw everything gets nothing more.
     let last = original.last().unwrap()["id"].as_u64().unwrap();
     assert!(app.events(&id, last, T).await.is_empty());
+}
+
+/// The worker commits a run's end, then appends its last event. A client reading after a
+/// worker that died in between must still get that event (from Postgres, with the id it would
+/// have had), never a stream that just stops. (A client reading *while* the append is on its
+/// way gets it live: the follower waits `events.final_event_grace_ms` for it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_event_missing_from_the_list_is_served_from_postgres() {
+    let env = TestEnv::with(&[("events.final_event_grace_ms", "300")]).await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let run = app
+        .start_run(&scripted_run(json!([{"content": "done"}]), json!([])))
+        .await;
+    let id = run["id"].as_str().unwrap().to_string();
+    app.wait_status(&id, &["completed"], T).await;
+    let original = app.events(&id, 0, T).await;
+    let last = original.last().unwrap().clone();
+    assert_eq!(last["type"], "run_completed");
+    // As if the worker had died between its commit and its append.
+    let client = deadpool_redis::redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: String = deadpool_redis::redis::cmd("RPOP")
+        .arg(format!("{}:run:{id}:events", env.prefix))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let before = last["id"].as_u64().unwrap() - 1;
+    let tail = app.events(&id, before, T).await;
+    assert_eq!(tail.len(), 1, "{tail:#?}");
+    assert_eq!(tail[0]["type"], "run_completed");
+    assert_eq!(tail[0]["id"], last["id"], "the id clients would have seen");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
