@@ -18,11 +18,17 @@ use crate::run::{RunCtx, RunError};
 use crate::tools;
 
 #[tracing::instrument(name = "iteration", skip(ctx), fields(run_id = %ctx.run.id, attempt = ctx.fence.attempt))]
-pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<(), RunError> {
+/// Returns whether the model called tools (if not, there is nothing to settle).
+pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<bool, RunError> {
     let turn_started = Instant::now();
-    ctx.emitter
-        .emit(EventType::IterationStarted, json!({"iteration": iteration}))
-        .await?;
+    // Announcing the turn and loading the history are independent: one wait, not two.
+    let (announced, history) = tokio::join!(
+        ctx.emitter
+            .emit(EventType::IterationStarted, json!({"iteration": iteration})),
+        messages::llm_history(&ctx.shared.pool, ctx.run.thread_id)
+    );
+    announced?;
+    let history = history?;
     let agent = &ctx.run.agent.0;
     let model = ctx
         .shared
@@ -30,7 +36,6 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<(), RunError> {
         .models
         .get(&agent.model)
         .ok_or_else(|| ModelError::UnknownModel(agent.model.clone()))?;
-    let history = messages::llm_history(&ctx.shared.pool, ctx.run.thread_id).await?;
     let reserve = model.max_tokens.unwrap_or(4096) as usize;
     let mut prompt = Vec::with_capacity(history.len() + 1);
     if let Some(system) = agent.system_prompt.as_deref().filter(|s| !s.is_empty()) {
@@ -84,7 +89,7 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<(), RunError> {
         .await?;
     metrics::histogram!("agentfleet_iteration_duration_seconds")
         .record(turn_started.elapsed().as_secs_f64());
-    Ok(())
+    Ok(!response.tool_calls.is_empty())
 }
 
 /// The assistant message, its tool calls, the iteration counter and usage: one statement.

@@ -158,9 +158,15 @@ async fn drive(
     ctx.emitter.emit_with(kind, data, Expiry::Persist).await?;
     let mut iteration = ctx.run.iteration;
     let mut started = chrono::Utc::now();
+    // Whether the turn just taken in this loop called tools; unknown (so: look) after a claim.
+    let mut called_tools = true;
     loop {
         if iteration > 0 {
-            let settled = settle(ctx, iteration).await?;
+            let settled = if called_tools {
+                settle(ctx, iteration).await?
+            } else {
+                Settled::Complete
+            };
             iteration::record_timing(ctx, iteration, started, ctx.timing.take()).await;
             match settled {
                 Settled::Paused => return Ok(Outcome::Paused),
@@ -176,7 +182,7 @@ async fn drive(
         }
         iteration += 1;
         started = chrono::Utc::now();
-        iteration::model_turn(ctx, iteration).await?;
+        called_tools = iteration::model_turn(ctx, iteration).await?;
     }
 }
 

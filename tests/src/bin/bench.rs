@@ -145,6 +145,20 @@ impl Ctx {
         n
     }
 
+    /// Polls until run `id` is completed (panics after `timeout`).
+    async fn wait_completed(&self, id: &str, timeout: Duration) {
+        wait_for("the run to complete", timeout, || async {
+            let (status,): (String,) =
+                sqlx::query_as("SELECT status FROM runs WHERE id = $1::uuid")
+                    .bind(id)
+                    .fetch_one(&self.env.pool)
+                    .await
+                    .ok()?;
+            (status == "completed").then_some(())
+        })
+        .await;
+    }
+
     /// Stops everything queued or waiting, so the next section starts clean.
     async fn settle(&self) {
         let _ = sqlx::query(
@@ -502,16 +516,7 @@ async fn framework_time(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
             .as_str()
             .unwrap_or_default()
             .to_string();
-        wait_for("the run to complete", Duration::from_secs(60), || async {
-            let (status,): (String,) =
-                sqlx::query_as("SELECT status FROM runs WHERE id = $1::uuid")
-                    .bind(&id)
-                    .fetch_one(&ctx.env.pool)
-                    .await
-                    .ok()?;
-            (status == "completed").then_some(())
-        })
-        .await;
+        ctx.wait_completed(&id, Duration::from_secs(60)).await;
         ids.push(id);
     }
     let rows: Vec<(i64, i64, i64)> = sqlx::query_as(
@@ -1037,15 +1042,7 @@ async fn redis_bytes_at(
         .post("/v1/runs", &json!({"input": input, "agent": ctx.agent()}))
         .await?;
     let id = run["id"].as_str().unwrap().to_string();
-    wait_for("the run to complete", Duration::from_secs(120), || async {
-        let (status,): (String,) = sqlx::query_as("SELECT status FROM runs WHERE id = $1::uuid")
-            .bind(&id)
-            .fetch_one(&ctx.env.pool)
-            .await
-            .ok()?;
-        (status == "completed").then_some(())
-    })
-    .await;
+    ctx.wait_completed(&id, Duration::from_secs(120)).await;
     let client = deadpool_redis::redis::Client::open(redis_url())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let key = format!("{}:run:{id}:events", ctx.env.prefix);
