@@ -37,8 +37,8 @@ struct Args {
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench.json")]
     out: String,
-    /// Run only these sections (limits, enqueue, framework, e2e, events, resume, recovery,
-    /// memory, redis).
+    /// Run only these sections (limits, enqueue, framework, e2e, faults, events, resume,
+    /// recovery, memory, redis).
     #[arg(long)]
     only: Vec<String>,
 }
@@ -159,6 +159,37 @@ impl Ctx {
         .await;
     }
 
+    /// Submits `n` copies of `body` (32 requests in flight) and waits until as many more runs
+    /// have completed; returns the seconds from the first POST to the last completion.
+    async fn run_batch(&self, n: usize, body: &Value, limit: Duration) -> anyhow::Result<f64> {
+        let done_before = self.count("completed").await;
+        let t = Instant::now();
+        let sem = Arc::new(Semaphore::new(32));
+        let mut tasks = Vec::new();
+        for _ in 0..n {
+            let permit = sem.clone().acquire_owned().await?;
+            let (http, url, key, body) = (
+                self.http.clone(),
+                format!("{}/v1/runs", self.base),
+                self.key.clone(),
+                body.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let r = http.post(url).bearer_auth(key).json(&body).send().await;
+                drop(permit);
+                r.map(|r| r.status() == 202).unwrap_or(false)
+            }));
+        }
+        for task in tasks {
+            anyhow::ensure!(task.await?, "a submission failed");
+        }
+        wait_for("all runs to complete", limit, || async {
+            (self.count("completed").await >= done_before + n as i64).then_some(())
+        })
+        .await;
+        Ok(t.elapsed().as_secs_f64())
+    }
+
     /// Stops everything queued or waiting, so the next section starts clean.
     async fn settle(&self) {
         let _ = sqlx::query(
@@ -240,6 +271,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     if ctx.wants("e2e") {
         end_to_end(&ctx, &mut report, &limits).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("faults") {
+        fault_throughput(&ctx, &mut report).await?;
         ctx.settle().await;
     }
     if ctx.wants("events") {
@@ -501,6 +536,87 @@ async fn enqueue(
     Ok(())
 }
 
+/// Throughput before and after a fault: a worker killed with `kill -9` in the middle of a
+/// batch (and replaced, as Kubernetes would), and, outside smoke mode, RabbitMQ restarted in
+/// the middle of one. The fault's own batch pays the recovery; the one after must run at
+/// least 90 % as fast as the one before.
+async fn fault_throughput(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
+    let n = if ctx.args.smoke { 20 } else { 600 };
+    let extra = [
+        ("worker.concurrency", "32"),
+        ("database.max_connections", "20"),
+        ("worker.lease_ms", "3000"),
+        ("worker.lease_renew_ms", "1000"),
+        ("worker.sweep_interval_ms", "500"),
+        ("database.idle_in_transaction_timeout_ms", "1000"),
+    ];
+    let mut workers = ctx.workers(2, &extra);
+    let input = script(
+        json!([{"tool_calls": [{"name": "echo", "arguments": {"x": 1}}]}, {"content": "done"}]),
+    );
+    let body = json!({"input": input, "agent": ctx.agent()});
+    let limit = Duration::from_secs(if ctx.args.smoke { 60 } else { 300 });
+    // Warm-up, so the first measured batch does not pay for connections.
+    ctx.run_batch(n / 4, &body, limit).await?;
+    let faults: &[&str] = if ctx.args.smoke {
+        &["kill -9 of a worker"]
+    } else {
+        &["kill -9 of a worker", "RabbitMQ restart"]
+    };
+    for &name in faults {
+        let before = n as f64 / ctx.run_batch(n, &body, limit).await?;
+        let during = {
+            let batch = ctx.run_batch(n, &body, limit);
+            let strike = async {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if name == "RabbitMQ restart" {
+                    let sh = |c: &str| {
+                        std::process::Command::new("bash")
+                            .args(["-c", c])
+                            .status()
+                            .is_ok_and(|s| s.success())
+                    };
+                    anyhow::ensure!(
+                        sh("rabbitmqctl -q stop_app && rabbitmqctl -q start_app"),
+                        "restarting RabbitMQ failed"
+                    );
+                } else {
+                    workers[0].kill();
+                    workers[0] = ctx.env.spawn_worker_process(&extra);
+                }
+                Ok(())
+            };
+            let (elapsed, struck) = tokio::join!(batch, strike);
+            struck?;
+            n as f64 / elapsed?
+        };
+        let after = n as f64 / ctx.run_batch(n, &body, limit).await?;
+        let ratio = after / before;
+        report.add(
+            "faults",
+            &format!("{name}: runs/s before"),
+            before,
+            "/s",
+            None,
+        );
+        report.add(
+            "faults",
+            &format!("{name}: runs/s of the batch it hit"),
+            during,
+            "/s",
+            None,
+        );
+        report.add(
+            "faults",
+            &format!("{name}: runs/s after / before"),
+            ratio,
+            "ratio",
+            Some(("goal >= 0.9", ratio >= 0.9)),
+        );
+    }
+    Ok(())
+}
+
 /// The framework's own time per iteration (the iteration's wall time minus the model call and
 /// the tool calls, as the worker records it), one run at a time so that nothing queues.
 async fn framework_time(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
@@ -594,32 +710,8 @@ async fn end_to_end(
         1500
     }))
     .await;
-    let t = Instant::now();
-    let sem = Arc::new(Semaphore::new(32));
-    let mut tasks = Vec::new();
-    for _ in 0..n {
-        let permit = sem.clone().acquire_owned().await?;
-        let (http, url, key, body) = (
-            ctx.http.clone(),
-            format!("{}/v1/runs", ctx.base),
-            ctx.key.clone(),
-            body.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let r = http.post(url).bearer_auth(key).json(&body).send().await;
-            drop(permit);
-            r.map(|r| r.status() == 202).unwrap_or(false)
-        }));
-    }
-    for task in tasks {
-        anyhow::ensure!(task.await?, "a submission failed");
-    }
     let limit = Duration::from_secs(if ctx.args.smoke { 60 } else { 600 });
-    wait_for("all runs to complete", limit, || async {
-        (ctx.count("completed").await >= n as i64).then_some(())
-    })
-    .await;
-    let elapsed = t.elapsed().as_secs_f64();
+    let elapsed = ctx.run_batch(n, &body, limit).await?;
     let rate = n as f64 / elapsed;
     report.add(
         "e2e",
