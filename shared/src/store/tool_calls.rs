@@ -7,7 +7,7 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{Fence, StoreError, lock_fenced};
+use super::{Fence, StoreError};
 use crate::domain::ToolCallStatus;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -113,28 +113,32 @@ pub async fn set_status(
     Ok(())
 }
 
-/// Records the dispatch before the call leaves the worker.
+/// Records the dispatch before the call leaves the worker. One fenced statement (the run row
+/// is locked `FOR UPDATE` first, as in a transaction): a stale holder records nothing.
 pub async fn mark_dispatched(
     pool: &PgPool,
     fence: Fence,
     tool_call_id: &str,
 ) -> Result<i32, StoreError> {
-    let mut tx = pool.begin().await?;
-    lock_fenced(&mut tx, fence).await?;
-    let (count,): (i32,) = sqlx::query_as(
-        "UPDATE tool_calls SET status = 'running', dispatch_count = dispatch_count + 1,
+    let count: Option<(i32,)> = sqlx::query_as(
+        "WITH fence AS (
+            SELECT id FROM runs WHERE id = $1 AND attempt = $2 AND status = 'running'
+            FOR UPDATE)
+         UPDATE tool_calls SET status = 'running', dispatch_count = dispatch_count + 1,
                                started_at = coalesce(started_at, now())
-         WHERE run_id = $1 AND tool_call_id = $2 RETURNING dispatch_count",
+         WHERE run_id = (SELECT id FROM fence) AND tool_call_id = $3
+         RETURNING dispatch_count",
     )
     .bind(fence.run_id)
+    .bind(fence.attempt)
     .bind(tool_call_id)
-    .fetch_one(&mut *tx)
+    .fetch_optional(pool)
     .await?;
-    tx.commit().await?;
-    Ok(count)
+    count.map(|(c,)| c).ok_or(fence.lost())
 }
 
-/// Records a call's outcome and the tool message the model will see, atomically (fenced).
+/// Records a call's outcome and the tool message the model will see, atomically (fenced), in
+/// one statement.
 #[allow(clippy::too_many_arguments)]
 pub async fn finish(
     pool: &PgPool,
@@ -147,21 +151,35 @@ pub async fn finish(
     error: Option<&str>,
     model_content: &str,
 ) -> Result<(), StoreError> {
-    let mut tx = pool.begin().await?;
-    lock_fenced(&mut tx, fence).await?;
-    finish_in(
-        &mut tx,
-        fence.run_id,
-        thread,
-        iteration,
-        tool_call_id,
-        status,
-        result,
-        error,
-        model_content,
+    let (held,): (i64,) = sqlx::query_as(
+        "WITH fence AS (
+            SELECT id FROM runs WHERE id = $1 AND attempt = $2 AND status = 'running'
+            FOR UPDATE),
+         call AS (
+            UPDATE tool_calls SET status = $4, result = $5, error = $6, finished_at = now()
+            WHERE run_id = (SELECT id FROM fence) AND tool_call_id = $3),
+         message AS (
+            INSERT INTO messages (thread_id, run_id, role, is_llm_message, body, iteration)
+            SELECT $7, id, 'tool', true, $8, $9 FROM fence)
+         SELECT count(*) FROM fence",
     )
+    .bind(fence.run_id)
+    .bind(fence.attempt)
+    .bind(tool_call_id)
+    .bind(status.as_str())
+    .bind(result.map(Json))
+    .bind(error)
+    .bind(thread)
+    .bind(Json(super::messages::tool_result_body(
+        tool_call_id,
+        model_content,
+    )))
+    .bind(iteration)
+    .fetch_one(pool)
     .await?;
-    tx.commit().await?;
+    if held == 0 {
+        return Err(fence.lost());
+    }
     Ok(())
 }
 
