@@ -41,11 +41,12 @@ pub async fn principal_from(
     if let Some(principal) = state.auth_cache.get(&hash) {
         return Ok(principal);
     }
+    let asked = std::time::Instant::now();
     let principal = tenants::authenticate_hash(&state.pool, &hash)
         .await
         .map_err(ApiError::unexpected)?
         .ok_or_else(|| unauthorized("unknown or revoked API key"))?;
-    state.auth_cache.put(hash, principal);
+    state.auth_cache.put(hash, principal, asked);
     Ok(principal)
 }
 

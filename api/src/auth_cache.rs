@@ -38,7 +38,9 @@ impl AuthCache {
             .map(|(p, _)| *p)
     }
 
-    pub fn put(&self, key_hash: Vec<u8>, principal: Principal) {
+    /// Caches what Postgres answered when asked at `asked` (taken before the query, so an
+    /// entry never outlives a revocation by more than the TTL).
+    pub fn put(&self, key_hash: Vec<u8>, principal: Principal, asked: Instant) {
         if self.ttl.is_zero() {
             return;
         }
@@ -50,7 +52,7 @@ impl AuthCache {
                 entries.clear();
             }
         }
-        entries.insert(key_hash, (principal, Instant::now()));
+        entries.insert(key_hash, (principal, asked));
     }
 }
 
@@ -70,7 +72,7 @@ mod tests {
     fn entries_expire_and_a_zero_ttl_disables_the_cache() {
         let cache = AuthCache::new(Duration::from_millis(30), 10);
         let p = principal();
-        cache.put(vec![1], p);
+        cache.put(vec![1], p, Instant::now());
         assert_eq!(cache.get(&[1]).map(|p| p.key_id), Some(p.key_id));
         assert!(cache.get(&[2]).is_none());
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -79,7 +81,7 @@ mod tests {
             std::thread::yield_now();
         }
         let off = AuthCache::new(Duration::ZERO, 10);
-        off.put(vec![1], principal());
+        off.put(vec![1], principal(), Instant::now());
         assert!(off.get(&[1]).is_none());
     }
 
@@ -87,7 +89,7 @@ mod tests {
     fn the_cache_never_grows_past_its_limit() {
         let cache = AuthCache::new(Duration::from_secs(60), 3);
         for i in 0..10u8 {
-            cache.put(vec![i], principal());
+            cache.put(vec![i], principal(), Instant::now());
             assert!(cache.entries.lock().unwrap().len() <= 3);
         }
         assert!(cache.get(&[9]).is_some(), "the newest key is kept");

@@ -219,6 +219,26 @@ impl<'a> Follower<'a> {
         }
     }
 
+    /// Whether the last event the client has (`last`, from this stream or its
+    /// `Last-Event-ID`) is a terminal one: then nothing more will come.
+    async fn saw_terminal(&self) -> Result<bool, FollowError> {
+        if self.last == 0 {
+            return Ok(false);
+        }
+        let items = self
+            .state
+            .bus
+            .read_range(self.run_id, self.last, self.last)
+            .await?;
+        Ok(items
+            .first()
+            .and_then(|raw| peek(raw))
+            .is_some_and(|(_, kind)| {
+                serde_json::from_value::<EventType>(Value::String(kind))
+                    .is_ok_and(|k| k.is_terminal())
+            }))
+    }
+
     /// The list is empty past `last`: if Redis lost (or expired) it while Postgres knows of
     /// later events, serve the coarse rebuild and the run's current pausing or final event.
     async fn rebuild_if_gone(&mut self) -> Result<(), FollowError> {
@@ -280,7 +300,7 @@ impl<'a> Follower<'a> {
             .is_ok_and(|r| r.status().is_final())
         {
             self.replay().await?;
-            if self.ended {
+            if self.ended || self.saw_terminal().await? {
                 return Ok(());
             }
             let grace = Duration::from_millis(self.state.settings.events.final_event_grace_ms);

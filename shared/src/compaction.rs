@@ -144,16 +144,21 @@ pub fn parse_header(raw: &str) -> Option<Header> {
 
 /// KEYS: list, fence. ARGV: token, first id, last id, header JSON.
 /// Refuses a stale holder, and rewrites nothing unless the range still holds the events it
-/// names (the list may have been lost and refilled with placeholders meanwhile).
+/// names: deltas at both ends and the completion right after (the list may have been lost and
+/// refilled with `lost` placeholders meanwhile, which carry the same ids).
 const COMPACT_LUA: &str = r#"
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 if tonumber(ARGV[1]) < fence then return -1 end
 local first = tonumber(ARGV[2])
 local last = tonumber(ARGV[3])
 if redis.call('LLEN', KEYS[1]) < last + 1 then return 0 end
-for _, id in ipairs({first, last, last + 1}) do
+local expect = {{first, 'message_delta'}, {last, 'message_delta'}, {last + 1, 'message_completed'}}
+for _, e in ipairs(expect) do
+  local id, kind = e[1], e[2]
   local item = redis.call('LINDEX', KEYS[1], id - 1)
-  if string.sub(item, 1, string.len('{"id":' .. id .. ',')) ~= '{"id":' .. id .. ',' then return 0 end
+  local head = '{"id":' .. id .. ',"run_id":'
+  if string.sub(item, 1, string.len(head)) ~= head then return 0 end
+  if not string.find(item, '"type":"' .. kind .. '"', 1, true) then return 0 end
 end
 redis.call('LSET', KEYS[1], first - 1, ARGV[4])
 for id = first + 1, last do

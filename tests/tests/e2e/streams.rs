@@ -262,6 +262,24 @@ async fn a_final_event_missing_from_the_list_is_served_from_postgres() {
     assert_eq!(tail[0]["id"], last["id"], "the id clients would have seen");
 }
 
+/// The grace above is only for an event still on its way: a client that already has the
+/// terminal event gets its stream closed at once (here the grace is ten minutes, far past the
+/// deadline of `events`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_has_the_terminal_event_is_not_kept_waiting() {
+    let env = TestEnv::with(&[("events.final_event_grace_ms", "600000")]).await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let run = app
+        .start_run(&scripted_run(json!([{"content": "done"}]), json!([])))
+        .await;
+    let id = run["id"].as_str().unwrap().to_string();
+    app.wait_status(&id, &["completed"], T).await;
+    let all = app.events(&id, 0, T).await;
+    let last = all.last().unwrap()["id"].as_u64().unwrap();
+    assert!(app.events(&id, last, T).await.is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_token_works_for_its_run_only_and_expires() {
     let env = TestEnv::with(&[
