@@ -72,22 +72,7 @@ pub async fn create(conn: &mut PgConnection, new: NewRun) -> Result<RunRow, Stor
             id
         }
     };
-    let inserted = sqlx::query_as::<_, RunRow>(
-        "INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata, idempotency_key,
-                           request_hash, max_iterations)
-         VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8)
-         RETURNING *",
-    )
-    .bind(new.id)
-    .bind(new.tenant_id)
-    .bind(thread_id)
-    .bind(Json(&new.agent))
-    .bind(Json(&new.metadata))
-    .bind(&new.idempotency_key)
-    .bind(&new.request_hash)
-    .bind(new.max_iterations)
-    .fetch_one(&mut *conn)
-    .await;
+    let inserted = insert_run(&mut *conn, RUN_ON_THREAD, &new, thread_id).await;
     let run = match inserted {
         Ok(run) => run,
         Err(e) if is_unique_violation(&e, "runs_one_active_per_thread") => {
@@ -99,8 +84,52 @@ pub async fn create(conn: &mut PgConnection, new: NewRun) -> Result<RunRow, Stor
         }
         Err(e) => return Err(e.into()),
     };
-    messages::insert_user(&mut *conn, thread_id, run.id, &new.input).await?;
     Ok(run)
+}
+
+/// The run and its user message, on an existing thread.
+const RUN_ON_THREAD: &str = "WITH run AS (
+        INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata, idempotency_key,
+                          request_hash, max_iterations)
+        VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8)
+        RETURNING *),
+     message AS (
+        INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
+        VALUES ($3, $1, 'user', true, $9))
+     SELECT * FROM run";
+
+/// The same on a thread created by the same statement.
+const RUN_ON_NEW_THREAD: &str =
+    "WITH thread AS (INSERT INTO threads (id, tenant_id) VALUES ($3, $2)),
+     run AS (
+        INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata, idempotency_key,
+                          request_hash, max_iterations)
+        VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8)
+        RETURNING *),
+     message AS (
+        INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
+        VALUES ($3, $1, 'user', true, $9))
+     SELECT * FROM run";
+
+/// Runs one of the statements above; both take the same parameters.
+async fn insert_run<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    sql: &'static str,
+    new: &NewRun,
+    thread_id: Uuid,
+) -> Result<RunRow, sqlx::Error> {
+    sqlx::query_as::<_, RunRow>(sql)
+        .bind(new.id)
+        .bind(new.tenant_id)
+        .bind(thread_id)
+        .bind(Json(&new.agent))
+        .bind(Json(&new.metadata))
+        .bind(&new.idempotency_key)
+        .bind(&new.request_hash)
+        .bind(new.max_iterations)
+        .bind(Json(messages::user_body(&new.input)))
+        .fetch_one(executor)
+        .await
 }
 
 /// `-> queued` on a new thread: the thread, the run and its user message in one statement,
@@ -110,29 +139,7 @@ pub async fn create(conn: &mut PgConnection, new: NewRun) -> Result<RunRow, Stor
 pub async fn create_on_new_thread(pool: &PgPool, new: NewRun) -> Result<RunRow, StoreError> {
     debug_assert!(new.thread_id.is_none());
     let thread_id = Uuid::now_v7();
-    let run = sqlx::query_as::<_, RunRow>(
-        "WITH thread AS (INSERT INTO threads (id, tenant_id) VALUES ($3, $2)),
-              run AS (
-                INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata,
-                                  idempotency_key, request_hash, max_iterations)
-                VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8)
-                RETURNING *),
-              message AS (
-                INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
-                VALUES ($3, $1, 'user', true, $9))
-         SELECT * FROM run",
-    )
-    .bind(new.id)
-    .bind(new.tenant_id)
-    .bind(thread_id)
-    .bind(Json(&new.agent))
-    .bind(Json(&new.metadata))
-    .bind(&new.idempotency_key)
-    .bind(&new.request_hash)
-    .bind(new.max_iterations)
-    .bind(Json(messages::user_body(&new.input)))
-    .fetch_one(pool)
-    .await?;
+    let run = insert_run(pool, RUN_ON_NEW_THREAD, &new, thread_id).await?;
     Ok(run)
 }
 

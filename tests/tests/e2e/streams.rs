@@ -230,6 +230,19 @@ async fn an_expired_list_is_rebuilt_from_postgres() {
     assert!(app.events(&id, last, T).await.is_empty());
 }
 
+/// A one-turn run carried to completion by a worker of `env`: its id and its events.
+async fn completed_run(env: &TestEnv, app: &TestApp) -> (String, Vec<Value>) {
+    let worker = env.spawn_worker().await;
+    let run = app
+        .start_run(&scripted_run(json!([{"content": "done"}]), json!([])))
+        .await;
+    let id = run["id"].as_str().unwrap().to_string();
+    app.wait_status(&id, &["completed"], T).await;
+    let events = app.events(&id, 0, T).await;
+    worker.shutdown().await;
+    (id, events)
+}
+
 /// The worker commits a run's end, then appends its last event. A client reading after a
 /// worker that died in between must still get that event (from Postgres, with the id it would
 /// have had), never a stream that just stops. (A client reading *while* the append is on its
@@ -238,13 +251,7 @@ async fn an_expired_list_is_rebuilt_from_postgres() {
 async fn a_final_event_missing_from_the_list_is_served_from_postgres() {
     let env = TestEnv::with(&[("events.final_event_grace_ms", "300")]).await;
     let app = env.spawn_api().await;
-    let _worker = env.spawn_worker().await;
-    let run = app
-        .start_run(&scripted_run(json!([{"content": "done"}]), json!([])))
-        .await;
-    let id = run["id"].as_str().unwrap().to_string();
-    app.wait_status(&id, &["completed"], T).await;
-    let original = app.events(&id, 0, T).await;
+    let (id, original) = completed_run(&env, &app).await;
     let last = original.last().unwrap().clone();
     assert_eq!(last["type"], "run_completed");
     // As if the worker had died between its commit and its append.
@@ -269,13 +276,7 @@ async fn a_final_event_missing_from_the_list_is_served_from_postgres() {
 async fn a_client_that_has_the_terminal_event_is_not_kept_waiting() {
     let env = TestEnv::with(&[("events.final_event_grace_ms", "600000")]).await;
     let app = env.spawn_api().await;
-    let _worker = env.spawn_worker().await;
-    let run = app
-        .start_run(&scripted_run(json!([{"content": "done"}]), json!([])))
-        .await;
-    let id = run["id"].as_str().unwrap().to_string();
-    app.wait_status(&id, &["completed"], T).await;
-    let all = app.events(&id, 0, T).await;
+    let (id, all) = completed_run(&env, &app).await;
     let last = all.last().unwrap()["id"].as_u64().unwrap();
     assert!(app.events(&id, last, T).await.is_empty());
 }
