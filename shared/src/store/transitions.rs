@@ -87,29 +87,29 @@ pub async fn create(conn: &mut PgConnection, new: NewRun) -> Result<RunRow, Stor
     Ok(run)
 }
 
-/// The run and its user message, on an existing thread.
-const RUN_ON_THREAD: &str = "WITH run AS (
-        INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata, idempotency_key,
-                          request_hash, max_iterations)
-        VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8)
-        RETURNING *),
-     message AS (
-        INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
-        VALUES ($3, $1, 'user', true, $9))
-     SELECT * FROM run";
+/// The run and its user message, as CTEs of one statement (parameters $1..$9).
+macro_rules! run_and_message {
+    () => {
+        "run AS (
+            INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata,
+                              idempotency_key, request_hash, max_iterations)
+            VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8)
+            RETURNING *),
+         message AS (
+            INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
+            VALUES ($3, $1, 'user', true, $9))
+         SELECT * FROM run"
+    };
+}
 
-/// The same on a thread created by the same statement.
-const RUN_ON_NEW_THREAD: &str =
-    "WITH thread AS (INSERT INTO threads (id, tenant_id) VALUES ($3, $2)),
-     run AS (
-        INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata, idempotency_key,
-                          request_hash, max_iterations)
-        VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8)
-        RETURNING *),
-     message AS (
-        INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
-        VALUES ($3, $1, 'user', true, $9))
-     SELECT * FROM run";
+/// On an existing thread.
+const RUN_ON_THREAD: &str = concat!("WITH ", run_and_message!());
+
+/// On a thread created by the same statement.
+const RUN_ON_NEW_THREAD: &str = concat!(
+    "WITH thread AS (INSERT INTO threads (id, tenant_id) VALUES ($3, $2)), ",
+    run_and_message!()
+);
 
 /// Runs one of the statements above; both take the same parameters.
 async fn insert_run<'e>(
