@@ -64,6 +64,8 @@ pub struct Follower<'a> {
     lost_until: Option<u64>,
     /// The compacted delta range being replayed, with its raw `message_completed`.
     compacted: Option<(Header, String)>,
+    /// The run's thread, once looked up (for deltas that could not be rebuilt).
+    thread_id: Option<Uuid>,
 }
 
 impl<'a> Follower<'a> {
@@ -89,6 +91,7 @@ impl<'a> Follower<'a> {
             id_prefix,
             lost_until: None,
             compacted: None,
+            thread_id: None,
         }
     }
 
@@ -177,16 +180,7 @@ impl<'a> Follower<'a> {
         if !known {
             let header = match header {
                 Some(h) => Some(h),
-                // An emptied element: its header is the nearest one before it.
-                None => self
-                    .state
-                    .bus
-                    .read_range(self.run_id, 1, id)
-                    .await?
-                    .iter()
-                    .rev()
-                    .find_map(|r| compaction::parse_header(r))
-                    .filter(|h| h.covers(id)),
+                None => self.header_before(id).await?,
             };
             self.compacted = match header {
                 Some(h) => {
@@ -209,14 +203,38 @@ impl<'a> Follower<'a> {
         match expanded {
             Some(event) => Ok(Cow::Owned(event)),
             None => {
-                let run = runs::get(&self.state.pool, self.run_id).await?;
+                let thread_id = match self.thread_id {
+                    Some(t) => t,
+                    None => runs::get(&self.state.pool, self.run_id).await?.thread_id,
+                };
+                self.thread_id = Some(thread_id);
                 Ok(Cow::Owned(compaction::superseded_delta(
                     id,
                     self.run_id,
-                    run.thread_id,
+                    thread_id,
                 )))
             }
         }
+    }
+
+    /// The header of the compacted range holding the emptied element `id`: the nearest header
+    /// before it, looked for backwards a page at a time (a range is as long as one message's
+    /// deltas, so the first page nearly always has it).
+    async fn header_before(&self, id: u64) -> Result<Option<Header>, FollowError> {
+        const PAGE: u64 = 256;
+        let mut to = id;
+        while to >= 1 {
+            let from = to.saturating_sub(PAGE - 1).max(1);
+            let items = self.state.bus.read_range(self.run_id, from, to).await?;
+            if let Some(h) = items.iter().rev().find_map(|r| compaction::parse_header(r)) {
+                return Ok(Some(h).filter(|h| h.covers(id)));
+            }
+            if items.is_empty() || from == 1 {
+                break;
+            }
+            to = from - 1;
+        }
+        Ok(None)
     }
 
     /// Whether the last event the client has (`last`, from this stream or its

@@ -91,9 +91,7 @@ impl Emitter {
             }
         }
     }
-}
 
-impl Emitter {
     /// Follows the deltas of the message being streamed; once it is complete, compacts them
     /// in the background (an optimisation of Redis memory: a failure only costs bytes).
     fn track(&self, kind: EventType, data: &Value, appended: &Appended) {
