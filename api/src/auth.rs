@@ -38,16 +38,12 @@ pub async fn principal_from(
         .filter(|k| !k.is_empty() && k.len() <= 256)
         .ok_or_else(|| unauthorized("Authorization must be `Bearer <api key>`"))?;
     let hash = tenants::hash_key(key);
-    if let Some(principal) = state.auth_cache.get(&hash) {
-        return Ok(principal);
-    }
-    let asked = std::time::Instant::now();
-    let principal = tenants::authenticate_hash(&state.pool, &hash)
+    state
+        .auth_cache
+        .get_or_lookup(&hash, || tenants::authenticate_hash(&state.pool, &hash))
         .await
         .map_err(ApiError::unexpected)?
-        .ok_or_else(|| unauthorized("unknown or revoked API key"))?;
-    state.auth_cache.put(hash, principal, asked);
-    Ok(principal)
+        .ok_or_else(|| unauthorized("unknown or revoked API key"))
 }
 
 /// Authorization for event streams: a stream token (`?token=`) for the given run, or the

@@ -4,6 +4,11 @@
 //! Entries live `api.auth_cache_ttl_ms` (0 disables the cache), so a revoked key stops working
 //! within that time on every replica. Unknown keys are never cached (a flood of bad keys cannot
 //! fill it), and the cache holds at most `api.auth_cache_max_keys` keys.
+//!
+//! Misses of one key are looked up once: when a thousand clients reconnect at the same moment
+//! with the same key, one asks Postgres and the others wait for its answer instead of taking a
+//! pool connection each. Misses are serialized per stripe of key hashes, so unrelated keys
+//! rarely wait for each other and the lock table never grows.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -11,10 +16,13 @@ use std::time::{Duration, Instant};
 
 use agentfleet_shared::store::tenants::Principal;
 
+const MISS_STRIPES: usize = 64;
+
 pub struct AuthCache {
     ttl: Duration,
     max_keys: usize,
     entries: Mutex<HashMap<Vec<u8>, (Principal, Instant)>>,
+    misses: [tokio::sync::Mutex<()>; MISS_STRIPES],
 }
 
 impl AuthCache {
@@ -23,7 +31,40 @@ impl AuthCache {
             ttl,
             max_keys,
             entries: Mutex::new(HashMap::new()),
+            misses: std::array::from_fn(|_| tokio::sync::Mutex::new(())),
         }
+    }
+
+    /// The cached principal of `key_hash`, or what `lookup` answers (cached when found). Only
+    /// one lookup of a key runs at a time; the others take its answer from the cache.
+    pub async fn get_or_lookup<E, F, Fut>(
+        &self,
+        key_hash: &[u8],
+        lookup: F,
+    ) -> Result<Option<Principal>, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Option<Principal>, E>>,
+    {
+        if let Some(p) = self.get(key_hash) {
+            return Ok(Some(p));
+        }
+        let _stripe = if self.ttl.is_zero() {
+            None
+        } else {
+            let stripe = key_hash.first().copied().unwrap_or(0) as usize % MISS_STRIPES;
+            let guard = self.misses[stripe].lock().await;
+            if let Some(p) = self.get(key_hash) {
+                return Ok(Some(p));
+            }
+            Some(guard)
+        };
+        let asked = Instant::now();
+        let found = lookup().await?;
+        if let Some(p) = found {
+            self.put(key_hash.to_vec(), p, asked);
+        }
+        Ok(found)
     }
 
     /// The principal of a key hash seen less than the TTL ago.
@@ -83,6 +124,37 @@ mod tests {
         let off = AuthCache::new(Duration::ZERO, 10);
         off.put(vec![1], principal(), Instant::now());
         assert!(off.get(&[1]).is_none());
+    }
+
+    #[tokio::test]
+    async fn concurrent_misses_of_one_key_ask_once() {
+        let cache = std::sync::Arc::new(AuthCache::new(Duration::from_secs(60), 10));
+        let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let p = principal();
+        let lookups = (0..50).map(|_| {
+            let (cache, asked) = (cache.clone(), asked.clone());
+            tokio::spawn(async move {
+                cache
+                    .get_or_lookup(&[7], || async {
+                        asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        tokio::task::yield_now().await;
+                        Ok::<_, ()>(Some(p))
+                    })
+                    .await
+            })
+        });
+        for got in futures_util::future::join_all(lookups).await {
+            assert_eq!(got.unwrap().unwrap().map(|p| p.key_id), Some(p.key_id));
+        }
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Unknown keys are asked every time and never cached.
+        for _ in 0..2 {
+            let none = cache
+                .get_or_lookup(&[8], || async { Ok::<_, ()>(None) })
+                .await;
+            assert_eq!(none, Ok(None));
+        }
+        assert!(cache.get(&[8]).is_none());
     }
 
     #[test]

@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use agentfleet_shared::compaction::{self, Header};
+use agentfleet_shared::domain::RunStatus;
 use agentfleet_shared::events::{EventType, peek, pending_event, timestamp};
 use agentfleet_shared::store::{runs, tool_calls};
 
@@ -302,8 +303,22 @@ impl<'a> Follower<'a> {
         self.send(last_durable, kind.as_str(), &raw).await
     }
 
-    /// Replays, then follows live events until the stream ends.
-    pub async fn follow(&mut self, mut sub: Subscription) -> Result<(), FollowError> {
+    /// Replays, then follows live events until the stream ends. `status` is the run's status
+    /// read after `sub` was taken (the caller usually has it from its authorization lookup; a
+    /// connect then costs one Postgres query, which matters when a thousand clients reconnect
+    /// at once); `None` reads it here.
+    pub async fn follow(
+        &mut self,
+        mut sub: Subscription,
+        status: Option<RunStatus>,
+    ) -> Result<(), FollowError> {
+        let status = match status {
+            Some(s) => Some(s),
+            None => runs::get(&self.state.pool, self.run_id)
+                .await
+                .ok()
+                .map(|r| r.status()),
+        };
         self.replay().await?;
         if self.ended {
             return Ok(());
@@ -311,12 +326,10 @@ impl<'a> Follower<'a> {
         // A run that has stopped in Postgres while its last event is not in the list yet: the
         // worker appends it right after its commit, so wait for it live, briefly. If it never
         // comes (the worker died in between, or Redis lost it), Postgres has it: the replay
-        // then serves it from there (`rebuild_if_gone`).
+        // then serves it from there (`rebuild_if_gone`). A run that stops after `status` was
+        // read announces its end on `sub`, which was taken before.
         let mut final_deadline = None;
-        if runs::get(&self.state.pool, self.run_id)
-            .await
-            .is_ok_and(|r| r.status().is_final())
-        {
+        if status.is_some_and(RunStatus::is_final) {
             self.replay().await?;
             if self.ended || self.saw_terminal().await? {
                 return Ok(());

@@ -1,4 +1,4 @@
-//! Run events: the envelope of design.md and the Redis event bus that stores and announces them.
+//! Run events: the envelope every event shares (docs/events.md) and the Redis event bus that stores and announces them.
 //!
 //! Each event's `id` is the length of the run's list after the append. One Lua script computes
 //! it, appends and publishes atomically, so ids are gap-free whatever the number of writers, and

@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::store::tenants;
+use deadpool_redis::redis;
 
 use crate::mock_llm::MockLlm;
 use crate::tool_server::ToolServer;
@@ -51,19 +52,8 @@ where
     }
 }
 
-/// Tests share the servers; outage tests restart them. Ordinary tests hold this lock shared,
-/// outage tests hold it exclusively, so a restart never hits another test.
-static SERVICES: std::sync::LazyLock<std::sync::Arc<tokio::sync::RwLock<()>>> =
-    std::sync::LazyLock::new(Default::default);
-
-enum ServicesGuard {
-    Shared(#[allow(dead_code)] tokio::sync::OwnedRwLockReadGuard<()>),
-    Exclusive(#[allow(dead_code)] tokio::sync::OwnedRwLockWriteGuard<()>),
-}
-
 /// One isolated environment: database, prefixes, scripted LLM and tool server.
 pub struct TestEnv {
-    _services: Option<ServicesGuard>,
     pub id: String,
     pub database_url: String,
     pub db_name: String,
@@ -81,17 +71,6 @@ impl TestEnv {
 
     /// An environment whose settings carry `overrides` (`section.key`, value).
     pub async fn with(overrides: &[(&str, &str)]) -> TestEnv {
-        let guard = ServicesGuard::Shared(SERVICES.clone().read_owned().await);
-        Self::build(overrides, guard).await
-    }
-
-    /// An environment for a test that restarts shared servers: no other test runs meanwhile.
-    pub async fn exclusive(overrides: &[(&str, &str)]) -> TestEnv {
-        let guard = ServicesGuard::Exclusive(SERVICES.clone().write_owned().await);
-        Self::build(overrides, guard).await
-    }
-
-    async fn build(overrides: &[(&str, &str)], guard: ServicesGuard) -> TestEnv {
         agentfleet_shared::telemetry::install_crypto();
         let id = Uuid::new_v4().simple().to_string()[..12].to_string();
         let db_name = format!("af_test_{id}");
@@ -105,7 +84,7 @@ impl TestEnv {
             .expect("create test database");
         let database_url = replace_db(&admin, &db_name);
         let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(5)
+            .max_connections(3)
             .connect(&database_url)
             .await
             .expect("connect test db");
@@ -116,7 +95,6 @@ impl TestEnv {
         let tools = ToolServer::start().await.expect("tool server starts");
         let prefix = format!("aft{id}");
         let mut env = TestEnv {
-            _services: Some(guard),
             id,
             database_url,
             db_name,
@@ -136,7 +114,9 @@ impl TestEnv {
     fn base_overrides(&self) -> Vec<(String, String)> {
         [
             ("database.url", self.database_url.clone()),
-            ("database.max_connections", "10".into()),
+            // Four tests run at once against one server whose stock `max_connections` is 100:
+            // a test's API, worker and harness pools together stay well under a quarter.
+            ("database.max_connections", "6".into()),
             ("redis.url", redis_url()),
             ("redis.prefix", self.prefix.clone()),
             ("amqp.url", amqp_url()),
@@ -263,8 +243,8 @@ impl TestEnv {
 }
 
 impl Drop for TestEnv {
-    /// Removes the database and the queues; runs on a thread of its own so it works from a
-    /// panicking test too.
+    /// Removes the database, the queues and the Redis keys; runs on a thread of its own so it
+    /// works from a panicking test too.
     fn drop(&mut self) {
         let db = self.db_name.clone();
         let prefix = self.prefix.clone();
@@ -276,6 +256,7 @@ impl Drop for TestEnv {
                 .expect("runtime");
             rt.block_on(async move {
                 pool.close().await;
+                let _ = delete_redis_keys(&prefix).await;
                 if let Ok(conn) =
                     agentfleet_shared::queue::connect(&amqp_url(), "test-cleanup").await
                     && let Ok(ch) = conn.create_channel().await
@@ -302,6 +283,20 @@ impl Drop for TestEnv {
         })
         .join();
     }
+}
+
+/// Deletes every Redis key under `prefix:`.
+async fn delete_redis_keys(prefix: &str) -> redis::RedisResult<()> {
+    let client = redis::Client::open(redis_url())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut conn)
+        .await?;
+    if !keys.is_empty() {
+        let _: i64 = redis::cmd("DEL").arg(keys).query_async(&mut conn).await?;
+    }
+    Ok(())
 }
 
 fn replace_db(url: &str, db: &str) -> String {
@@ -725,23 +720,9 @@ impl TestEnv {
     /// What losing Redis does to this environment's runs (their lists, fences, everything under
     /// its prefix), without touching other tests' keys.
     pub async fn flush_redis_keys(&self) {
-        let client = deadpool_redis::redis::Client::open(redis_url()).expect("redis url");
-        let mut conn = client
-            .get_multiplexed_async_connection()
+        delete_redis_keys(&self.prefix)
             .await
-            .expect("redis");
-        let keys: Vec<String> = deadpool_redis::redis::cmd("KEYS")
-            .arg(format!("{}:*", self.prefix))
-            .query_async(&mut conn)
-            .await
-            .expect("KEYS");
-        if !keys.is_empty() {
-            let _: i64 = deadpool_redis::redis::cmd("DEL")
-                .arg(keys)
-                .query_async(&mut conn)
-                .await
-                .expect("DEL");
-        }
+            .expect("deleting the test's Redis keys");
     }
 }
 

@@ -40,11 +40,13 @@ pub async fn run_events(
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let run_id = parse_id(&id, "id")?;
     let tenant = StreamAuth::resolve(&state, &headers, q.token.as_deref(), Some(run_id)).await?;
-    match runs::get_for_tenant(&state.pool, tenant, run_id).await {
-        Ok(_) => {}
+    // Taken before the run is read, so an end after the read arrives live.
+    let subscription = state.hub.subscribe(run_id);
+    let status = match runs::get_for_tenant(&state.pool, tenant, run_id).await {
+        Ok(run) => run.status(),
         Err(StoreError::NotFound) => return Err(ApiError::not_found("run")),
         Err(e) => return Err(ApiError::unexpected(e)),
-    }
+    };
     let after = match last_event_id(&headers)? {
         Some(v) => v
             .parse::<u64>()
@@ -53,10 +55,9 @@ pub async fn run_events(
     };
     let (tx, rx) = channel(&state);
     let response = sse(rx, &state);
-    let subscription = state.hub.subscribe(run_id);
     tokio::spawn(async move {
         let mut follower = Follower::new(&state, &tx, run_id, after, Mode::Run);
-        if let Err(e) = follower.follow(subscription).await {
+        if let Err(e) = follower.follow(subscription, Some(status)).await {
             tracing::debug!(%run_id, error = %e, "event stream ended early");
         }
     });

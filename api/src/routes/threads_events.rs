@@ -92,7 +92,7 @@ async fn follow_thread(
                 .unwrap_or(0);
             let sub = state.hub.subscribe(run);
             let mut follower = Follower::new(state, tx, run, after, Mode::Thread);
-            follower.follow(sub).await?;
+            follower.follow(sub, None).await?;
             if current != Some((run, follower.last)) {
                 progressed = true;
             }

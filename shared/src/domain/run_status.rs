@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-/// The statuses of design.md; stored as text in `runs.status`.
+/// The statuses of a run (docs/architecture.md); stored as text in `runs.status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {

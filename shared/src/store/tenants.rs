@@ -62,7 +62,7 @@ async fn insert_key(
 }
 
 /// The caller behind a key.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Principal {
     pub tenant_id: Uuid,
     pub key_id: Uuid,

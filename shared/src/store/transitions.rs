@@ -1,4 +1,4 @@
-//! The run state machine: one function per transition of design.md's lifecycle.
+//! The run state machine: one function per transition of a run's lifecycle (docs/architecture.md).
 //!
 //! ```text
 //! queued -> running -> completed | failed | cancelled
