@@ -23,7 +23,7 @@ use uuid::Uuid;
 use agentfleet_shared::compaction::{self, Header};
 use agentfleet_shared::domain::RunStatus;
 use agentfleet_shared::events::{EventType, peek, pending_event, timestamp};
-use agentfleet_shared::store::{runs, tool_calls};
+use agentfleet_shared::store::{messages, runs, tool_calls};
 
 use crate::hub::{HubMessage, Subscription};
 use crate::state::AppState;
@@ -275,7 +275,7 @@ impl<'a> Follower<'a> {
             self.send(last_durable - 1, EventType::StreamRebuilt.as_str(), &raw)
                 .await?;
         }
-        let status = durable.status();
+        let status = durable.status;
         let (kind, data) = match status {
             s if s.is_waiting() => pending_event(
                 &durable
@@ -317,7 +317,7 @@ impl<'a> Follower<'a> {
             None => runs::get(&self.state.pool, self.run_id)
                 .await
                 .ok()
-                .map(|r| r.status()),
+                .map(|r| r.status),
         };
         self.replay().await?;
         if self.ended {
@@ -379,16 +379,11 @@ async fn rebuilt_event(
     reason: &str,
 ) -> Result<String, FollowError> {
     let run = runs::get(&state.pool, run_id).await?;
-    let messages: Vec<Value> = sqlx::query_as::<_, (i64, String, sqlx::types::Json<Value>)>(
-        "SELECT id, role, body FROM messages WHERE run_id = $1 ORDER BY id",
-    )
-    .bind(run_id)
-    .fetch_all(&state.pool)
-    .await
-    .map_err(agentfleet_shared::store::StoreError::from)?
-    .into_iter()
-    .map(|(id, role, body)| json!({"id": id, "role": role, "body": body.0}))
-    .collect();
+    let messages: Vec<Value> = messages::of_run(&state.pool, run_id)
+        .await?
+        .into_iter()
+        .map(|(id, role, body)| json!({"id": id, "role": role, "body": body}))
+        .collect();
     let calls: Vec<Value> = tool_calls::of_run(&state.pool, run_id)
         .await?
         .into_iter()

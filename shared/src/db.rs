@@ -39,3 +39,8 @@ pub fn connect_lazy(settings: &DatabaseSettings) -> Result<PgPool, sqlx::Error> 
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     MIGRATOR.run(pool).await
 }
+
+/// Whether Postgres answers a trivial query (readiness probes).
+pub async fn ping(pool: &PgPool) -> bool {
+    sqlx::query("SELECT 1").execute(pool).await.is_ok()
+}

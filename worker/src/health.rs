@@ -21,7 +21,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
 }
 
 async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str) {
-    let db = sqlx::query("SELECT 1").execute(&shared.pool).await.is_ok();
+    let db = agentfleet_shared::db::ping(&shared.pool).await;
     let broker = tokio::time::timeout(std::time::Duration::from_secs(2), shared.publisher.check())
         .await
         .unwrap_or(false);

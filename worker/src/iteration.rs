@@ -14,7 +14,7 @@ use agentfleet_shared::store::turns::{self, Turn};
 
 use crate::context_window;
 use crate::model_call::{self, DeltaPolicy, ModelError, ModelRequest, ModelResponse};
-use crate::run::{RunCtx, RunError};
+use crate::run_ctx::{RunCtx, RunError};
 use crate::tools;
 
 #[tracing::instrument(name = "iteration", skip(ctx), fields(run_id = %ctx.run.id, attempt = ctx.fence.attempt))]
@@ -124,11 +124,7 @@ async fn persist(ctx: &RunCtx, iteration: i32, response: &ModelResponse) -> Resu
             name: &call.name,
             raw_arguments: &call.arguments,
             arguments: parsed.as_ref(),
-            risk: agent
-                .tool(&call.name)
-                .map(|t| t.risk)
-                .unwrap_or(Risk::Low)
-                .as_str(),
+            risk: agent.tool(&call.name).map(|t| t.risk).unwrap_or(Risk::Low),
         })
         .collect();
     turns::record(
@@ -161,20 +157,17 @@ pub async fn record_timing(
         .max(model_us + tools_us);
     let framework = (total_us - model_us - tools_us).max(0) as f64 / 1e6;
     metrics::histogram!("agentfleet_framework_time_seconds").record(framework);
-    let result = sqlx::query(
-        "INSERT INTO iterations (run_id, iteration, attempt, started_at, finished_at, model_us, tools_us, total_us)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
-    )
-    .bind(ctx.run.id)
-    .bind(iteration)
-    .bind(ctx.fence.attempt)
-    .bind(started)
-    .bind(finished)
-    .bind(model_us)
-    .bind(tools_us)
-    .bind(total_us)
-    .execute(&ctx.shared.pool)
-    .await;
+    let timing = turns::IterationTiming {
+        run_id: ctx.run.id,
+        iteration,
+        attempt: ctx.fence.attempt,
+        started,
+        finished,
+        model_us,
+        tools_us,
+        total_us,
+    };
+    let result = turns::record_timing(&ctx.shared.pool, &timing).await;
     if let Err(e) = result {
         tracing::debug!(error = %e, "iteration timing not recorded");
     }

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use tokio::task::JoinHandle;
 
+use agentfleet_shared::domain::RunStatus;
 use agentfleet_shared::store::transitions::{self, Lease};
 use agentfleet_shared::store::{Fence, StoreError};
 
@@ -27,7 +28,7 @@ pub fn spawn(shared: Arc<Shared>, fence: Fence, stop: StopSignal) -> JoinHandle<
                 Err(StoreError::LeaseLost { .. }) => {
                     let cancelled = agentfleet_shared::store::runs::get(&shared.pool, fence.run_id)
                         .await
-                        .is_ok_and(|r| r.status == "cancelled");
+                        .is_ok_and(|r| r.status == RunStatus::Cancelled);
                     return stop.stop(if cancelled {
                         StopReason::Cancelled
                     } else {

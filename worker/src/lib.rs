@@ -1,7 +1,7 @@
 //! agentfleet-worker: takes runs from the queue and executes the agent loop.
 //!
 //! A run's life, file by file: `intake` (deliveries into slots) → `claim` (lease + attempt) →
-//! `lease` (heartbeat) → `run` (the driver) → `iteration` (one model turn) → `model_call` →
+//! `lease` (heartbeat) → `run` (the driver, over `run_ctx`) → `iteration` (one model turn) → `model_call` →
 //! `tools` (settle the calls) → `pause` (ask, confirm) → `drain` (shutdown). `sweeper`
 //! re-enqueues what should be moving and is not; `control` carries cancel hints.
 
@@ -17,6 +17,7 @@ pub mod lease;
 pub mod model_call;
 pub mod pause;
 pub mod run;
+pub mod run_ctx;
 pub mod shared;
 pub mod stop;
 pub mod sweeper;

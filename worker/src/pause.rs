@@ -9,7 +9,7 @@ use agentfleet_shared::events::{EventType, Expiry, pending_event};
 use agentfleet_shared::store::tool_calls::{self, ToolCallRow};
 use agentfleet_shared::store::{StoreError, lock_fenced, transitions};
 
-use crate::run::{RunCtx, RunError};
+use crate::run_ctx::{RunCtx, RunError};
 
 pub async fn for_confirmation(ctx: &RunCtx, calls: &[&ToolCallRow]) -> Result<(), RunError> {
     let listed: Vec<Value> = calls

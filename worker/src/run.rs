@@ -2,94 +2,19 @@
 //! until the run completes, pauses, fails, is stopped or is handed back on drain.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use agentfleet_shared::events::{EventType, Expiry};
-use agentfleet_shared::store::runs::RunRow;
 use agentfleet_shared::store::transitions::{self, Claimed};
-use agentfleet_shared::store::{Fence, StoreError};
 
-use crate::emitter::{Emitter, Fenced};
+use crate::emitter::Emitter;
 use crate::iteration;
-use crate::model_call::ModelError;
+use crate::run_ctx::{IterationTiming, RunCtx, RunError};
 use crate::shared::Shared;
 use crate::stop::{StopReason, StopSignal};
 use crate::tools::settle::{Settled, settle};
-
-/// Everything one run's execution needs.
-pub struct RunCtx {
-    pub shared: Arc<Shared>,
-    pub fence: Fence,
-    pub run: RunRow,
-    pub emitter: Emitter,
-    pub stop: StopSignal,
-    pub timing: IterationTiming,
-}
-
-/// Time spent in the model and in tools during the current iteration, so the framework's own
-/// share can be recorded.
-#[derive(Default)]
-pub struct IterationTiming {
-    model_us: AtomicU64,
-    tools_us: AtomicU64,
-}
-
-impl IterationTiming {
-    pub fn add_model(&self, d: Duration) {
-        self.model_us
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
-    }
-    pub fn add_tools(&self, d: Duration) {
-        self.tools_us
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
-    }
-    fn take(&self) -> (i64, i64) {
-        (
-            self.model_us.swap(0, Ordering::Relaxed) as i64,
-            self.tools_us.swap(0, Ordering::Relaxed) as i64,
-        )
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error("stopped")]
-    Stopped,
-    #[error("lease lost")]
-    LeaseLost,
-    #[error("model call failed: {0}")]
-    Model(ModelError),
-    #[error("store: {0}")]
-    Store(StoreError),
-}
-
-impl From<StoreError> for RunError {
-    fn from(e: StoreError) -> RunError {
-        match e {
-            StoreError::LeaseLost { .. } => RunError::LeaseLost,
-            other => RunError::Store(other),
-        }
-    }
-}
-
-impl From<Fenced> for RunError {
-    fn from(_: Fenced) -> RunError {
-        RunError::LeaseLost
-    }
-}
-
-impl From<ModelError> for RunError {
-    fn from(e: ModelError) -> RunError {
-        match e {
-            ModelError::Fenced(_) => RunError::LeaseLost,
-            other => RunError::Model(other),
-        }
-    }
-}
 
 enum Outcome {
     /// Completed at this iteration.

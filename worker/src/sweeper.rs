@@ -12,8 +12,8 @@ use agentfleet_shared::store::runs;
 
 use crate::shared::Shared;
 
-/// Advisory lock key of the sweeper (advisory locks are per database).
-const SWEEPER_LOCK: i64 = 0x6167_656e_7466_6c74; // "agentflt"
+/// Runs re-enqueued per tick at most; the next tick takes the rest.
+const SWEEP_LIMIT: i64 = 500;
 
 pub fn spawn(shared: Arc<Shared>, shutdown: CancellationToken) {
     tokio::spawn(async move {
@@ -33,25 +33,11 @@ pub fn spawn(shared: Arc<Shared>, shutdown: CancellationToken) {
 }
 
 async fn sweep_if_elected(shared: &Shared) -> anyhow::Result<()> {
-    // Hold the election only while reading; publishing happens after the commit (two sweepers
-    // publishing the same run is harmless: claims are idempotent).
-    let mut tx = shared.pool.begin().await?;
-    let (elected,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_xact_lock($1)")
-        .bind(SWEEPER_LOCK)
-        .fetch_one(&mut *tx)
-        .await?;
-    let ids = if elected {
-        stale_runs(shared).await?
-    } else {
-        Vec::new()
-    };
-    tx.commit().await?;
-    publish(shared, &ids).await
-}
-
-async fn stale_runs(shared: &Shared) -> anyhow::Result<Vec<uuid::Uuid>> {
+    // Publishing happens after the election's transaction (two sweepers publishing the same
+    // run is harmless: claims are idempotent).
     let requeue_after = Duration::from_millis(shared.settings.worker.requeue_after_ms);
-    Ok(runs::stale(&shared.pool, requeue_after, 500).await?)
+    let ids = runs::stale_if_elected(&shared.pool, requeue_after, SWEEP_LIMIT).await?;
+    publish(shared, &ids.unwrap_or_default()).await
 }
 
 async fn publish(shared: &Shared, ids: &[uuid::Uuid]) -> anyhow::Result<()> {
@@ -67,7 +53,10 @@ async fn publish(shared: &Shared, ids: &[uuid::Uuid]) -> anyhow::Result<()> {
 
 /// One sweep regardless of the election (tests and tools).
 pub async fn sweep_once(shared: &Shared) -> anyhow::Result<usize> {
-    let ids = stale_runs(shared).await?;
+    let requeue_after = Duration::from_millis(shared.settings.worker.requeue_after_ms);
+    let mut conn = shared.pool.acquire().await?;
+    let ids = runs::stale(&mut conn, requeue_after, SWEEP_LIMIT).await?;
+    drop(conn);
     publish(shared, &ids).await?;
     Ok(ids.len())
 }

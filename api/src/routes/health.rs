@@ -16,9 +16,9 @@ pub async fn healthz() -> impl IntoResponse {
 /// Ready only when Postgres, Redis and RabbitMQ all answer: a 202 needs all three.
 pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     let timeout = std::time::Duration::from_secs(2);
-    let postgres = tokio::time::timeout(timeout, sqlx::query("SELECT 1").execute(&state.pool))
+    let postgres = tokio::time::timeout(timeout, agentfleet_shared::db::ping(&state.pool))
         .await
-        .is_ok_and(|r| r.is_ok());
+        .unwrap_or(false);
     let redis = tokio::time::timeout(timeout, async {
         let mut conn = state.bus.pool().get().await.ok()?;
         redis::cmd("PING")

@@ -43,7 +43,7 @@ pub async fn run_events(
     // Taken before the run is read, so an end after the read arrives live.
     let subscription = state.hub.subscribe(run_id);
     let status = match runs::get_for_tenant(&state.pool, tenant, run_id).await {
-        Ok(run) => run.status(),
+        Ok(run) => run.status,
         Err(StoreError::NotFound) => return Err(ApiError::not_found("run")),
         Err(e) => return Err(ApiError::unexpected(e)),
     };

@@ -1,8 +1,11 @@
 use serde::{Deserialize, Serialize};
 
 /// The statuses of a run (docs/architecture.md); stored as text in `runs.status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema, sqlx::Type,
+)]
 #[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
 pub enum RunStatus {
     Queued,
     Running,

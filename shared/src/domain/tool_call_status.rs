@@ -1,5 +1,7 @@
-/// Status of one row of `tool_calls`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Status of one row of `tool_calls`; stored as text in `tool_calls.status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
 pub enum ToolCallStatus {
     /// Recorded with the assistant message, not dispatched yet.
     Pending,

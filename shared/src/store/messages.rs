@@ -89,3 +89,17 @@ pub async fn list(
     .fetch_all(pool)
     .await?)
 }
+
+/// Every message a run wrote, oldest first, as `(id, role, body)`: what a coarse
+/// `stream_rebuilt` event carries.
+pub async fn of_run(pool: &PgPool, run: Uuid) -> Result<Vec<(i64, String, Value)>, StoreError> {
+    let rows: Vec<(i64, String, Json<Value>)> =
+        sqlx::query_as("SELECT id, role, body FROM messages WHERE run_id = $1 ORDER BY id")
+            .bind(run)
+            .fetch_all(pool)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, role, body)| (id, role, body.0))
+        .collect())
+}

@@ -1,5 +1,25 @@
 //! Postgres access. Every write a worker makes after its claim is fenced by its attempt.
 
+/// The fence in SQL: the run (`$1`) is still held by the attempt (`$2`) that writes. Every
+/// fenced statement is built from this one condition (with `concat!`), so it is written once.
+macro_rules! held {
+    () => {
+        "id = $1 AND attempt = $2 AND status = 'running'"
+    };
+}
+
+/// The fence as a CTE named `fence`: the held run's row, locked until the statement's
+/// transaction ends, so a concurrent claim or cancel waits and then sees our writes.
+macro_rules! fence_cte {
+    () => {
+        concat!(
+            "fence AS (SELECT id FROM runs WHERE ",
+            held!(),
+            " FOR UPDATE)"
+        )
+    };
+}
+
 pub mod messages;
 pub mod runs;
 pub mod tenants;
@@ -43,9 +63,11 @@ impl Fence {
 /// Locks the run row if `fence` still holds it; the lock lasts until the transaction ends, so
 /// a concurrent claim or cancel waits for us and sees our writes (or we see theirs and stop).
 pub async fn lock_fenced(tx: &mut sqlx::PgConnection, fence: Fence) -> Result<(), StoreError> {
-    let row: Option<(Uuid,)> = sqlx::query_as(
-        "SELECT id FROM runs WHERE id = $1 AND attempt = $2 AND status = 'running' FOR UPDATE",
-    )
+    let row: Option<(Uuid,)> = sqlx::query_as(concat!(
+        "SELECT id FROM runs WHERE ",
+        held!(),
+        " FOR UPDATE"
+    ))
     .bind(fence.run_id)
     .bind(fence.attempt)
     .fetch_optional(&mut *tx)

@@ -14,7 +14,7 @@ pub struct RunRow {
     pub id: Uuid,
     pub tenant_id: Uuid,
     pub thread_id: Uuid,
-    pub status: String,
+    pub status: RunStatus,
     pub agent: Json<AgentSpec>,
     pub metadata: Json<Value>,
     pub idempotency_key: Option<String>,
@@ -36,13 +36,6 @@ pub struct RunRow {
     pub updated_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
-}
-
-impl RunRow {
-    pub fn status(&self) -> RunStatus {
-        RunStatus::parse(&self.status)
-            .expect("the status CHECK constraint admits only known statuses")
-    }
 }
 
 pub async fn get(pool: &PgPool, id: Uuid) -> Result<RunRow, StoreError> {
@@ -128,8 +121,35 @@ pub async fn thread_belongs_to(
 /// Runs whose holder is presumed dead (expired lease), and queued runs untouched for
 /// `requeue_after` (their message was probably lost). Queued ones are touched so the next sweep
 /// leaves them alone for another period.
-pub async fn stale(
+/// Advisory lock key of the sweeper election (advisory locks are per database).
+const SWEEPER_LOCK: i64 = 0x6167_656e_7466_6c74; // "agentflt"
+
+/// The stale runs, if this caller wins the sweeper election: of all workers, the one that
+/// takes a transaction-scoped advisory lock reads them; the lock ends with the read, so a
+/// stopped or partitioned worker never blocks sweeping. `None`: another worker sweeps now.
+pub async fn stale_if_elected(
     pool: &PgPool,
+    requeue_after: std::time::Duration,
+    limit: i64,
+) -> Result<Option<Vec<Uuid>>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let (elected,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(SWEEPER_LOCK)
+        .fetch_one(&mut *tx)
+        .await?;
+    let ids = if elected {
+        Some(stale(&mut tx, requeue_after, limit).await?)
+    } else {
+        None
+    };
+    tx.commit().await?;
+    Ok(ids)
+}
+
+/// Queued runs idle for `requeue_after` (their message may be lost; each is touched so it is
+/// not picked again at once) and running runs whose lease expired.
+pub async fn stale(
+    conn: &mut sqlx::PgConnection,
     requeue_after: std::time::Duration,
     limit: i64,
 ) -> Result<Vec<Uuid>, StoreError> {
@@ -142,14 +162,14 @@ pub async fn stale(
     )
     .bind(requeue_after.as_secs_f64())
     .bind(limit)
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await?;
     let expired: Vec<(Uuid,)> = sqlx::query_as(
         "SELECT id FROM runs WHERE status = 'running' AND lease_expires_at < now()
          ORDER BY lease_expires_at LIMIT $1",
     )
     .bind(limit)
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await?;
     ids.extend(expired);
     Ok(ids.into_iter().map(|(id,)| id).collect())

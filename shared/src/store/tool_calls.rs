@@ -8,7 +8,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{Fence, StoreError};
-use crate::domain::ToolCallStatus;
+use crate::domain::{Risk, ToolCallStatus};
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ToolCallRow {
@@ -20,8 +20,8 @@ pub struct ToolCallRow {
     pub name: String,
     pub raw_arguments: String,
     pub arguments: Option<Json<Value>>,
-    pub risk: String,
-    pub status: String,
+    pub risk: Risk,
+    pub status: ToolCallStatus,
     pub result: Option<Json<Value>>,
     pub error: Option<String>,
     pub dispatch_count: i32,
@@ -33,19 +33,13 @@ pub struct ToolCallRow {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
-impl ToolCallRow {
-    pub fn status(&self) -> ToolCallStatus {
-        ToolCallStatus::parse(&self.status).expect("CHECK constraint admits only known statuses")
-    }
-}
-
 pub struct NewToolCall<'a> {
     pub tool_call_id: &'a str,
     pub position: i32,
     pub name: &'a str,
     pub raw_arguments: &'a str,
     pub arguments: Option<&'a Value>,
-    pub risk: &'a str,
+    pub risk: Risk,
 }
 
 pub async fn insert(
@@ -120,15 +114,15 @@ pub async fn mark_dispatched(
     fence: Fence,
     tool_call_id: &str,
 ) -> Result<i32, StoreError> {
-    let count: Option<(i32,)> = sqlx::query_as(
-        "WITH fence AS (
-            SELECT id FROM runs WHERE id = $1 AND attempt = $2 AND status = 'running'
-            FOR UPDATE)
+    let count: Option<(i32,)> = sqlx::query_as(concat!(
+        "WITH ",
+        fence_cte!(),
+        "
          UPDATE tool_calls SET status = 'running', dispatch_count = dispatch_count + 1,
                                started_at = coalesce(started_at, now())
          WHERE run_id = (SELECT id FROM fence) AND tool_call_id = $3
          RETURNING dispatch_count",
-    )
+    ))
     .bind(fence.run_id)
     .bind(fence.attempt)
     .bind(tool_call_id)
@@ -151,10 +145,10 @@ pub async fn finish(
     error: Option<&str>,
     model_content: &str,
 ) -> Result<(), StoreError> {
-    let (held,): (i64,) = sqlx::query_as(
-        "WITH fence AS (
-            SELECT id FROM runs WHERE id = $1 AND attempt = $2 AND status = 'running'
-            FOR UPDATE),
+    let (held,): (i64,) = sqlx::query_as(concat!(
+        "WITH ",
+        fence_cte!(),
+        ",
          call AS (
             UPDATE tool_calls SET status = $4, result = $5, error = $6, finished_at = now()
             WHERE run_id = (SELECT id FROM fence) AND tool_call_id = $3),
@@ -162,7 +156,7 @@ pub async fn finish(
             INSERT INTO messages (thread_id, run_id, role, is_llm_message, body, iteration)
             SELECT $7, id, 'tool', true, $8, $9 FROM fence)
          SELECT count(*) FROM fence",
-    )
+    ))
     .bind(fence.run_id)
     .bind(fence.attempt)
     .bind(tool_call_id)

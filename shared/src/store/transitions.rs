@@ -217,11 +217,13 @@ pub async fn renew_lease(
     fence: Fence,
     lease: Duration,
 ) -> Result<Lease, StoreError> {
-    let row: Option<(bool,)> = sqlx::query_as(
+    let row: Option<(bool,)> = sqlx::query_as(concat!(
         "UPDATE runs SET lease_expires_at = now() + make_interval(secs => $3)
-         WHERE id = $1 AND attempt = $2 AND status = 'running'
+         WHERE ",
+        held!(),
+        "
          RETURNING cancel_requested_at IS NOT NULL",
-    )
+    ))
     .bind(fence.run_id)
     .bind(fence.attempt)
     .bind(lease.as_secs_f64())
@@ -242,9 +244,12 @@ async fn finish_running(
     last_event_id: u64,
 ) -> Result<(), StoreError> {
     let done = sqlx::query(
+        concat!(
         "UPDATE runs SET status = $3, error = $4, lease_owner = NULL, lease_expires_at = NULL,
                          finished_at = now(), updated_at = now(), last_event_id = GREATEST(last_event_id, $5)
-         WHERE id = $1 AND attempt = $2 AND status = 'running'",
+         WHERE ",
+        held!(),
+    ),
     )
     .bind(fence.run_id)
     .bind(fence.attempt)
@@ -319,9 +324,12 @@ pub async fn release(
     last_event_id: u64,
 ) -> Result<(), StoreError> {
     let done = sqlx::query(
+        concat!(
         "UPDATE runs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL,
                          interrupted = $3, updated_at = now(), last_event_id = GREATEST(last_event_id, $4)
-         WHERE id = $1 AND attempt = $2 AND status = 'running'",
+         WHERE ",
+        held!(),
+    ),
     )
     .bind(fence.run_id)
     .bind(fence.attempt)
@@ -488,7 +496,7 @@ pub async fn resume(
         .map(|p| p.0.clone())
         .unwrap_or(Value::Null);
     let iteration = run.iteration;
-    match (run.status(), input) {
+    match (run.status, input) {
         (RunStatus::WaitingForInput, ResumeInput::Answer(text)) => {
             let call_id = pending
                 .get("tool_call_id")
@@ -646,7 +654,7 @@ mod tests {
             .unwrap()
             .expect("claimed");
         assert_eq!((claimed.run.attempt, claimed.recovered), (1, false));
-        assert_eq!(claimed.run.status(), RunStatus::Running);
+        assert_eq!(claimed.run.status, RunStatus::Running);
         assert!(
             claim(&pool, run.id, "w2", LEASE).await.unwrap().is_none(),
             "a duplicate message claims nothing"
@@ -679,7 +687,7 @@ mod tests {
         ));
         complete(&pool, second.fence(), 3).await.unwrap();
         let done = runs::get(&pool, run.id).await.unwrap();
-        assert_eq!(done.status(), RunStatus::Completed);
+        assert_eq!(done.status, RunStatus::Completed);
         assert_eq!(done.last_event_id, 3);
         assert!(done.lease_owner.is_none());
     }

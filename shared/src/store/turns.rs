@@ -39,10 +39,10 @@ pub async fn record(pool: &PgPool, fence: Fence, turn: &Turn<'_>) -> Result<(), 
             row
         })
         .collect();
-    let (held,): (i64,) = sqlx::query_as(
-        "WITH fence AS (
-            SELECT id FROM runs WHERE id = $1 AND attempt = $2 AND status = 'running'
-            FOR UPDATE),
+    let (held,): (i64,) = sqlx::query_as(concat!(
+        "WITH ",
+        fence_cte!(),
+        ",
          message AS (
             INSERT INTO messages (thread_id, run_id, role, is_llm_message, body, iteration)
             SELECT $3, id, 'assistant', true, $4, $5 FROM fence),
@@ -58,7 +58,7 @@ pub async fn record(pool: &PgPool, fence: Fence, turn: &Turn<'_>) -> Result<(), 
                             completion_tokens = completion_tokens + $8, updated_at = now()
             WHERE id IN (SELECT id FROM fence))
          SELECT count(*) FROM fence",
-    )
+    ))
     .bind(fence.run_id)
     .bind(fence.attempt)
     .bind(turn.thread_id)
@@ -72,5 +72,36 @@ pub async fn record(pool: &PgPool, fence: Fence, turn: &Turn<'_>) -> Result<(), 
     if held == 0 {
         return Err(fence.lost());
     }
+    Ok(())
+}
+
+/// What one iteration cost, for the framework-time statistics (`iterations`).
+pub struct IterationTiming {
+    pub run_id: Uuid,
+    pub iteration: i32,
+    pub attempt: i32,
+    pub started: chrono::DateTime<chrono::Utc>,
+    pub finished: chrono::DateTime<chrono::Utc>,
+    pub model_us: i64,
+    pub tools_us: i64,
+    pub total_us: i64,
+}
+
+/// Records an iteration's timing once (a redone iteration keeps its first record).
+pub async fn record_timing(pool: &PgPool, t: &IterationTiming) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO iterations (run_id, iteration, attempt, started_at, finished_at, model_us, tools_us, total_us)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+    )
+    .bind(t.run_id)
+    .bind(t.iteration)
+    .bind(t.attempt)
+    .bind(t.started)
+    .bind(t.finished)
+    .bind(t.model_us)
+    .bind(t.tools_us)
+    .bind(t.total_us)
+    .execute(pool)
+    .await?;
     Ok(())
 }

@@ -10,13 +10,13 @@
 use futures_util::future::join_all;
 use serde_json::json;
 
-use agentfleet_shared::domain::ToolCallStatus;
+use agentfleet_shared::domain::{Risk, ToolCallStatus};
 use agentfleet_shared::events::EventType;
 use agentfleet_shared::store::tool_calls::{self, ToolCallRow};
 
 use super::{builtin, check_arguments, http};
 use crate::pause;
-use crate::run::{RunCtx, RunError};
+use crate::run_ctx::{RunCtx, RunError};
 
 pub enum Settled {
     /// Results are recorded: call the model again.
@@ -35,7 +35,7 @@ pub async fn settle(ctx: &RunCtx, iteration: i32) -> Result<Settled, RunError> {
     let term = calls.iter().position(|c| builtin::is_terminating(&c.name));
     let (before, rest) = calls.split_at(term.unwrap_or(calls.len()));
     if let Some((_, after)) = rest.split_first() {
-        for call in after.iter().filter(|c| !c.status().is_finished()) {
+        for call in after.iter().filter(|c| !c.status.is_finished()) {
             let msg = "skipped: an earlier call in the same response ended the turn";
             finish(
                 ctx,
@@ -50,7 +50,7 @@ pub async fn settle(ctx: &RunCtx, iteration: i32) -> Result<Settled, RunError> {
     }
     let needs_decision: Vec<&ToolCallRow> = before
         .iter()
-        .filter(|c| c.status() == ToolCallStatus::Pending && c.risk == "high")
+        .filter(|c| c.status == ToolCallStatus::Pending && c.risk == Risk::High)
         .collect();
     if !needs_decision.is_empty() {
         pause::for_confirmation(ctx, &needs_decision).await?;
@@ -60,7 +60,7 @@ pub async fn settle(ctx: &RunCtx, iteration: i32) -> Result<Settled, RunError> {
         .iter()
         .filter(|c| {
             matches!(
-                c.status(),
+                c.status,
                 ToolCallStatus::Pending | ToolCallStatus::Approved | ToolCallStatus::Running
             )
         })
@@ -74,7 +74,7 @@ pub async fn settle(ctx: &RunCtx, iteration: i32) -> Result<Settled, RunError> {
     let Some(call) = rest.first() else {
         return Ok(Settled::NextIteration);
     };
-    match (call.name.as_str(), call.status()) {
+    match (call.name.as_str(), call.status) {
         (builtin::ASK, ToolCallStatus::Pending | ToolCallStatus::AwaitingInput) => {
             match check_arguments(&call.raw_arguments, &builtin::ask_schema()) {
                 Ok(args) => {
