@@ -52,10 +52,10 @@ impl ApiError {
     pub fn unexpected(err: impl Into<anyhow::Error>) -> ApiError {
         let err = err.into();
         if is_transient(&err) {
-            tracing::warn!(error = %format!("{err:#}"), "dependency unavailable");
+            tracing::warn!(error = %agentfleet_shared::report::one_line(&err), "dependency unavailable");
             return ApiError::unavailable("a backing service is unavailable; retry shortly");
         }
-        tracing::error!(error = %format!("{err:#}"), "unexpected error");
+        tracing::error!(error = %agentfleet_shared::report::one_line(&err), "unexpected error");
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",

@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use deadpool_redis::redis;
 use futures_util::StreamExt;
@@ -17,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use agentfleet_shared::events::Keys;
+use agentfleet_shared::infra::{self, Server};
 
 #[derive(Debug, Clone)]
 pub enum HubMessage {
@@ -73,26 +73,26 @@ impl Hub {
         };
         let task_hub = hub.clone();
         tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
-            loop {
-                let result = tokio::select! {
-                    r = task_hub.pump(&redis_url, &keys) => r,
-                    _ = shutdown.cancelled() => return,
-                };
-                task_hub
-                    .inner
-                    .connected
-                    .store(false, std::sync::atomic::Ordering::SeqCst);
-                task_hub.broadcast_resync();
-                if let Err(e) = result {
-                    tracing::warn!(error = %e, "event hub lost its Redis subscription; reconnecting");
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = shutdown.cancelled() => return,
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-            }
+            let url = redis_url.clone();
+            infra::reconnecting(
+                "the event hub's subscription",
+                Server::Redis,
+                &url,
+                &shutdown,
+                || async {
+                    let result = tokio::select! {
+                        r = task_hub.pump(&redis_url, &keys) => r,
+                        _ = shutdown.cancelled() => return Ok(()),
+                    };
+                    task_hub
+                        .inner
+                        .connected
+                        .store(false, std::sync::atomic::Ordering::SeqCst);
+                    task_hub.broadcast_resync();
+                    Ok(result?)
+                },
+            )
+            .await;
         });
         hub
     }

@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 
 use agentfleet_api::Application;
 use agentfleet_shared::config::Settings;
-use agentfleet_shared::{db, store, telemetry};
+use agentfleet_shared::{db, infra, store, telemetry};
 
 #[derive(Parser)]
 #[command(name = "agentfleet-api", about = "agentfleet HTTP API")]
@@ -33,7 +33,10 @@ enum Command {
 #[tokio::main]
 async fn main() {
     if let Err(e) = run().await {
-        eprintln!("agentfleet-api: {e:#}");
+        eprintln!(
+            "agentfleet-api: {}",
+            agentfleet_shared::report::one_line(&e)
+        );
         std::process::exit(1);
     }
 }
@@ -43,16 +46,14 @@ async fn run() -> anyhow::Result<()> {
     let settings = Settings::load(cli.config.as_deref())?;
     match cli.command.unwrap_or(Command::Serve) {
         Command::Migrate => {
-            let pool = db::connect(&settings.database)
-                .await
-                .context("connecting to Postgres")?;
+            let pool =
+                infra::postgres(&settings.database, settings.startup.dependency_wait()).await?;
             db::migrate(&pool).await.context("applying migrations")?;
             println!("migrations applied");
         }
         Command::CreateTenant { name } => {
-            let pool = db::connect(&settings.database)
-                .await
-                .context("connecting to Postgres")?;
+            let pool =
+                infra::postgres(&settings.database, settings.startup.dependency_wait()).await?;
             let created = store::tenants::create(&pool, &name).await?;
             println!("tenant_id={}", created.tenant_id);
             println!("api_key={}", created.api_key);

@@ -14,7 +14,8 @@ use tower_http::trace::TraceLayer;
 
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::events::{EventBus, Keys};
-use agentfleet_shared::queue::{Publisher, Topology};
+use agentfleet_shared::infra;
+use agentfleet_shared::queue::Topology;
 use agentfleet_shared::{db, telemetry};
 
 use crate::hub::Hub;
@@ -31,25 +32,26 @@ impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Application> {
         telemetry::install_crypto();
         let settings = Arc::new(settings);
-        let pool = db::connect(&settings.database)
-            .await
-            .context("connecting to Postgres")?;
+        // The API serves nothing before all three servers answer: it waits for each (saying
+        // which), then exits naming the one it could not reach.
+        let wait = settings.startup.dependency_wait();
+        let pool = infra::postgres(&settings.database, wait).await?;
         if settings.database.migrate_on_start {
             db::migrate(&pool).await.context("applying migrations")?;
         }
-        let redis = agentfleet_shared::events::redis_pool(&settings.redis).context("redis pool")?;
+        let redis = infra::redis(&settings.redis, wait).await?;
         let bus = EventBus::new(
             redis,
             &settings.redis.prefix,
             settings.events.retention_secs,
         );
-        let publisher = Publisher::new(
+        let publisher = infra::rabbitmq(
             &settings.amqp.url,
             "agentfleet-api",
             Topology::new(&settings.amqp.prefix),
+            wait,
         )
-        .await
-        .context("connecting to RabbitMQ and declaring the queue topology")?;
+        .await?;
         let shutdown = CancellationToken::new();
         let hub = Hub::start(
             settings.redis.url.clone(),

@@ -32,6 +32,7 @@ pub struct Settings {
     pub worker: WorkerSettings,
     pub events: EventSettings,
     pub telemetry: TelemetrySettings,
+    pub startup: StartupSettings,
     /// Models an agent may name, by the name clients use.
     #[serde(default)]
     pub models: BTreeMap<String, ModelSettings>,
@@ -147,8 +148,22 @@ pub struct TelemetrySettings {
     /// OTLP/HTTP endpoint, e.g. `http://collector:4318`; empty disables export.
     pub otlp_endpoint: String,
     pub service_name: String,
-    /// `json` or `pretty`.
+    /// `auto` (human-readable on a terminal, JSON otherwise), `json` or `pretty`.
     pub log_format: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartupSettings {
+    /// How long a binary waits for Postgres, Redis and RabbitMQ at start-up, retrying with
+    /// back-off, before it exits naming the server it could not reach.
+    pub dependency_wait_ms: u64,
+}
+
+impl StartupSettings {
+    pub fn dependency_wait(&self) -> Duration {
+        Duration::from_millis(self.dependency_wait_ms)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -239,7 +254,10 @@ final_event_grace_ms = 2000
 [telemetry]
 otlp_endpoint = ""
 service_name = "agentfleet"
-log_format = "json"
+log_format = "auto"
+
+[startup]
+dependency_wait_ms = 60000
 "#;
 
 impl Settings {
@@ -333,10 +351,13 @@ impl Settings {
         if self.events.client_buffer == 0 {
             return Err(invalid("events.client_buffer", "must be at least 1"));
         }
-        if !matches!(self.telemetry.log_format.as_str(), "json" | "pretty") {
+        if !matches!(
+            self.telemetry.log_format.as_str(),
+            "auto" | "json" | "pretty"
+        ) {
             return Err(invalid(
                 "telemetry.log_format",
-                "must be `json` or `pretty`",
+                "must be `auto`, `json` or `pretty`",
             ));
         }
         for (name, model) in &self.models {

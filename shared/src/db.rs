@@ -36,6 +36,14 @@ pub fn connect_lazy(settings: &DatabaseSettings) -> Result<PgPool, sqlx::Error> 
         .connect_lazy_with(options))
 }
 
+/// Opens and closes one connection: a failure says why the server cannot be reached, where a
+/// pool would only time out.
+pub async fn probe(settings: &DatabaseSettings) -> Result<(), sqlx::Error> {
+    use sqlx::Connection;
+    let conn = sqlx::PgConnection::connect_with(&options(settings)?).await?;
+    conn.close().await
+}
+
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     MIGRATOR.run(pool).await
 }

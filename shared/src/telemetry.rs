@@ -35,7 +35,14 @@ pub fn init(settings: &TelemetrySettings, service: &str) -> anyhow::Result<Telem
     install_crypto();
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = if settings.log_format == "json" {
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let json = match settings.log_format.as_str() {
+        "json" => true,
+        "pretty" => false,
+        // A person at a terminal reads lines; a collector parses JSON.
+        _ => !terminal,
+    };
+    let fmt = if json {
         tracing_subscriber::fmt::layer()
             .json()
             .with_current_span(true)
@@ -43,6 +50,7 @@ pub fn init(settings: &TelemetrySettings, service: &str) -> anyhow::Result<Telem
             .boxed()
     } else {
         tracing_subscriber::fmt::layer()
+            .with_ansi(terminal)
             .with_filter(filter())
             .boxed()
     };

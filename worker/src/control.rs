@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use deadpool_redis::redis;
 use futures_util::StreamExt;
@@ -12,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use agentfleet_shared::events::Keys;
+use agentfleet_shared::infra::{self, Server};
 
 use crate::stop::{StopReason, StopSignal};
 
@@ -48,25 +48,24 @@ impl Registry {
 /// Listens for cancel hints until `shutdown`, reconnecting with backoff.
 pub fn spawn_listener(url: String, keys: Keys, registry: Registry, shutdown: CancellationToken) {
     tokio::spawn(async move {
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            let result = tokio::select! {
-                r = listen(&url, &keys, &registry) => r,
-                _ = shutdown.cancelled() => return,
-            };
-            if let Err(e) = result {
-                tracing::warn!(error = %e, "control channel lost; reconnecting");
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
-                _ = shutdown.cancelled() => return,
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
-        }
+        infra::reconnecting(
+            "the cancel listener",
+            Server::Redis,
+            &url,
+            &shutdown,
+            || async {
+                tokio::select! {
+                    r = listen(&url, &keys, &registry) => r,
+                    _ = shutdown.cancelled() => Ok(()),
+                }
+            },
+        )
+        .await;
     });
 }
 
-async fn listen(url: &str, keys: &Keys, registry: &Registry) -> redis::RedisResult<()> {
+/// Never `Ok`: returns when the subscription breaks.
+async fn listen(url: &str, keys: &Keys, registry: &Registry) -> anyhow::Result<()> {
     let client = redis::Client::open(url)?;
     let mut pubsub = client.get_async_pubsub().await?;
     pubsub.psubscribe(keys.control_pattern()).await?;
@@ -78,8 +77,5 @@ async fn listen(url: &str, keys: &Keys, registry: &Registry) -> redis::RedisResu
             registry.stop(run, StopReason::Cancelled);
         }
     }
-    Err(redis::RedisError::from((
-        redis::ErrorKind::Io,
-        "control subscription ended",
-    )))
+    anyhow::bail!("the control subscription ended")
 }

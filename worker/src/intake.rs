@@ -135,7 +135,7 @@ impl Intake {
                     }
                     Ok(ClaimOutcome::Skipped) => {}
                     Err(e) => {
-                        tracing::warn!(error = %format!("{e:#}"), "claim failed; message returned to the queue");
+                        tracing::warn!(error = %agentfleet_shared::report::one_line(&e), "claim failed; message returned to the queue");
                         // Postgres is probably down: don't spin on redeliveries.
                         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                         let _ = delivery.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;

@@ -33,7 +33,8 @@ use tokio_util::task::TaskTracker;
 
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::events::{EventBus, Keys};
-use agentfleet_shared::queue::{self, Publisher, Topology};
+use agentfleet_shared::infra::{self, Server};
+use agentfleet_shared::queue::{self, Topology};
 use agentfleet_shared::{db, telemetry};
 
 use crate::shared::Shared;
@@ -47,13 +48,14 @@ impl Worker {
     pub async fn build(settings: Settings) -> anyhow::Result<Worker> {
         telemetry::install_crypto();
         let settings = Arc::new(settings);
-        let pool = db::connect(&settings.database)
-            .await
-            .context("connecting to Postgres")?;
+        // Nothing is announced before all three servers answer: a worker that cannot reach
+        // one waits (unready, saying which), then exits naming it.
+        let wait = settings.startup.dependency_wait();
+        let pool = infra::postgres(&settings.database, wait).await?;
         if settings.database.migrate_on_start {
             db::migrate(&pool).await.context("applying migrations")?;
         }
-        let redis = agentfleet_shared::events::redis_pool(&settings.redis).context("redis pool")?;
+        let redis = infra::redis(&settings.redis, wait).await?;
         let bus = EventBus::new(
             redis,
             &settings.redis.prefix,
@@ -65,13 +67,13 @@ impl Worker {
             std::process::id(),
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         );
-        let publisher = Publisher::new(
+        let publisher = infra::rabbitmq(
             &settings.amqp.url,
             &worker_id,
             Topology::new(&settings.amqp.prefix),
+            wait,
         )
-        .await
-        .context("connecting to RabbitMQ and declaring the queue topology")?;
+        .await?;
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(
                 settings.worker.model_connect_timeout_ms,
@@ -156,28 +158,22 @@ impl Worker {
             stopper.cancel();
         });
         tracing::info!(worker = %shared.worker_id, concurrency = shared.settings.worker.concurrency, "worker started");
-        // The consumer's connection is re-made whenever it fails (broker restart, network).
-        let mut backoff = Duration::from_millis(200);
-        while !intake_stop.is_cancelled() {
-            let attempt = async {
+        // The consumer's connection is re-made whenever it fails (broker restart, network);
+        // a session returns `Ok` once the intake has stopped.
+        infra::reconnecting(
+            "the run intake",
+            Server::RabbitMq,
+            &shared.settings.amqp.url,
+            &intake_stop,
+            || async {
                 let conn = queue::connect(&shared.settings.amqp.url, &shared.worker_id).await?;
                 let channel = conn.create_channel().await?;
                 let result = intake.run(&channel, intake_stop.clone()).await;
                 let _ = conn.close(200, "intake stopped".into()).await;
                 result
-            };
-            match attempt.await {
-                Ok(()) => break,
-                Err(e) => {
-                    tracing::warn!(error = %format!("{e:#}"), "intake interrupted; reconnecting");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = intake_stop.cancelled() => break,
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
+            },
+        )
+        .await;
         let grace = Duration::from_millis(shared.settings.worker.drain_grace_ms);
         crate::drain::drain(&tracker, &draining, &shared.active, grace).await;
         background.cancel();

@@ -20,7 +20,10 @@ struct Cli {
 #[tokio::main]
 async fn main() {
     if let Err(e) = run().await {
-        eprintln!("agentfleet-worker: {e:#}");
+        eprintln!(
+            "agentfleet-worker: {}",
+            agentfleet_shared::report::one_line(&e)
+        );
         std::process::exit(1);
     }
 }

@@ -26,7 +26,7 @@ pub fn spawn(shared: Arc<Shared>, shutdown: CancellationToken) {
                 _ = shutdown.cancelled() => return,
             }
             if let Err(e) = sweep_if_elected(&shared).await {
-                tracing::warn!(error = %format!("{e:#}"), "sweep failed");
+                tracing::warn!(error = %agentfleet_shared::report::one_line(&e), "sweep failed");
             }
         }
     });

@@ -5,6 +5,7 @@ mod foundation;
 mod outages;
 mod pause_resume;
 mod resilience;
+mod startup;
 mod streams;
 mod tenancy;
 mod validation;
