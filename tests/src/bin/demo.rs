@@ -38,18 +38,71 @@ impl Drop for Proc {
     }
 }
 
+/// The Redis key prefix and RabbitMQ name prefix of the demo's fleet.
+const PREFIX: &str = "agentfleet-demo";
+
 #[tokio::main]
 async fn main() {
-    if let Err(e) = run().await {
-        eprintln!("demo failed: {e:#}");
+    agentfleet_shared::telemetry::install_crypto();
+    let admin = std::env::var("AGENTFLEET_DEMO_ADMIN_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    // Every process of the demo has exited when `run` returns, whatever happened.
+    let result = run(&admin).await;
+    if std::env::var_os("AGENTFLEET_DEMO_KEEP").is_some() {
+        println!("\nkept database {DB}, Redis keys {PREFIX}:* and queues {PREFIX}.* (AGENTFLEET_DEMO_KEEP)");
+    } else if let Err(e) = cleanup(&admin).await {
+        eprintln!("demo: cleaning up: {}", agentfleet_shared::report::one_line(&e));
+    }
+    if let Err(e) = result {
+        eprintln!("demo failed: {}", agentfleet_shared::report::one_line(&e));
         std::process::exit(1);
     }
 }
 
-async fn run() -> anyhow::Result<()> {
-    agentfleet_shared::telemetry::install_crypto();
-    let admin = std::env::var("AGENTFLEET_DEMO_ADMIN_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+/// Removes what the demo made: its database, Redis keys and queues.
+async fn cleanup(admin: &str) -> anyhow::Result<()> {
+    use sqlx::Connection;
+    step("cleaning up (set AGENTFLEET_DEMO_KEEP=1 to keep the demo's data)");
+    let mut conn = sqlx::PgConnection::connect(admin).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {DB} WITH (FORCE)"
+    )))
+    .execute(&mut conn)
+    .await?;
+    let amqp = std::env::var("AGENTFLEET__AMQP__URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    let broker = agentfleet_shared::queue::connect(&amqp, "agentfleet-demo-cleanup").await?;
+    let ch = broker.create_channel().await?;
+    let t = agentfleet_shared::queue::Topology::new(PREFIX);
+    for q in [&t.queue, &t.dead_queue] {
+        ch.queue_delete(q.as_str().into(), Default::default()).await?;
+    }
+    for x in [&t.exchange, &t.dead_exchange] {
+        ch.exchange_delete(x.as_str().into(), Default::default())
+            .await?;
+    }
+    let _ = broker.close(200, "demo cleanup".into()).await;
+    let redis_url =
+        std::env::var("AGENTFLEET__REDIS__URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let mut redis = deadpool_redis::redis::Client::open(redis_url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let keys: Vec<String> = deadpool_redis::redis::cmd("KEYS")
+        .arg(format!("{PREFIX}:*"))
+        .query_async(&mut redis)
+        .await?;
+    if !keys.is_empty() {
+        let _: i64 = deadpool_redis::redis::cmd("DEL")
+            .arg(&keys)
+            .query_async(&mut redis)
+            .await?;
+    }
+    println!("  removed database {DB}, {} Redis key(s) and the demo's queues", keys.len());
+    Ok(())
+}
+
+async fn run(admin: &str) -> anyhow::Result<()> {
+    let admin = admin.to_owned();
     let db_url = admin
         .rsplit_once('/')
         .map(|(b, _)| format!("{b}/{DB}"))
@@ -80,8 +133,8 @@ async fn run() -> anyhow::Result<()> {
         ),
         ("AGENTFLEET__MODELS__DEMO__BASE_URL".into(), llm.base_url()),
         ("AGENTFLEET__MODELS__DEMO__MODEL".into(), "scripted".into()),
-        ("AGENTFLEET__REDIS__PREFIX".into(), "agentfleet-demo".into()),
-        ("AGENTFLEET__AMQP__PREFIX".into(), "agentfleet-demo".into()),
+        ("AGENTFLEET__REDIS__PREFIX".into(), PREFIX.into()),
+        ("AGENTFLEET__AMQP__PREFIX".into(), PREFIX.into()),
         ("AGENTFLEET__TELEMETRY__LOG_FORMAT".into(), "pretty".into()),
         // A demo-only secret: stream tokens then verify on any API replica.
         (
