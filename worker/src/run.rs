@@ -174,7 +174,7 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
             let _ = ctx.emitter.emit_with(kind, data, Expiry::Expire).await;
         }
         Err(e) => {
-            tracing::info!(%run_id, error = %e, "could not record the run's end; another holder owns it")
+            tracing::info!(%run_id, error = %e, "could not record the run's end; another holder owns it");
         }
     }
 }
@@ -197,7 +197,7 @@ async fn hand_back(ctx: &RunCtx, interrupted: bool) {
             tracing::info!(%run_id, interrupted, "run handed back to the queue");
         }
         Err(e) => {
-            tracing::warn!(%run_id, error = %e, "could not hand the run back; its lease will expire")
+            tracing::warn!(%run_id, error = %e, "could not hand the run back; its lease will expire");
         }
     }
 }

@@ -46,7 +46,7 @@ impl StopSignal {
     }
 
     pub async fn stopped(&self) {
-        self.token.cancelled().await
+        self.token.cancelled().await;
     }
 
     pub fn is_stopped(&self) -> bool {

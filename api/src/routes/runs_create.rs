@@ -237,10 +237,10 @@ pub async fn announce(state: &AppState, run: &RunRow) {
     match tokio::time::timeout(PUBLISH_TIMEOUT, state.publisher.publish_run(run.id)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
-            tracing::warn!(run_id = %run.id, error = %e, "publish failed; the sweeper will re-enqueue")
+            tracing::warn!(run_id = %run.id, error = %e, "publish failed; the sweeper will re-enqueue");
         }
         Err(_) => {
-            tracing::warn!(run_id = %run.id, "publish timed out; the sweeper will re-enqueue")
+            tracing::warn!(run_id = %run.id, "publish timed out; the sweeper will re-enqueue");
         }
     }
 }

@@ -49,9 +49,14 @@ async fn main() {
     // Every process of the demo has exited when `run` returns, whatever happened.
     let result = run(&admin).await;
     if std::env::var_os("AGENTFLEET_DEMO_KEEP").is_some() {
-        println!("\nkept database {DB}, Redis keys {PREFIX}:* and queues {PREFIX}.* (AGENTFLEET_DEMO_KEEP)");
+        println!(
+            "\nkept database {DB}, Redis keys {PREFIX}:* and queues {PREFIX}.* (AGENTFLEET_DEMO_KEEP)"
+        );
     } else if let Err(e) = cleanup(&admin).await {
-        eprintln!("demo: cleaning up: {}", agentfleet_shared::report::one_line(&e));
+        eprintln!(
+            "demo: cleaning up: {}",
+            agentfleet_shared::report::one_line(&e)
+        );
     }
     if let Err(e) = result {
         eprintln!("demo failed: {}", agentfleet_shared::report::one_line(&e));
@@ -75,7 +80,8 @@ async fn cleanup(admin: &str) -> anyhow::Result<()> {
     let ch = broker.create_channel().await?;
     let t = agentfleet_shared::queue::Topology::new(PREFIX);
     for q in [&t.queue, &t.dead_queue] {
-        ch.queue_delete(q.as_str().into(), Default::default()).await?;
+        ch.queue_delete(q.as_str().into(), Default::default())
+            .await?;
     }
     for x in [&t.exchange, &t.dead_exchange] {
         ch.exchange_delete(x.as_str().into(), Default::default())
@@ -97,7 +103,10 @@ async fn cleanup(admin: &str) -> anyhow::Result<()> {
             .query_async(&mut redis)
             .await?;
     }
-    println!("  removed database {DB}, {} Redis key(s) and the demo's queues", keys.len());
+    println!(
+        "  removed database {DB}, {} Redis key(s) and the demo's queues",
+        keys.len()
+    );
     Ok(())
 }
 

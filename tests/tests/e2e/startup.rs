@@ -55,7 +55,7 @@ impl Observed {
         wait_for(&format!("the worker to print {text:?}"), T, || async {
             self.saw(text).then_some(())
         })
-        .await
+        .await;
     }
 
     fn output(&self) -> String {
