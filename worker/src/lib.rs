@@ -15,6 +15,7 @@ pub mod intake;
 pub mod iteration;
 pub mod lease;
 pub mod model_call;
+pub mod model_stream;
 pub mod pause;
 pub mod run;
 pub mod run_ctx;

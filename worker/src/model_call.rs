@@ -5,40 +5,19 @@
 //! exponential backoff and jitter, honouring `Retry-After`. Once text has been streamed to
 //! clients the call is not retried: a malformed, truncated or silent stream fails the call.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use backon::{ExponentialBuilder, Retryable};
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use agentfleet_shared::config::{ModelSettings, WorkerSettings};
 use agentfleet_shared::events::EventType;
 
 use crate::emitter::{Emitter, Fenced};
-
-#[derive(Debug, Clone)]
-pub struct ModelToolCall {
-    pub id: String,
-    pub name: String,
-    pub arguments: String,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct Usage {
-    pub prompt_tokens: i64,
-    pub completion_tokens: i64,
-}
-
-#[derive(Debug, Clone)]
-pub struct ModelResponse {
-    pub content: String,
-    pub tool_calls: Vec<ModelToolCall>,
-    pub usage: Usage,
-    pub finish_reason: Option<String>,
-}
+pub use crate::model_stream::{ModelResponse, ModelToolCall, Usage};
+use crate::model_stream::{StreamError, StreamParser, truncate};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -64,6 +43,15 @@ pub enum ModelError {
     Truncated,
     #[error(transparent)]
     Fenced(#[from] Fenced),
+}
+
+impl From<StreamError> for ModelError {
+    fn from(e: StreamError) -> ModelError {
+        match e {
+            StreamError::Malformed(m) => ModelError::Malformed(m),
+            StreamError::Truncated => ModelError::Truncated,
+        }
+    }
 }
 
 impl ModelError {
@@ -203,55 +191,6 @@ async fn call_once(
     read_stream(response, idle, emitter, policy).await
 }
 
-#[derive(Deserialize)]
-struct Chunk {
-    #[serde(default)]
-    choices: Vec<Choice>,
-    #[serde(default)]
-    usage: Option<ChunkUsage>,
-}
-
-#[derive(Deserialize)]
-struct Choice {
-    #[serde(default)]
-    delta: Delta,
-    #[serde(default)]
-    finish_reason: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-struct Delta {
-    #[serde(default)]
-    content: Option<String>,
-    #[serde(default)]
-    tool_calls: Vec<ToolCallDelta>,
-}
-
-#[derive(Deserialize)]
-struct ToolCallDelta {
-    index: usize,
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    function: Option<FunctionDelta>,
-}
-
-#[derive(Deserialize)]
-struct FunctionDelta {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    arguments: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct ChunkUsage {
-    #[serde(default)]
-    prompt_tokens: i64,
-    #[serde(default)]
-    completion_tokens: i64,
-}
-
 /// Buffers streamed text and flushes it as one `message_delta` by time or size.
 struct Coalescer<'a> {
     emitter: &'a Emitter,
@@ -295,18 +234,14 @@ async fn read_stream(
     policy: &DeltaPolicy,
 ) -> Result<ModelResponse, ModelError> {
     let mut events = response.bytes_stream().eventsource();
-    let mut content = String::new();
-    let mut calls: BTreeMap<usize, ModelToolCall> = BTreeMap::new();
-    let mut usage = Usage::default();
-    let mut finish_reason = None;
-    let mut done = false;
+    let mut parser = StreamParser::default();
     let mut coalescer = Coalescer {
         emitter,
         buf: String::new(),
         since: None,
         policy,
     };
-    loop {
+    while !parser.is_done() {
         let next = match coalescer.deadline() {
             Some(deadline) => tokio::select! {
                 n = tokio::time::timeout(idle, events.next()) => n,
@@ -323,83 +258,13 @@ async fn read_stream(
             Ok(Some(Err(e))) => return Err(ModelError::Malformed(e.to_string())),
             Ok(Some(Ok(ev))) => ev,
         };
-        let data = event.data.trim();
-        if data.is_empty() {
-            continue;
-        }
-        if data == "[DONE]" {
-            done = true;
-            break;
-        }
-        let chunk: Chunk = serde_json::from_str(data)
-            .map_err(|e| ModelError::Malformed(format!("{e}: {}", truncate(data, 200))))?;
-        if let Some(u) = chunk.usage {
-            usage = Usage {
-                prompt_tokens: u.prompt_tokens,
-                completion_tokens: u.completion_tokens,
-            };
-        }
-        for choice in chunk.choices {
-            if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
-                content.push_str(&text);
-                coalescer.push(&text).await?;
-            }
-            for tc in choice.delta.tool_calls {
-                let entry = calls.entry(tc.index).or_insert_with(|| ModelToolCall {
-                    id: String::new(),
-                    name: String::new(),
-                    arguments: String::new(),
-                });
-                if let Some(id) = tc.id {
-                    entry.id = id;
-                }
-                if let Some(f) = tc.function {
-                    if let Some(n) = f.name {
-                        entry.name.push_str(&n);
-                    }
-                    if let Some(a) = f.arguments {
-                        entry.arguments.push_str(&a);
-                    }
-                }
-            }
-            if choice.finish_reason.is_some() {
-                finish_reason = choice.finish_reason;
-            }
+        if let Some(text) = parser.feed(&event.data)? {
+            coalescer.push(&text).await?;
         }
     }
-    if !done && finish_reason.is_none() {
-        return Err(ModelError::Truncated);
-    }
+    let response = parser.finish()?;
     coalescer.flush().await?;
-    let mut tool_calls = Vec::with_capacity(calls.len());
-    for (index, mut call) in calls {
-        if call.name.is_empty() {
-            return Err(ModelError::Malformed(format!(
-                "tool call #{index} has no function name"
-            )));
-        }
-        if call.id.is_empty() {
-            call.id = format!("call_{index}_{}", uuid::Uuid::new_v4().simple());
-        }
-        tool_calls.push(call);
-    }
-    Ok(ModelResponse {
-        content,
-        tool_calls,
-        usage,
-        finish_reason,
-    })
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
+    Ok(response)
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

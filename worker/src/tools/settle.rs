@@ -27,36 +27,58 @@ pub enum Settled {
     Complete,
 }
 
-pub async fn settle(ctx: &RunCtx, iteration: i32) -> Result<Settled, RunError> {
-    let calls = tool_calls::of_iteration(&ctx.shared.pool, ctx.fence.run_id, iteration).await?;
-    if calls.is_empty() {
-        return Ok(Settled::Complete);
-    }
+/// What settling one response's calls must do, decided from their recorded statuses alone.
+#[derive(Debug)]
+struct Plan<'c> {
+    /// Unfinished calls after the first terminating call: recorded as skipped.
+    skip: Vec<&'c ToolCallRow>,
+    step: Step<'c>,
+}
+
+#[derive(Debug)]
+enum Step<'c> {
+    /// Risky calls before the terminating call wait for a decision: nothing runs yet.
+    Confirm(Vec<&'c ToolCallRow>),
+    /// Run these (concurrently), then end the turn as `then` says.
+    Run {
+        calls: Vec<&'c ToolCallRow>,
+        then: Then<'c>,
+    },
+}
+
+#[derive(Debug)]
+enum Then<'c> {
+    NextIteration,
+    /// The response ended with `ask`: pause for the answer (or fail the call's arguments).
+    Ask(&'c ToolCallRow),
+    /// The response ended with `complete`, not yet recorded.
+    Complete(&'c ToolCallRow),
+    /// `complete` was recorded before (a recovered attempt).
+    Completed,
+}
+
+/// The ordering rules: calls before the first terminating call (`ask`, `complete`) run, calls
+/// after it are skipped; while any risky call before it is undecided nothing runs; approved,
+/// low-risk and interrupted (`running`) calls run; finished and rejected ones are left alone.
+fn plan(calls: &[ToolCallRow]) -> Plan<'_> {
     let term = calls.iter().position(|c| builtin::is_terminating(&c.name));
     let (before, rest) = calls.split_at(term.unwrap_or(calls.len()));
-    if let Some((_, after)) = rest.split_first() {
-        for call in after.iter().filter(|c| !c.status.is_finished()) {
-            let msg = "skipped: an earlier call in the same response ended the turn";
-            finish(
-                ctx,
-                iteration,
-                call,
-                ToolCallStatus::Skipped,
-                json!({"skipped": true}),
-                msg,
-            )
-            .await?;
-        }
-    }
-    let needs_decision: Vec<&ToolCallRow> = before
+    let skip = rest
+        .iter()
+        .skip(1)
+        .filter(|c| !c.status.is_finished())
+        .collect();
+    let undecided: Vec<&ToolCallRow> = before
         .iter()
         .filter(|c| c.status == ToolCallStatus::Pending && c.risk == Risk::High)
         .collect();
-    if !needs_decision.is_empty() {
-        pause::for_confirmation(ctx, &needs_decision).await?;
-        return Ok(Settled::Paused);
+    if !undecided.is_empty() {
+        return Plan {
+            skip,
+            step: Step::Confirm(undecided),
+        };
     }
-    let runnable: Vec<&ToolCallRow> = before
+    let runnable = before
         .iter()
         .filter(|c| {
             matches!(
@@ -65,38 +87,78 @@ pub async fn settle(ctx: &RunCtx, iteration: i32) -> Result<Settled, RunError> {
             )
         })
         .collect();
+    let then = match rest.first().map(|c| (c, c.name.as_str(), c.status)) {
+        None => Then::NextIteration,
+        Some((c, builtin::ASK, ToolCallStatus::Pending | ToolCallStatus::AwaitingInput)) => {
+            Then::Ask(c)
+        }
+        Some((c, builtin::COMPLETE, status)) if !status.is_finished() => Then::Complete(c),
+        Some((_, builtin::COMPLETE, ToolCallStatus::Succeeded)) => Then::Completed,
+        Some(_) => Then::NextIteration,
+    };
+    Plan {
+        skip,
+        step: Step::Run {
+            calls: runnable,
+            then,
+        },
+    }
+}
+
+pub async fn settle(ctx: &RunCtx, iteration: i32) -> Result<Settled, RunError> {
+    let calls = tool_calls::of_iteration(&ctx.shared.pool, ctx.fence.run_id, iteration).await?;
+    if calls.is_empty() {
+        return Ok(Settled::Complete);
+    }
+    let Plan { skip, step } = plan(&calls);
+    for call in skip {
+        let msg = "skipped: an earlier call in the same response ended the turn";
+        finish(
+            ctx,
+            iteration,
+            call,
+            ToolCallStatus::Skipped,
+            json!({"skipped": true}),
+            msg,
+        )
+        .await?;
+    }
+    let (runnable, then) = match step {
+        Step::Confirm(undecided) => {
+            pause::for_confirmation(ctx, &undecided).await?;
+            return Ok(Settled::Paused);
+        }
+        Step::Run { calls, then } => (calls, then),
+    };
     if !runnable.is_empty() {
         let started = std::time::Instant::now();
         let results = join_all(runnable.into_iter().map(|c| execute(ctx, iteration, c))).await;
         ctx.timing.add_tools(started.elapsed());
         results.into_iter().collect::<Result<Vec<()>, RunError>>()?;
     }
-    let Some(call) = rest.first() else {
-        return Ok(Settled::NextIteration);
-    };
-    match (call.name.as_str(), call.status) {
-        (builtin::ASK, ToolCallStatus::Pending | ToolCallStatus::AwaitingInput) => {
-            match check_arguments(&call.raw_arguments, &builtin::ask_schema()) {
-                Ok(args) => {
-                    pause::for_input(ctx, call, &args).await?;
-                    Ok(Settled::Paused)
-                }
-                Err(msg) => {
-                    let content = json!({"error": msg}).to_string();
-                    finish(
-                        ctx,
-                        iteration,
-                        call,
-                        ToolCallStatus::Failed,
-                        json!({"error": msg}),
-                        &content,
-                    )
-                    .await?;
-                    Ok(Settled::NextIteration)
-                }
+    match then {
+        Then::NextIteration => Ok(Settled::NextIteration),
+        Then::Completed => Ok(Settled::Complete),
+        Then::Ask(call) => match check_arguments(&call.raw_arguments, &builtin::ask_schema()) {
+            Ok(args) => {
+                pause::for_input(ctx, call, &args).await?;
+                Ok(Settled::Paused)
             }
-        }
-        (builtin::COMPLETE, status) if !status.is_finished() => {
+            Err(msg) => {
+                let content = json!({"error": msg}).to_string();
+                finish(
+                    ctx,
+                    iteration,
+                    call,
+                    ToolCallStatus::Failed,
+                    json!({"error": msg}),
+                    &content,
+                )
+                .await?;
+                Ok(Settled::NextIteration)
+            }
+        },
+        Then::Complete(call) => {
             let args = check_arguments(&call.raw_arguments, &builtin::complete_schema())
                 .unwrap_or(json!({}));
             finish(
@@ -110,8 +172,6 @@ pub async fn settle(ctx: &RunCtx, iteration: i32) -> Result<Settled, RunError> {
             .await?;
             Ok(Settled::Complete)
         }
-        (builtin::COMPLETE, ToolCallStatus::Succeeded) => Ok(Settled::Complete),
-        _ => Ok(Settled::NextIteration),
     }
 }
 
@@ -222,4 +282,142 @@ async fn execute(ctx: &RunCtx, iteration: i32, call: &ToolCallRow) -> Result<(),
         }))
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ToolCallStatus::*;
+
+    fn call(name: &str, status: ToolCallStatus, risk: Risk) -> ToolCallRow {
+        ToolCallRow {
+            id: uuid::Uuid::now_v7(),
+            run_id: uuid::Uuid::nil(),
+            tool_call_id: format!("call_{name}"),
+            iteration: 1,
+            position: 0,
+            name: name.to_owned(),
+            raw_arguments: "{}".to_owned(),
+            arguments: None,
+            risk,
+            status,
+            result: None,
+            error: None,
+            dispatch_count: 0,
+            decided_by: None,
+            decided_at: None,
+            decision_reason: None,
+            created_at: chrono::Utc::now(),
+            started_at: None,
+            finished_at: None,
+        }
+    }
+
+    fn names(calls: &[&ToolCallRow]) -> Vec<String> {
+        calls.iter().map(|c| c.name.clone()).collect()
+    }
+
+    fn run_step(p: &Plan<'_>) -> (Vec<String>, String) {
+        match &p.step {
+            Step::Run { calls, then } => (
+                names(calls),
+                format!("{then:?}").split('(').next().unwrap().to_owned(),
+            ),
+            Step::Confirm(c) => panic!("expected to run, got a confirmation of {:?}", names(c)),
+        }
+    }
+
+    #[test]
+    fn low_risk_calls_run_and_the_loop_goes_on() {
+        let calls = [call("a", Pending, Risk::Low), call("b", Pending, Risk::Low)];
+        let p = plan(&calls);
+        assert!(p.skip.is_empty());
+        assert_eq!(
+            run_step(&p),
+            (vec!["a".into(), "b".into()], "NextIteration".into())
+        );
+    }
+
+    #[test]
+    fn calls_after_a_terminating_call_are_skipped_and_the_ones_before_run() {
+        let calls = [
+            call("a", Pending, Risk::Low),
+            call(builtin::COMPLETE, Pending, Risk::Low),
+            call("late", Pending, Risk::High),
+            call("done_late", Skipped, Risk::Low),
+        ];
+        let p = plan(&calls);
+        assert_eq!(
+            names(&p.skip),
+            ["late"],
+            "finished calls are not skipped again"
+        );
+        assert_eq!(run_step(&p), (vec!["a".into()], "Complete".into()));
+    }
+
+    #[test]
+    fn an_undecided_risky_call_holds_back_every_call_of_the_response() {
+        let calls = [
+            call("safe", Pending, Risk::Low),
+            call("pay", Pending, Risk::High),
+            call(builtin::ASK, Pending, Risk::Low),
+            call("after_ask", Pending, Risk::Low),
+        ];
+        let p = plan(&calls);
+        let Step::Confirm(undecided) = &p.step else {
+            panic!("ran calls while one awaits a decision: {:?}", p.step);
+        };
+        assert_eq!(names(undecided), ["pay"]);
+        assert_eq!(
+            names(&p.skip),
+            ["after_ask"],
+            "skips are recorded even while pausing"
+        );
+    }
+
+    #[test]
+    fn after_the_decision_approved_and_low_risk_calls_run_and_rejected_ones_do_not() {
+        let calls = [
+            call("safe", Pending, Risk::Low),
+            call("pay", Approved, Risk::High),
+            call("refund", Rejected, Risk::High),
+        ];
+        assert_eq!(
+            run_step(&plan(&calls)),
+            (vec!["safe".into(), "pay".into()], "NextIteration".into())
+        );
+    }
+
+    #[test]
+    fn a_recovered_attempt_redoes_only_what_is_left() {
+        let calls = [
+            call("finished", Succeeded, Risk::Low),
+            call("interrupted", Running, Risk::Low),
+            call("failed", Failed, Risk::Low),
+            call(builtin::COMPLETE, Succeeded, Risk::Low),
+        ];
+        assert_eq!(
+            run_step(&plan(&calls)),
+            (vec!["interrupted".into()], "Completed".into())
+        );
+    }
+
+    #[test]
+    fn ask_pauses_once_and_an_answered_ask_goes_on() {
+        let waiting = [call(builtin::ASK, AwaitingInput, Risk::Low)];
+        assert_eq!(run_step(&plan(&waiting)), (vec![], "Ask".into()));
+        let answered = [call(builtin::ASK, Succeeded, Risk::Low)];
+        assert_eq!(run_step(&plan(&answered)), (vec![], "NextIteration".into()));
+    }
+
+    #[test]
+    fn only_the_first_terminating_call_counts() {
+        let calls = [
+            call(builtin::ASK, Pending, Risk::Low),
+            call(builtin::COMPLETE, Pending, Risk::Low),
+        ];
+        let p = plan(&calls);
+        assert_eq!(names(&p.skip), [builtin::COMPLETE]);
+        assert_eq!(run_step(&p), (vec![], "Ask".into()));
+    }
 }

@@ -1,0 +1,301 @@
+//! Parsing an OpenAI-compatible chat-completions stream: each SSE `data:` payload is folded
+//! into the answer so far. No I/O happens here (`model_call` reads the stream and forwards the
+//! text), so every rule of the format is unit-tested below.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Usage {
+    pub prompt_tokens: i64,
+    pub completion_tokens: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelResponse {
+    pub content: String,
+    pub tool_calls: Vec<ModelToolCall>,
+    pub usage: Usage,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum StreamError {
+    #[error("{0}")]
+    Malformed(String),
+    #[error("the stream ended before the response was complete")]
+    Truncated,
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<ChunkUsage>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    delta: Delta,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct Delta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<ToolCallDelta>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallDelta {
+    index: usize,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<FunctionDelta>,
+}
+
+#[derive(Deserialize)]
+struct FunctionDelta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChunkUsage {
+    #[serde(default)]
+    prompt_tokens: i64,
+    #[serde(default)]
+    completion_tokens: i64,
+}
+
+/// The answer so far. Tool calls arrive in pieces keyed by `index`: the id and name once, the
+/// arguments as fragments to concatenate.
+#[derive(Default)]
+pub struct StreamParser {
+    content: String,
+    calls: BTreeMap<usize, ModelToolCall>,
+    usage: Usage,
+    finish_reason: Option<String>,
+    done: bool,
+}
+
+impl StreamParser {
+    /// Folds one `data:` payload in; returns the text it added, to forward to clients.
+    pub fn feed(&mut self, data: &str) -> Result<Option<String>, StreamError> {
+        let data = data.trim();
+        if data.is_empty() {
+            return Ok(None);
+        }
+        if data == "[DONE]" {
+            self.done = true;
+            return Ok(None);
+        }
+        let chunk: Chunk = serde_json::from_str(data)
+            .map_err(|e| StreamError::Malformed(format!("{e}: {}", truncate(data, 200))))?;
+        if let Some(u) = chunk.usage {
+            self.usage = Usage {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+            };
+        }
+        let mut added = String::new();
+        for choice in chunk.choices {
+            if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
+                self.content.push_str(&text);
+                added.push_str(&text);
+            }
+            for tc in choice.delta.tool_calls {
+                let entry = self.calls.entry(tc.index).or_insert_with(|| ModelToolCall {
+                    id: String::new(),
+                    name: String::new(),
+                    arguments: String::new(),
+                });
+                if let Some(id) = tc.id {
+                    entry.id = id;
+                }
+                if let Some(f) = tc.function {
+                    if let Some(n) = f.name {
+                        entry.name.push_str(&n);
+                    }
+                    if let Some(a) = f.arguments {
+                        entry.arguments.push_str(&a);
+                    }
+                }
+            }
+            if choice.finish_reason.is_some() {
+                self.finish_reason = choice.finish_reason;
+            }
+        }
+        Ok((!added.is_empty()).then_some(added))
+    }
+
+    /// `[DONE]` was read: nothing more belongs to this response.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// The complete response, once the stream has ended. A stream that ended without `[DONE]`
+    /// or a finish reason was cut off; a tool call without a name cannot be executed; a call
+    /// without an id gets one (some providers omit it).
+    pub fn finish(self) -> Result<ModelResponse, StreamError> {
+        if !self.done && self.finish_reason.is_none() {
+            return Err(StreamError::Truncated);
+        }
+        let mut tool_calls = Vec::with_capacity(self.calls.len());
+        for (index, mut call) in self.calls {
+            if call.name.is_empty() {
+                return Err(StreamError::Malformed(format!(
+                    "tool call #{index} has no function name"
+                )));
+            }
+            if call.id.is_empty() {
+                call.id = format!("call_{index}_{}", uuid::Uuid::new_v4().simple());
+            }
+            tool_calls.push(call);
+        }
+        Ok(ModelResponse {
+            content: self.content,
+            tool_calls,
+            usage: self.usage,
+            finish_reason: self.finish_reason,
+        })
+    }
+}
+
+/// `s` cut to at most `max` bytes on a character boundary, marked with `…` when cut.
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn feed_all(chunks: &[serde_json::Value]) -> StreamParser {
+        let mut p = StreamParser::default();
+        for c in chunks {
+            p.feed(&c.to_string()).unwrap();
+        }
+        p
+    }
+
+    #[test]
+    fn text_deltas_are_forwarded_and_concatenated() {
+        let mut p = StreamParser::default();
+        let a = p.feed(&json!({"choices": [{"delta": {"content": "Hel"}}]}).to_string());
+        let b = p.feed(&json!({"choices": [{"delta": {"content": ""}}]}).to_string());
+        let c = p.feed(
+            &json!({"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}]})
+                .to_string(),
+        );
+        assert_eq!(
+            (a, b, c),
+            (Ok(Some("Hel".into())), Ok(None), Ok(Some("lo".into())))
+        );
+        assert_eq!(p.feed(" [DONE] "), Ok(None));
+        assert!(p.is_done());
+        let r = p.finish().unwrap();
+        assert_eq!(r.content, "Hello");
+        assert_eq!(r.finish_reason.as_deref(), Some("stop"));
+        assert!(r.tool_calls.is_empty());
+    }
+
+    #[test]
+    fn tool_calls_are_assembled_by_index_from_fragments() {
+        let p = feed_all(&[
+            json!({"choices": [{"delta": {"tool_calls": [
+                {"index": 1, "id": "call_b", "function": {"name": "second", "arguments": ""}},
+                {"index": 0, "id": "call_a", "function": {"name": "first", "arguments": "{\"x\":"}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]}, "finish_reason": "tool_calls"}],
+                   "usage": {"prompt_tokens": 12, "completion_tokens": 5}}),
+        ]);
+        let r = p.finish().unwrap();
+        let calls: Vec<(&str, &str, &str)> = r
+            .tool_calls
+            .iter()
+            .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str()))
+            .collect();
+        assert_eq!(
+            calls,
+            [("call_a", "first", "{\"x\":1}"), ("call_b", "second", "{}")]
+        );
+        assert_eq!(
+            r.usage,
+            Usage {
+                prompt_tokens: 12,
+                completion_tokens: 5
+            }
+        );
+    }
+
+    #[test]
+    fn a_call_without_an_id_gets_one_and_a_call_without_a_name_is_malformed() {
+        let named = feed_all(&[json!({"choices": [{"delta": {"tool_calls": [
+            {"index": 0, "function": {"name": "f", "arguments": "{}"}}]}, "finish_reason": "tool_calls"}]})]);
+        let call = &named.finish().unwrap().tool_calls[0];
+        assert!(call.id.starts_with("call_0_"), "{}", call.id);
+        let nameless = feed_all(&[json!({"choices": [{"delta": {"tool_calls": [
+            {"index": 3, "id": "c", "function": {"arguments": "{}"}}]}, "finish_reason": "tool_calls"}]})]);
+        assert_eq!(
+            nameless.finish().unwrap_err(),
+            StreamError::Malformed("tool call #3 has no function name".into())
+        );
+    }
+
+    #[test]
+    fn a_stream_without_done_or_finish_reason_is_truncated() {
+        let p = feed_all(&[json!({"choices": [{"delta": {"content": "half an ans"}}]})]);
+        assert_eq!(p.finish().unwrap_err(), StreamError::Truncated);
+        // A finish reason without [DONE] is a complete answer (some servers just close).
+        let p = feed_all(&[
+            json!({"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]}),
+        ]);
+        assert_eq!(p.finish().unwrap().content, "ok");
+    }
+
+    #[test]
+    fn a_payload_that_is_not_a_chunk_is_malformed_and_quoted_briefly() {
+        let mut p = StreamParser::default();
+        let long = format!("{{not json {}", "x".repeat(500));
+        let Err(StreamError::Malformed(msg)) = p.feed(&long) else {
+            panic!("accepted garbage");
+        };
+        assert!(msg.ends_with('…') && msg.len() < 320, "{msg}");
+        // Unknown fields and chunks without choices (usage-only) are fine.
+        assert_eq!(
+            p.feed(r#"{"id": "x", "object": "chunk", "choices": []}"#),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn truncation_respects_character_boundaries() {
+        assert_eq!(truncate("héllo", 2), "h…");
+        assert_eq!(truncate("abc", 3), "abc");
+    }
+}
