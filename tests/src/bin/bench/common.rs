@@ -1,0 +1,141 @@
+//! What the sections share: the context (the environment, the API process, an HTTP client
+//! with the tenant's key), its helpers for submitting runs, counting them and spawning
+//! workers, and percentiles.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+use agentfleet_tests::harness::{ChildProcess, TestEnv, amqp_url, wait_for};
+
+use crate::Args;
+
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+pub fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    v
+}
+
+pub struct Ctx {
+    pub env: TestEnv,
+    pub args: Args,
+    pub base: String,
+    pub key: String,
+    pub http: reqwest::Client,
+    pub _api: ChildProcess,
+}
+
+impl Ctx {
+    pub fn wants(&self, section: &str) -> bool {
+        self.args.only.is_empty() || self.args.only.iter().any(|s| s == section)
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.key)
+            .json(body)
+            .send()
+            .await?;
+        let status = resp.status();
+        let v: Value = resp.json().await?;
+        anyhow::ensure!(status.is_success(), "{path}: {status} {v}");
+        Ok(v)
+    }
+
+    pub fn agent(&self) -> Value {
+        json!({"model": "mock", "tools": [{"name": "echo", "kind": "http", "url": self.env.tools.url("/echo"),
+               "parameters": {"type": "object"}}], "max_iterations": 10})
+    }
+
+    pub async fn count(&self, status: &str) -> i64 {
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM runs WHERE status = $1")
+            .bind(status)
+            .fetch_one(&self.env.pool)
+            .await
+            .unwrap_or((0,));
+        n
+    }
+
+    /// Polls until run `id` is completed (panics after `timeout`).
+    pub async fn wait_completed(&self, id: &str, timeout: Duration) {
+        wait_for("the run to complete", timeout, || async {
+            let (status,): (String,) =
+                sqlx::query_as("SELECT status FROM runs WHERE id = $1::uuid")
+                    .bind(id)
+                    .fetch_one(&self.env.pool)
+                    .await
+                    .ok()?;
+            (status == "completed").then_some(())
+        })
+        .await;
+    }
+
+    /// Submits `n` copies of `body` (32 requests in flight) and waits until as many more runs
+    /// have completed; returns the seconds from the first POST to the last completion.
+    pub async fn run_batch(&self, n: usize, body: &Value, limit: Duration) -> anyhow::Result<f64> {
+        let done_before = self.count("completed").await;
+        let t = Instant::now();
+        let sem = Arc::new(Semaphore::new(32));
+        let mut tasks = Vec::new();
+        for _ in 0..n {
+            let permit = sem.clone().acquire_owned().await?;
+            let (http, url, key, body) = (
+                self.http.clone(),
+                format!("{}/v1/runs", self.base),
+                self.key.clone(),
+                body.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let r = http.post(url).bearer_auth(key).json(&body).send().await;
+                drop(permit);
+                r.map(|r| r.status() == 202).unwrap_or(false)
+            }));
+        }
+        for task in tasks {
+            anyhow::ensure!(task.await?, "a submission failed");
+        }
+        wait_for("all runs to complete", limit, || async {
+            (self.count("completed").await >= done_before + n as i64).then_some(())
+        })
+        .await;
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// Stops everything queued or waiting, so the next section starts clean.
+    pub async fn settle(&self) {
+        let _ = sqlx::query(
+            "UPDATE runs SET status = 'cancelled', finished_at = now(), pending = NULL,
+                             lease_owner = NULL, lease_expires_at = NULL
+             WHERE status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation')",
+        )
+        .execute(&self.env.pool)
+        .await;
+        if let Ok(conn) = agentfleet_shared::queue::connect(&amqp_url(), "bench").await
+            && let Ok(ch) = conn.create_channel().await
+        {
+            let _ = ch
+                .queue_purge(
+                    format!("{}.runs", self.env.prefix).as_str().into(),
+                    Default::default(),
+                )
+                .await;
+        }
+    }
+
+    pub fn workers(&self, n: usize, extra: &[(&str, &str)]) -> Vec<ChildProcess> {
+        (0..n)
+            .map(|_| self.env.spawn_worker_process(extra))
+            .collect()
+    }
+}

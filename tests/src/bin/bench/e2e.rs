@@ -1,0 +1,106 @@
+//! The `e2e` section (`--only e2e`).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::json;
+
+use agentfleet_tests::mock_llm::script;
+
+use crate::Report;
+use crate::common::{Ctx, percentile, sorted};
+
+/// No-op runs (one http tool call, then a final answer) from POST to run_completed.
+pub async fn end_to_end(
+    ctx: &Ctx,
+    report: &mut Report,
+    limits: &HashMap<&str, f64>,
+) -> anyhow::Result<()> {
+    let n = ctx
+        .args
+        .runs
+        .unwrap_or(if ctx.args.smoke { 20 } else { 3000 });
+    let _workers = ctx.workers(
+        ctx.args.workers,
+        &[
+            ("worker.concurrency", "64"),
+            ("database.max_connections", "20"),
+        ],
+    );
+    let input = script(
+        json!([{"tool_calls": [{"name": "echo", "arguments": {"x": 1}}]}, {"content": "done"}]),
+    );
+    let body = json!({"input": input, "agent": ctx.agent()});
+    // Let the workers connect before the clock starts.
+    tokio::time::sleep(Duration::from_millis(if ctx.args.smoke {
+        300
+    } else {
+        1500
+    }))
+    .await;
+    let limit = Duration::from_secs(if ctx.args.smoke { 60 } else { 600 });
+    let elapsed = ctx.run_batch(n, &body, limit).await?;
+    let rate = n as f64 / elapsed;
+    report.add(
+        "e2e",
+        "no-op runs/s (POST to run_completed)",
+        rate,
+        "/s",
+        Some(("goal >= 700/s", rate >= 700.0)),
+    );
+    if let Some(pg) = limits.get("pg") {
+        report.add(
+            "e2e",
+            "runs/s / postgres commits/s",
+            rate / pg,
+            "ratio",
+            None,
+        );
+    }
+    let lat: Vec<(f64,)> = sqlx::query_as(
+        "SELECT extract(epoch FROM finished_at - created_at)::float8 * 1000 FROM runs WHERE status = 'completed'",
+    )
+    .fetch_all(&ctx.env.pool)
+    .await?;
+    let lat = sorted(lat.into_iter().map(|(v,)| v).collect());
+    report.add(
+        "e2e",
+        "run latency p50 (created to finished)",
+        percentile(&lat, 0.5),
+        "ms",
+        None,
+    );
+    report.add("e2e", "run latency p99", percentile(&lat, 0.99), "ms", None);
+    // Framework time per iteration under this load: mostly queueing for the two cores and
+    // the connection pools (the intrinsic figure is the `framework` section's).
+    let fw: Vec<(i64,)> = sqlx::query_as("SELECT total_us - model_us - tools_us FROM iterations")
+        .fetch_all(&ctx.env.pool)
+        .await?;
+    let fw = sorted(fw.into_iter().map(|(v,)| v as f64 / 1000.0).collect());
+    report.add(
+        "e2e",
+        "framework time per iteration under load p50",
+        percentile(&fw, 0.5),
+        "ms",
+        None,
+    );
+    report.add(
+        "e2e",
+        "framework time per iteration under load p99",
+        percentile(&fw, 0.99),
+        "ms",
+        None,
+    );
+    let model: Vec<(i64, i64)> = sqlx::query_as("SELECT model_us, tools_us FROM iterations")
+        .fetch_all(&ctx.env.pool)
+        .await?;
+    let m = sorted(model.iter().map(|(m, _)| *m as f64 / 1000.0).collect());
+    report.add(
+        "e2e",
+        "model call (scripted, zero delay) under load p50",
+        percentile(&m, 0.5),
+        "ms",
+        None,
+    );
+    Ok(())
+}

@@ -1,0 +1,195 @@
+//! The benchmark: the real services, the API and worker processes, the scripted LLM with zero
+//! delay and a local tool server. Prints a table and writes JSON; compares every figure with
+//! its goal and with the machine's own limits measured in the same run.
+//!
+//!   cargo build --release -p agentfleet-api -p agentfleet-worker -p agentfleet-tests --bins
+//!   target/release/bench                 # full run (see docs/benchmarks.md)
+//!   cargo run -p agentfleet-tests --bin bench -- --smoke   # seconds; CI proves it runs
+//!
+//! Speed goals are reported, never asserted: the exit code says only whether it ran.
+
+mod common;
+mod e2e;
+mod enqueue;
+mod events;
+mod faults;
+mod framework;
+mod limits;
+mod memory;
+mod recovery;
+mod redis;
+mod resume;
+
+use std::collections::HashMap;
+
+use clap::Parser;
+use serde_json::{Value, json};
+
+use agentfleet_tests::harness::TestEnv;
+
+use common::Ctx;
+
+#[derive(Parser, Clone)]
+#[command(name = "bench", about = "agentfleet benchmark")]
+struct Args {
+    /// Seconds-long run with tiny sizes, for CI.
+    #[arg(long)]
+    smoke: bool,
+    /// Worker processes for the end-to-end section.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Runs in the end-to-end section.
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Where to write the JSON results.
+    #[arg(long, default_value = "target/bench.json")]
+    out: String,
+    /// Run only these sections (limits, enqueue, framework, e2e, faults, events, resume,
+    /// recovery, memory, redis).
+    #[arg(long)]
+    only: Vec<String>,
+}
+
+struct Report {
+    rows: Vec<(String, String, f64, String, Option<bool>)>,
+    json: serde_json::Map<String, Value>,
+}
+
+impl Report {
+    fn add(
+        &mut self,
+        section: &str,
+        metric: &str,
+        value: f64,
+        unit: &str,
+        goal: Option<(&str, bool)>,
+    ) {
+        let (goal_text, met) = match goal {
+            Some((text, met)) => (text.to_string(), Some(met)),
+            None => (String::new(), None),
+        };
+        self.rows.push((
+            section.into(),
+            metric.into(),
+            value,
+            format!("{unit} {goal_text}"),
+            met,
+        ));
+        self.json.insert(
+            format!("{section}.{metric}"),
+            json!({"value": value, "unit": unit, "goal": goal_text, "met": met}),
+        );
+    }
+
+    fn print(&self) {
+        println!(
+            "\n{:<10} {:<46} {:>14}  unit / goal",
+            "section", "metric", "value"
+        );
+        for (section, metric, value, unit, met) in &self.rows {
+            let mark = match met {
+                Some(true) => "  [met]",
+                Some(false) => "  [MISSED]",
+                None => "",
+            };
+            println!("{section:<10} {metric:<46} {value:>14.3}  {unit}{mark}");
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(args).await {
+        eprintln!("bench failed: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    agentfleet_shared::telemetry::install_crypto();
+    let env = TestEnv::with(&[
+        ("database.max_connections", "24"),
+        ("worker.lease_ms", "10000"),
+        ("worker.lease_renew_ms", "3000"),
+        ("worker.requeue_after_ms", "15000"),
+        ("worker.sweep_interval_ms", "2000"),
+        ("database.idle_in_transaction_timeout_ms", "5000"),
+        ("redis.pool_size", "64"),
+        ("telemetry.log_format", "json"),
+    ])
+    .await;
+    let (api, base) = env.spawn_api_process(&[("RUST_LOG", "error")]).await;
+    let key = agentfleet_shared::store::tenants::create(&env.pool, "bench")
+        .await?
+        .api_key;
+    let ctx = Ctx {
+        env,
+        args: args.clone(),
+        base,
+        key,
+        http: reqwest::Client::new(),
+        _api: api,
+    };
+    let mut report = Report {
+        rows: Vec::new(),
+        json: serde_json::Map::new(),
+    };
+    let limits = if ctx.wants("limits") {
+        limits::machine_limits(&ctx, &mut report).await?
+    } else {
+        HashMap::new()
+    };
+    if ctx.wants("enqueue") {
+        enqueue::enqueue(&ctx, &mut report, &limits).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("framework") {
+        framework::framework_time(&ctx, &mut report).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("e2e") {
+        e2e::end_to_end(&ctx, &mut report, &limits).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("faults") {
+        faults::fault_throughput(&ctx, &mut report).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("events") {
+        events::event_latency(&ctx, &mut report, &limits).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("resume") {
+        resume::resume_latency(&ctx, &mut report).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("recovery") {
+        recovery::recovery(&ctx, &mut report).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("memory") {
+        memory::memory(&ctx, &mut report).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("redis") {
+        redis::redis_bytes(&ctx, &mut report).await?;
+        ctx.settle().await;
+    }
+    report.print();
+    let machine = json!({
+        "nproc": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "smoke": args.smoke,
+        "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
+    });
+    report.json.insert("machine".into(), machine);
+    if let Some(dir) = std::path::Path::new(&args.out).parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    std::fs::write(
+        &args.out,
+        serde_json::to_string_pretty(&Value::Object(report.json))?,
+    )?;
+    println!("\nresults written to {}", args.out);
+    Ok(())
+}

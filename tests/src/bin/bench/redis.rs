@@ -1,0 +1,121 @@
+//! The `redis` section (`--only redis`).
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use agentfleet_tests::harness::{redis_url, wait_for};
+use agentfleet_tests::mock_llm::script;
+
+use crate::Report;
+use crate::common::Ctx;
+
+/// Bytes a realistic run leaves in its Redis list, against the text it streamed: at the
+/// default delta coalescing with and without compaction, and at longer flush intervals.
+pub async fn redis_bytes(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
+    for (flush_ms, compact) in [
+        ("50", "true"),
+        ("50", "false"),
+        ("250", "false"),
+        ("1000", "false"),
+    ] {
+        let workers = ctx.workers(
+            1,
+            &[
+                ("events.delta_flush_ms", flush_ms),
+                ("events.delta_flush_bytes", "4096"),
+                ("events.compact_deltas", compact),
+            ],
+        );
+        redis_bytes_at(ctx, report, flush_ms, compact == "true").await?;
+        drop(workers);
+    }
+    Ok(())
+}
+
+async fn redis_bytes_at(
+    ctx: &Ctx,
+    report: &mut Report,
+    flush_ms: &str,
+    compact: bool,
+) -> anyhow::Result<()> {
+    // About 60 tokens/s, a typical streaming rate: 4-character chunks every 16 ms.
+    let words = "agents stream their answers token by token while users watch the text appear ";
+    let text = words.repeat(if ctx.args.smoke { 10 } else { 40 });
+    let chunks = text.len() / 4;
+    let input = script(json!([
+        {"content": "Let me check.", "chunks": 4, "chunk_delay_ms": 16, "tool_calls": [{"name": "echo", "arguments": {"q": "x"}}]},
+        {"content": text, "chunks": chunks, "chunk_delay_ms": 16}
+    ]));
+    let run = ctx
+        .post("/v1/runs", &json!({"input": input, "agent": ctx.agent()}))
+        .await?;
+    let id = run["id"].as_str().unwrap().to_string();
+    ctx.wait_completed(&id, Duration::from_secs(120)).await;
+    let client = deadpool_redis::redis::Client::open(redis_url())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let key = format!("{}:run:{id}:events", ctx.env.prefix);
+    // Compaction runs right after `message_completed`; wait for both messages' headers.
+    let items: Vec<String> = wait_for("the list to settle", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        let key = key.clone();
+        async move {
+            let items: Vec<String> = deadpool_redis::redis::cmd("LRANGE")
+                .arg(&key)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            let headers = items
+                .iter()
+                .filter(|i| i.contains("\"type\":\"~delta\""))
+                .count();
+            (!compact || headers == 2).then_some(items)
+        }
+    })
+    .await;
+    let memory: i64 = deadpool_redis::redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(&key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(&mut conn)
+        .await?;
+    let stored: usize = items.iter().map(String::len).sum();
+    let deltas = items
+        .iter()
+        .filter(|i| {
+            i.is_empty() || i.contains("\"type\":\"message_delta\"") || i.contains("~delta")
+        })
+        .count();
+    let streamed = text.len() + "Let me check.".len();
+    let ratio = stored as f64 / streamed as f64;
+    let tag = format!(
+        "flush {flush_ms} ms{}",
+        if compact { ", compacted" } else { "" }
+    );
+    let default = flush_ms == "50" && compact;
+    report.add(
+        "redis",
+        &format!("{tag}: events / deltas in the list"),
+        items.len() as f64,
+        &format!("({deltas} deltas)"),
+        None,
+    );
+    report.add(
+        "redis",
+        &format!("{tag}: list bytes / streamed text ({streamed} B)"),
+        ratio,
+        "ratio",
+        default.then_some(("goal <= 2x (defaults)", ratio <= 2.0)),
+    );
+    report.add(
+        "redis",
+        &format!("{tag}: MEMORY USAGE / streamed text"),
+        memory as f64 / streamed as f64,
+        "ratio",
+        None,
+    );
+    Ok(())
+}

@@ -1,0 +1,256 @@
+//! `TestEnv`: one test's own database, Redis key prefix and RabbitMQ names, the settings that
+//! point at them, and their removal when it is dropped.
+
+use sqlx::{Connection, PgPool};
+use uuid::Uuid;
+
+use agentfleet_shared::config::Settings;
+use agentfleet_shared::store::tenants;
+use deadpool_redis::redis;
+
+use crate::mock_llm::MockLlm;
+use crate::tool_server::ToolServer;
+
+pub fn admin_database_url() -> String {
+    std::env::var("AGENTFLEET_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+pub fn redis_url() -> String {
+    std::env::var("AGENTFLEET_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+pub fn amqp_url() -> String {
+    std::env::var("AGENTFLEET_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// One isolated environment: database, prefixes, scripted LLM and tool server.
+pub struct TestEnv {
+    pub id: String,
+    pub database_url: String,
+    pub db_name: String,
+    pub prefix: String,
+    pub pool: PgPool,
+    pub llm: MockLlm,
+    pub tools: ToolServer,
+    overrides: Vec<(String, String)>,
+}
+
+impl TestEnv {
+    pub async fn new() -> TestEnv {
+        Self::with(&[]).await
+    }
+
+    /// An environment whose settings carry `overrides` (`section.key`, value).
+    pub async fn with(overrides: &[(&str, &str)]) -> TestEnv {
+        agentfleet_shared::telemetry::install_crypto();
+        let id = Uuid::new_v4().simple().to_string()[..12].to_string();
+        let db_name = format!("af_test_{id}");
+        let admin = admin_database_url();
+        let mut conn = sqlx::PgConnection::connect(&admin)
+            .await
+            .expect("connect to Postgres (scripts/services starts it)");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}")))
+            .execute(&mut conn)
+            .await
+            .expect("create test database");
+        let database_url = replace_db(&admin, &db_name);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(3)
+            .connect(&database_url)
+            .await
+            .expect("connect test db");
+        agentfleet_shared::db::migrate(&pool)
+            .await
+            .expect("migrations apply");
+        let llm = MockLlm::start().await.expect("mock llm starts");
+        let tools = ToolServer::start().await.expect("tool server starts");
+        let prefix = format!("aft{id}");
+        let mut env = TestEnv {
+            id,
+            database_url,
+            db_name,
+            prefix,
+            pool,
+            llm,
+            tools,
+            overrides: Vec::new(),
+        };
+        env.overrides = env.base_overrides();
+        for (k, v) in overrides {
+            env.overrides.push((k.to_string(), v.to_string()));
+        }
+        env
+    }
+
+    fn base_overrides(&self) -> Vec<(String, String)> {
+        [
+            ("database.url", self.database_url.clone()),
+            // Four tests run at once against one server whose stock `max_connections` is 100:
+            // a test's API, worker and harness pools together stay well under a quarter.
+            ("database.max_connections", "6".into()),
+            ("redis.url", redis_url()),
+            ("redis.prefix", self.prefix.clone()),
+            ("amqp.url", amqp_url()),
+            ("amqp.prefix", self.prefix.clone()),
+            ("api.listen", "127.0.0.1:0".into()),
+            ("models.mock.base_url", self.llm.base_url()),
+            ("models.mock.model", "mock-1".into()),
+            ("worker.concurrency", "8".into()),
+            ("worker.lease_ms", "3000".into()),
+            ("worker.lease_renew_ms", "500".into()),
+            ("worker.sweep_interval_ms", "500".into()),
+            ("worker.requeue_after_ms", "3000".into()),
+            ("worker.drain_grace_ms", "5000".into()),
+            ("database.idle_in_transaction_timeout_ms", "1500".into()),
+            ("worker.model_retry_base_ms", "20".into()),
+            ("worker.model_retry_max_ms", "200".into()),
+            ("events.keepalive_secs", "1".into()),
+            ("api.stream_token_secret", "test-secret".into()),
+            ("telemetry.log_format", "pretty".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    pub fn settings(&self) -> Settings {
+        self.settings_with(&[])
+    }
+
+    pub fn settings_with(&self, extra: &[(&str, &str)]) -> Settings {
+        let mut all = self.overrides.clone();
+        all.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        Settings::load_with(None, all, false).expect("test settings are valid")
+    }
+
+    /// The same settings as environment variables, for child processes.
+    pub fn env_vars(&self, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut all = self.overrides.clone();
+        all.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        all.into_iter()
+            .map(|(k, v)| {
+                (
+                    format!("AGENTFLEET__{}", k.replace('.', "__").to_uppercase()),
+                    v,
+                )
+            })
+            .collect()
+    }
+
+    /// A tenant of its own with a key, for isolation tests.
+    pub async fn new_tenant_key(&self) -> String {
+        tenants::create(&self.pool, "other tenant")
+            .await
+            .expect("tenant")
+            .api_key
+    }
+
+    /// The number of messages waiting in a queue of this environment.
+    pub async fn queue_depth(&self, queue: &str) -> u32 {
+        let conn = agentfleet_shared::queue::connect(&amqp_url(), "test-depth")
+            .await
+            .expect("amqp");
+        let ch = conn.create_channel().await.expect("channel");
+        let q = ch
+            .queue_declare(
+                queue.into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                Default::default(),
+            )
+            .await
+            .expect("queue exists");
+        let _ = conn.close(200, "done".into()).await;
+        q.message_count()
+    }
+
+    /// What losing Redis does to this environment's runs (their lists, fences, everything under
+    /// its prefix), without touching other tests' keys.
+    pub async fn flush_redis_keys(&self) {
+        delete_redis_keys(&self.prefix)
+            .await
+            .expect("deleting the test's Redis keys");
+    }
+
+    /// A run's Redis event list exactly as stored (compacted ranges included).
+    pub async fn raw_events(&self, run_id: &str) -> Vec<String> {
+        let client = deadpool_redis::redis::Client::open(redis_url()).expect("redis url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis");
+        deadpool_redis::redis::cmd("LRANGE")
+            .arg(format!("{}:run:{run_id}:events", self.prefix))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .expect("LRANGE")
+    }
+}
+
+impl Drop for TestEnv {
+    /// Removes the database, the queues and the Redis keys; runs on a thread of its own so it
+    /// works from a panicking test too.
+    fn drop(&mut self) {
+        let db = self.db_name.clone();
+        let prefix = self.prefix.clone();
+        let pool = self.pool.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                pool.close().await;
+                let _ = delete_redis_keys(&prefix).await;
+                if let Ok(conn) =
+                    agentfleet_shared::queue::connect(&amqp_url(), "test-cleanup").await
+                    && let Ok(ch) = conn.create_channel().await
+                {
+                    let t = agentfleet_shared::queue::Topology::new(&prefix);
+                    for q in [&t.queue, &t.dead_queue] {
+                        let _ = ch.queue_delete(q.as_str().into(), Default::default()).await;
+                    }
+                    for x in [&t.exchange, &t.dead_exchange] {
+                        let _ = ch
+                            .exchange_delete(x.as_str().into(), Default::default())
+                            .await;
+                    }
+                    let _ = conn.close(200, "cleanup".into()).await;
+                }
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_database_url()).await {
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
+                    )))
+                    .execute(&mut conn)
+                    .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Deletes every Redis key under `prefix:`.
+async fn delete_redis_keys(prefix: &str) -> redis::RedisResult<()> {
+    let client = redis::Client::open(redis_url())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut conn)
+        .await?;
+    if !keys.is_empty() {
+        let _: i64 = redis::cmd("DEL").arg(keys).query_async(&mut conn).await?;
+    }
+    Ok(())
+}
+
+fn replace_db(url: &str, db: &str) -> String {
+    match url.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{db}"),
+        None => format!("{url}/{db}"),
+    }
+}

@@ -1,0 +1,24 @@
+//! Test harness: every test gets its own database, Redis key prefix and RabbitMQ queue names,
+//! so tests run in parallel against the same real servers. Waiting is always polling with a
+//! deadline, never a fixed sleep.
+//!
+//! - `env`: `TestEnv`, the isolated environment and its settings, removed on drop
+//! - `process`: spawning the API and workers, in process or as OS processes
+//! - `app`: `TestApp`, HTTP calls to a running API
+//! - `watch`: `Watcher`, a run's event stream followed in the background
+//! - `wait`: `wait_for`, polling with a deadline
+//! - `bodies`: request bodies and assertions on events
+
+mod app;
+mod bodies;
+mod env;
+mod process;
+mod wait;
+mod watch;
+
+pub use app::TestApp;
+pub use bodies::{agent, assert_gap_free, http_tool, scripted_run, types};
+pub use env::{TestEnv, admin_database_url, amqp_url, redis_url};
+pub use process::{ChildProcess, InProcessWorker, binary};
+pub use wait::wait_for;
+pub use watch::Watcher;
