@@ -33,6 +33,7 @@ pub struct Settings {
     pub events: EventSettings,
     pub telemetry: TelemetrySettings,
     pub startup: StartupSettings,
+    pub egress: EgressSettings,
     /// Models an agent may name, by the name clients use.
     #[serde(default)]
     pub models: BTreeMap<String, ModelSettings>,
@@ -109,7 +110,12 @@ pub struct WorkerSettings {
     pub drain_grace_ms: u64,
     pub default_max_iterations: i32,
     pub tool_timeout_ms: u64,
+    /// A tool's answer is read up to this many bytes; the rest is cut off (the run sees a
+    /// truncated result and a flag).
     pub max_tool_result_bytes: usize,
+    /// One model response (the whole stream) may not exceed this many bytes; a longer one
+    /// fails the call.
+    pub max_model_response_bytes: usize,
     /// Address of the worker's health and metrics server; empty disables it.
     pub metrics_listen: String,
     pub model_connect_timeout_ms: u64,
@@ -150,6 +156,18 @@ pub struct TelemetrySettings {
     pub service_name: String,
     /// `auto` (human-readable on a terminal, JSON otherwise), `json` or `pretty`.
     pub log_format: String,
+}
+
+/// What tool calls may reach (see `crate::egress`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressSettings {
+    /// Comma-separated allowlist: IPs or CIDRs (optionally `:port`, IPv6 in brackets) and host
+    /// names (optionally `:port`). Empty: public addresses only.
+    pub allow: String,
+    /// Redirects a tool call follows (each hop is checked); 0 returns a 3xx to the model as an
+    /// error result.
+    pub max_redirects: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -232,6 +250,7 @@ drain_grace_ms = 30000
 default_max_iterations = 25
 tool_timeout_ms = 30000
 max_tool_result_bytes = 65536
+max_model_response_bytes = 8388608
 metrics_listen = ""
 model_connect_timeout_ms = 5000
 model_first_byte_timeout_ms = 60000
@@ -258,6 +277,10 @@ log_format = "auto"
 
 [startup]
 dependency_wait_ms = 60000
+
+[egress]
+allow = ""
+max_redirects = 0
 "#;
 
 impl Settings {
@@ -294,7 +317,19 @@ impl Settings {
         Ok(settings)
     }
 
+    /// The parsed egress allowlist (validated at load).
+    pub fn egress_policy(&self) -> crate::egress::EgressPolicy {
+        crate::egress::EgressPolicy::parse(&self.egress.allow)
+            .expect("egress.allow is validated when the settings load")
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
+        if let Err(e) = crate::egress::EgressPolicy::parse(&self.egress.allow) {
+            return Err(invalid("egress.allow", e));
+        }
+        if self.egress.max_redirects > 10 {
+            return Err(invalid("egress.max_redirects", "must be within 0..=10"));
+        }
         let name_ok = |s: &str| {
             !s.is_empty()
                 && s.chars()

@@ -5,6 +5,7 @@ pub mod compaction;
 pub mod config;
 pub mod db;
 pub mod domain;
+pub mod egress;
 pub mod events;
 pub mod failpoint;
 pub mod infra;

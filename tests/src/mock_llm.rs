@@ -28,6 +28,7 @@
 //! | `status` / `error_message` | fail with that HTTP status and an OpenAI-style error body |
 //! | `truncate` | stream only the first half of the events, with no `finish_reason` and no `[DONE]` |
 //! | `hang_after_chunks` | stream that many events (the role event included), then stay silent with the connection open |
+//! | `flood_bytes` | after the role event, stream that many bytes of one endless `data:` line (no newline), then close |
 //!
 //! Without a script, or past its end, the answer is `echo: <last user text>`.
 
@@ -307,6 +308,8 @@ struct Turn {
     fail_times: Option<u32>,
     /// With `status`: a `Retry-After` header, in seconds.
     retry_after: Option<u64>,
+    /// A hostile model: one endless SSE line of this many bytes.
+    flood_bytes: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -614,6 +617,22 @@ fn stream_events(turn: &Turn, tool_calls: &[ToolCall], usage: &Usage, meta: &Met
     events
 }
 
+/// `total` bytes of `a`, 64 KiB at a time, produced as the reader takes them (nothing is
+/// held: a reader that stops reading stops the flood).
+pub fn flood_stream(total: u64) -> impl futures_util::Stream<Item = Bytes> {
+    const CHUNK: usize = 64 * 1024;
+    let block = Bytes::from(vec![b'a'; CHUNK]);
+    futures_util::stream::unfold(total, move |left| {
+        let block = block.clone();
+        async move {
+            (left > 0).then(|| {
+                let n = left.min(CHUNK as u64) as usize;
+                (block.slice(..n), left - n as u64)
+            })
+        }
+    })
+}
+
 /// How a stream ends after its events.
 enum Ending {
     Done,
@@ -643,6 +662,19 @@ fn stream_response(
         .collect();
     let gap = Duration::from_millis(turn.chunk_delay_ms.unwrap_or(0));
     let stop = state.shutdown_requested();
+    if let Some(total) = turn.flood_bytes {
+        let role = frames.first().cloned().unwrap_or_default();
+        let head = futures_util::stream::iter([role, Bytes::from_static(b"data: ")]);
+        let flood = futures_util::StreamExt::map(
+            futures_util::StreamExt::chain(head, flood_stream(total)),
+            Ok::<_, Infallible>,
+        );
+        return (
+            [(header::CONTENT_TYPE, "text/event-stream")],
+            Body::from_stream(flood),
+        )
+            .into_response();
+    }
 
     // A task feeds the body through a channel, which makes pacing, cutting
     // and hanging plain sequential code; a client hang-up closes the channel.

@@ -268,7 +268,15 @@ async fn dispatch(
         received_at: Instant::now(),
     });
 
-    let known = ["/echo", "/add", "/fail", "/slow", "/side-effect"];
+    let known = [
+        "/echo",
+        "/add",
+        "/fail",
+        "/slow",
+        "/side-effect",
+        "/flood",
+        "/redirect",
+    ];
     if !known.contains(&path.as_str()) {
         return reply(
             StatusCode::NOT_FOUND,
@@ -291,6 +299,31 @@ async fn dispatch(
 
     match path.as_str() {
         "/echo" => reply(StatusCode::OK, json!({ "echo": args })),
+        // A hostile tool: streams `bytes` (default 5 GB) for as long as the caller reads.
+        "/flood" => {
+            let total = args
+                .get("bytes")
+                .and_then(Value::as_u64)
+                .unwrap_or(5_000_000_000);
+            let body = futures_util::StreamExt::map(
+                crate::mock_llm::flood_stream(total),
+                Ok::<_, std::convert::Infallible>,
+            );
+            (
+                [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+                axum::body::Body::from_stream(body),
+            )
+                .into_response()
+        }
+        // Redirects the caller to `to` (a 303 turns the POST into a GET).
+        "/redirect" => {
+            let to = args.get("to").and_then(Value::as_str).unwrap_or("/echo");
+            (
+                StatusCode::SEE_OTHER,
+                [(axum::http::header::LOCATION, to.to_owned())],
+            )
+                .into_response()
+        }
         "/add" => add(&args),
         "/fail" => reply(
             StatusCode::INTERNAL_SERVER_ERROR,

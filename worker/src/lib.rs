@@ -5,6 +5,7 @@
 //! `tools` (settle the calls) → `pause` (ask, confirm) → `drain` (shutdown). `sweeper`
 //! re-enqueues what should be moving and is not; `control` carries cancel hints.
 
+pub mod bounded;
 pub mod claim;
 pub mod context_window;
 pub mod control;
@@ -83,6 +84,13 @@ impl Worker {
             .tcp_nodelay(true)
             .build()
             .context("http client")?;
+        let egress = Arc::new(settings.egress_policy());
+        let tools_http = tools::egress::client(
+            egress.clone(),
+            settings.egress.max_redirects,
+            Duration::from_millis(settings.worker.model_connect_timeout_ms),
+        )
+        .context("tool http client")?;
         let health = if settings.worker.metrics_listen.is_empty() {
             None
         } else {
@@ -103,6 +111,8 @@ impl Worker {
             publisher,
             settings,
             http,
+            tools_http,
+            egress,
             worker_id,
             active: Default::default(),
         });

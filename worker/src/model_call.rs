@@ -8,13 +8,14 @@
 use std::time::{Duration, Instant};
 
 use backon::{ExponentialBuilder, Retryable};
-use eventsource_stream::Eventsource;
+use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use agentfleet_shared::config::{ModelSettings, WorkerSettings};
 use agentfleet_shared::events::EventType;
 
+use crate::bounded::{self, LimitError};
 use crate::emitter::{Emitter, Fenced};
 pub use crate::model_stream::{ModelResponse, ModelToolCall, Usage};
 use crate::model_stream::{StreamError, StreamParser, truncate};
@@ -41,6 +42,8 @@ pub enum ModelError {
     Malformed(String),
     #[error("the model stream ended before the response was complete")]
     Truncated,
+    #[error("the model's response exceeded {0} bytes")]
+    TooLarge(usize),
     #[error(transparent)]
     Fenced(#[from] Fenced),
 }
@@ -79,6 +82,7 @@ impl ModelError {
             | ModelError::IdleTimeout(_)
             | ModelError::TotalTimeout(_) => "model_timeout",
             ModelError::Malformed(_) | ModelError::Truncated => "model_stream_error",
+            ModelError::TooLarge(_) => "model_response_too_large",
             ModelError::Connect(_) => "model_unreachable",
             ModelError::Fenced(_) => "fenced",
         }
@@ -180,7 +184,11 @@ async fn call_once(
             .and_then(|v| v.to_str().ok())
             .and_then(|s| s.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let text = response.text().await.unwrap_or_default();
+        // Bounded: an error page of any size costs at most this much.
+        let text = bounded::read(response, 2048)
+            .await
+            .map(|b| b.text())
+            .unwrap_or_default();
         return Err(ModelError::Status {
             status: status.as_u16(),
             body: truncate(&text, 500),
@@ -188,7 +196,8 @@ async fn call_once(
         });
     }
     let idle = Duration::from_millis(settings.model_idle_timeout_ms);
-    read_stream(response, idle, emitter, policy).await
+    let cap = settings.max_model_response_bytes;
+    read_stream(response, idle, cap, emitter, policy).await
 }
 
 /// Buffers streamed text and flushes it as one `message_delta` by time or size.
@@ -230,10 +239,13 @@ impl Coalescer<'_> {
 async fn read_stream(
     response: reqwest::Response,
     idle: Duration,
+    cap: usize,
     emitter: &Emitter,
     policy: &DeltaPolicy,
 ) -> Result<ModelResponse, ModelError> {
-    let mut events = response.bytes_stream().eventsource();
+    // Bounded before the SSE decoder, which buffers until a newline: a stream without one
+    // would otherwise grow without limit.
+    let mut events = bounded::limit(response.bytes_stream(), cap).eventsource();
     let mut parser = StreamParser::default();
     let mut coalescer = Coalescer {
         emitter,
@@ -255,6 +267,9 @@ async fn read_stream(
         let event = match next {
             Err(_) => return Err(ModelError::IdleTimeout(idle)),
             Ok(None) => break,
+            Ok(Some(Err(EventStreamError::Transport(LimitError::TooLarge(_))))) => {
+                return Err(ModelError::TooLarge(cap));
+            }
             Ok(Some(Err(e))) => return Err(ModelError::Malformed(e.to_string())),
             Ok(Some(Ok(ev))) => ev,
         };

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use agentfleet_shared::config::Settings;
+use agentfleet_shared::egress::EgressPolicy;
 use agentfleet_shared::events::EventBus;
 use agentfleet_shared::queue::Publisher;
 use sqlx::PgPool;
@@ -14,7 +15,11 @@ pub struct Shared {
     pub bus: EventBus,
     pub publisher: Publisher,
     pub settings: Arc<Settings>,
+    /// For model calls (the operator's gateway).
     pub http: reqwest::Client,
+    /// For tool calls: held to the egress policy.
+    pub tools_http: reqwest::Client,
+    pub egress: Arc<EgressPolicy>,
     /// Names this worker in leases and events.
     pub worker_id: String,
     /// Runs executing here, by id: where cancel hints and the drain deadline are delivered.

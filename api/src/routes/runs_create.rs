@@ -138,7 +138,17 @@ pub fn validate(state: &AppState, body: &CreateRun, field_prefix: &str) -> Resul
             |m| state.settings.models.contains_key(m),
             api.max_tools_per_agent,
         )
-        .map_err(|AgentSpecError { field, message }| ApiError::invalid(&f(&field), message))
+        .map_err(|AgentSpecError { field, message }| ApiError::invalid(&f(&field), message))?;
+    let egress = state.settings.egress_policy();
+    for (i, tool) in body.agent.tools.iter().enumerate() {
+        if egress.refuses_literal(&tool.url) {
+            return Err(ApiError::invalid(
+                &f(&format!("agent.tools[{i}].url")),
+                "this address is not allowed by the deployment's egress policy",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Validates, commits and publishes one run; shared by the single and batch endpoints.

@@ -142,6 +142,8 @@ async fn run(admin: &str) -> anyhow::Result<()> {
         ),
         ("AGENTFLEET__MODELS__DEMO__BASE_URL".into(), llm.base_url()),
         ("AGENTFLEET__MODELS__DEMO__MODEL".into(), "scripted".into()),
+        // The demo's tool server is on loopback, which tool calls may reach only when listed.
+        ("AGENTFLEET__EGRESS__ALLOW".into(), tools.addr().to_string()),
         ("AGENTFLEET__REDIS__PREFIX".into(), PREFIX.into()),
         ("AGENTFLEET__AMQP__PREFIX".into(), PREFIX.into()),
         ("AGENTFLEET__TELEMETRY__LOG_FORMAT".into(), "pretty".into()),

@@ -95,6 +95,9 @@ impl TestEnv {
             ("api.listen", "127.0.0.1:0".into()),
             ("models.mock.base_url", self.llm.base_url()),
             ("models.mock.model", "mock-1".into()),
+            // The tool server is on loopback, which the egress policy refuses unless listed:
+            // exactly its address is opened, as an operator would open an internal tool.
+            ("egress.allow", self.tools.addr().to_string()),
             ("worker.concurrency", "8".into()),
             ("worker.lease_ms", "3000".into()),
             ("worker.lease_renew_ms", "500".into()),

@@ -2,6 +2,7 @@
 
 mod faults;
 mod foundation;
+mod hostile;
 mod outages;
 mod pause_resume;
 mod resilience;

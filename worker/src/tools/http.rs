@@ -4,8 +4,14 @@
 
 use std::time::Duration;
 
+use reqwest::Url;
 use serde_json::{Value, json};
 use uuid::Uuid;
+
+use agentfleet_shared::egress::{DENIED_MESSAGE, EgressPolicy};
+
+use super::egress;
+use crate::bounded;
 
 pub struct HttpOutcome {
     pub ok: bool,
@@ -13,10 +19,17 @@ pub struct HttpOutcome {
     pub result: Value,
     /// What the model sees.
     pub model_content: String,
+    /// The answer was longer than `worker.max_tool_result_bytes` and was cut off.
+    pub truncated: bool,
 }
 
+/// An error answer's body is quoted to the model up to this many bytes.
+const ERROR_BODY_BYTES: usize = 2048;
+
+#[allow(clippy::too_many_arguments)]
 pub async fn call(
     http: &reqwest::Client,
+    policy: &EgressPolicy,
     url: &str,
     run_id: Uuid,
     tool_call_id: &str,
@@ -24,6 +37,14 @@ pub async fn call(
     timeout: Duration,
     max_result_bytes: usize,
 ) -> HttpOutcome {
+    let Ok(url) = Url::parse(url) else {
+        return error("the tool's URL is not valid".into());
+    };
+    if policy.check_url(&url).is_err() {
+        metrics::counter!("agentfleet_egress_denied_total", "stage" => "url").increment(1);
+        return error(DENIED_MESSAGE.into());
+    }
+    let late = || format!("the tool did not answer within {} ms", timeout.as_millis());
     let body = json!({"run_id": run_id, "tool_call_id": tool_call_id, "arguments": arguments});
     let request = http
         .post(url)
@@ -33,39 +54,60 @@ pub async fn call(
         .send();
     let response = match request.await {
         Ok(r) => r,
-        Err(e) if e.is_timeout() => {
-            return error(format!(
-                "the tool did not answer within {} ms",
-                timeout.as_millis()
-            ));
+        Err(e) if egress::is_denied(&e) => return error(DENIED_MESSAGE.into()),
+        Err(e) if e.is_timeout() => return error(late()),
+        Err(e) if e.is_redirect() => return error("the tool redirected too many times".into()),
+        Err(e) => {
+            // The cause stays in the logs: telling the model (and so the tenant) whether a
+            // port refused or timed out would make tool URLs a port scanner.
+            tracing::info!(%run_id, tool_call_id, error = %agentfleet_shared::report::error_line(&e),
+                "tool unreachable");
+            return error("the tool could not be reached".into());
         }
-        Err(e) => return error(format!("the tool could not be reached: {e}")),
     };
     let status = response.status();
-    let text = match tokio::time::timeout(timeout, response.text()).await {
-        Ok(Ok(t)) => t,
-        Ok(Err(e)) => return error(format!("reading the tool's answer failed: {e}")),
-        Err(_) => {
-            return error(format!(
-                "the tool did not answer within {} ms",
-                timeout.as_millis()
-            ));
-        }
-    };
-    let text = clip(text, max_result_bytes);
-    if status.is_success() {
-        let result = serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text.clone()));
-        HttpOutcome {
-            ok: true,
-            result,
-            model_content: text,
-        }
+    let cap = if status.is_success() {
+        max_result_bytes
     } else {
-        error(format!(
-            "the tool answered HTTP {}: {}",
-            status.as_u16(),
-            text
-        ))
+        max_result_bytes.min(ERROR_BODY_BYTES)
+    };
+    let body = match tokio::time::timeout(timeout, bounded::read(response, cap)).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) if e.is_timeout() => return error(late()),
+        Ok(Err(_)) => return error("reading the tool's answer failed".into()),
+        Err(_) => return error(late()),
+    };
+    let text = body.text();
+    if status.is_redirection() {
+        return error(format!(
+            "the tool answered with a redirect (HTTP {}), which tool calls here do not follow",
+            status.as_u16()
+        ));
+    }
+    if !status.is_success() {
+        let cut = if body.truncated { "…" } else { "" };
+        return error(format!(
+            "the tool answered HTTP {}: {text}{cut}",
+            status.as_u16()
+        ));
+    }
+    if body.truncated {
+        metrics::counter!("agentfleet_tool_results_truncated_total").increment(1);
+        return HttpOutcome {
+            ok: true,
+            result: json!({"truncated": true, "limit_bytes": cap, "partial": text}),
+            model_content: format!(
+                "{text}…[truncated: the tool's answer was longer than {cap} bytes]"
+            ),
+            truncated: true,
+        };
+    }
+    let result = serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text.clone()));
+    HttpOutcome {
+        ok: true,
+        result,
+        model_content: text,
+        truncated: false,
     }
 }
 
@@ -74,17 +116,6 @@ fn error(message: String) -> HttpOutcome {
         ok: false,
         model_content: json!({"error": message}).to_string(),
         result: json!({"error": message}),
+        truncated: false,
     }
-}
-
-fn clip(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push_str("…[truncated]");
-    }
-    s
 }

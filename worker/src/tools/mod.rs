@@ -2,6 +2,7 @@
 //! iteration are settled (executed, paused for a decision or an answer, or skipped).
 
 pub mod builtin;
+pub mod egress;
 pub mod http;
 pub mod settle;
 

@@ -245,7 +245,8 @@ async fn execute(ctx: &RunCtx, iteration: i32, call: &ToolCallRow) -> Result<(),
     let outcome = match spec.kind {
         agentfleet_shared::domain::ToolKind::Http => {
             let call_fut = http::call(
-                &ctx.shared.http,
+                &ctx.shared.tools_http,
+                &ctx.shared.egress,
                 &spec.url,
                 ctx.fence.run_id,
                 &call.tool_call_id,
@@ -279,6 +280,7 @@ async fn execute(ctx: &RunCtx, iteration: i32, call: &ToolCallRow) -> Result<(),
     ctx.emitter
         .emit(EventType::ToolCompleted, json!({
             "tool_call_id": call.tool_call_id, "name": call.name, "ok": outcome.ok, "result": outcome.result,
+            "truncated": outcome.truncated,
         }))
         .await?;
     Ok(())
