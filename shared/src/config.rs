@@ -107,6 +107,11 @@ pub struct WorkerSettings {
     pub requeue_after_ms: u64,
     /// Take-overs after crashes before a run is declared poison and failed.
     pub max_recoveries: i32,
+    /// Hand-backs after a transient failure (a database error) before the run is failed.
+    pub max_handbacks: i32,
+    /// Back-off before a run handed back after a failure is published again: this, doubled
+    /// per earlier hand-back, at most 30 s.
+    pub handback_backoff_ms: u64,
     pub drain_grace_ms: u64,
     pub default_max_iterations: i32,
     pub tool_timeout_ms: u64,
@@ -246,6 +251,8 @@ lease_renew_ms = 3000
 sweep_interval_ms = 2000
 requeue_after_ms = 15000
 max_recoveries = 3
+max_handbacks = 5
+handback_backoff_ms = 500
 drain_grace_ms = 30000
 default_max_iterations = 25
 tool_timeout_ms = 30000

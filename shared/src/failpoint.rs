@@ -1,6 +1,8 @@
-//! Test-only crash points. `AGENTFLEET_FAILPOINTS` (comma-separated names) makes the process
+//! Test-only fault points. `AGENTFLEET_FAILPOINTS` (comma-separated names) makes the process
 //! abort at those points, as a `kill -9` at that exact line would; the fault suite uses it to
-//! crash between two steps that are otherwise microseconds apart. Never set in production.
+//! crash between two steps that are otherwise microseconds apart. A name written `error:NAME`
+//! makes [`error`] answer true at that point instead, so the caller fails as if its server had
+//! (a database that keeps timing out, say). Never set in production.
 
 use std::sync::OnceLock;
 
@@ -24,4 +26,11 @@ pub fn hit(name: &str) {
         eprintln!("failpoint `{name}` reached: aborting");
         std::process::abort();
     }
+}
+
+/// Whether the caller should fail at point `name` (enabled as `error:NAME`).
+pub fn error(name: &str) -> bool {
+    enabled()
+        .iter()
+        .any(|p| p.strip_prefix("error:") == Some(name))
 }

@@ -11,6 +11,7 @@ pub mod failpoint;
 pub mod infra;
 pub mod queue;
 pub mod report;
+pub mod sanitize;
 pub mod signals;
 pub mod store;
 pub mod telemetry;

@@ -21,7 +21,7 @@
 //! | field | effect |
 //! | --- | --- |
 //! | `content` | assistant text |
-//! | `tool_calls` | `[{"name", "arguments"}]`; `arguments` is an object, or a string sent verbatim (to test malformed arguments) |
+//! | `tool_calls` | `[{"name", "arguments", "id"}]`; `arguments` is an object, or a string sent verbatim (to test malformed arguments); `id` is optional (fresh by default) |
 //! | `chunks` | pieces to split the content and each call's arguments into when streaming (default 3) |
 //! | `delay_ms` | wait before the response headers (slow model) |
 //! | `chunk_delay_ms` | wait between stream events |
@@ -317,6 +317,9 @@ struct ScriptedToolCall {
     name: String,
     #[serde(default)]
     arguments: Value,
+    /// The id to send (a misbehaving provider may reuse one); a fresh one by default.
+    #[serde(default)]
+    id: Option<String>,
 }
 
 /// A tool call as it will be sent: id assigned, arguments serialized.
@@ -369,6 +372,9 @@ async fn chat_completions(State(state): State<MockState>, body: Bytes) -> Respon
             "invalid_request_error",
         );
     };
+    if let Err(message) = check_history(messages) {
+        return error_response(StatusCode::BAD_REQUEST, message, "invalid_request_error");
+    }
     let turn = match select_turn(messages) {
         Ok(Some(turn)) => turn,
         Ok(None) => Turn {
@@ -426,7 +432,9 @@ async fn chat_completions(State(state): State<MockState>, body: Bytes) -> Respon
         .tool_calls
         .iter()
         .map(|call| ToolCall {
-            id: format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]),
+            id: call.id.clone().unwrap_or_else(|| {
+                format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..24])
+            }),
             name: call.name.clone(),
             arguments: match &call.arguments {
                 Value::String(raw) => raw.clone(),
@@ -568,6 +576,49 @@ fn completion(turn: &Turn, tool_calls: &[ToolCall], usage: &Usage, meta: &Meta) 
         "choices": [{ "index": 0, "message": message, "finish_reason": finish_reason(tool_calls) }],
         "usage": usage.to_json(),
     })
+}
+
+/// The history rules OpenAI enforces (it answers 400 otherwise): an assistant message with
+/// `tool_calls` is followed by exactly one `tool` message per call id before anything else,
+/// and a `tool` message answers a call of the assistant message before it.
+fn check_history(messages: &[Value]) -> Result<(), String> {
+    let mut open: Vec<String> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+        if role == "tool" {
+            let id = m.get("tool_call_id").and_then(Value::as_str).unwrap_or("");
+            let Some(k) = open.iter().position(|o| o == id) else {
+                return Err(format!(
+                    "Invalid parameter: messages with role 'tool' must be a response to a preceding message with 'tool_calls' (messages[{i}], tool_call_id {id:?})."
+                ));
+            };
+            open.remove(k);
+            continue;
+        }
+        if !open.is_empty() {
+            return Err(format!(
+                "An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: {}",
+                open.join(", ")
+            ));
+        }
+        if role == "assistant" {
+            open = m
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c.get("id").and_then(Value::as_str).map(str::to_owned))
+                .collect();
+        }
+    }
+    if open.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: {}",
+            open.join(", ")
+        ))
+    }
 }
 
 /// Every SSE event of a complete stream, `[DONE]` excluded.
@@ -898,7 +949,8 @@ mod tests {
     async fn turn_is_chosen_by_assistant_message_count() {
         let llm = MockLlm::start().await.unwrap();
         let s = script(json!([{ "content": "one" }, { "content": "two" }, { "content": "three" }]));
-        let assistant = json!({ "role": "assistant", "content": "x" });
+        let assistant = json!({ "role": "assistant", "content": "x", "tool_calls": [
+            { "id": "call_1", "type": "function", "function": { "name": "f", "arguments": "{}" } }] });
         let tool = json!({ "role": "tool", "tool_call_id": "call_1", "content": "42" });
         let mut messages = vec![user(&s)];
         for expected in ["one", "two", "three", "echo: go on"] {
@@ -1082,6 +1134,27 @@ mod tests {
         assert!(quiet.requests().is_empty());
         assert_eq!(quiet.request_count(), 1);
         quiet.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn histories_openai_would_refuse_are_refused() {
+        let llm = MockLlm::start().await.unwrap();
+        let call = json!({ "role": "assistant", "content": null, "tool_calls": [
+            { "id": "c1", "type": "function", "function": { "name": "f", "arguments": "{}" } }] });
+        let answer = json!({ "role": "tool", "tool_call_id": "c1", "content": "ok" });
+        let stray = json!({ "role": "tool", "tool_call_id": "zz", "content": "ok" });
+        for (messages, ok) in [
+            (json!([user("a"), call, answer, user("b")]), true),
+            (json!([user("a"), call, user("b")]), false),
+            (json!([user("a"), call]), false),
+            (json!([user("a"), stray]), false),
+        ] {
+            let status = post(&llm, &json!({ "model": "m", "messages": messages }))
+                .await
+                .status();
+            assert_eq!(status == 200, ok, "{messages}");
+        }
+        llm.shutdown().await;
     }
 
     #[tokio::test]

@@ -1,6 +1,7 @@
 //! One model turn: load the history, fit it into the context budget, call the model, and
 //! commit the assistant message with its tool calls (fenced) before announcing it.
 
+use std::collections::HashSet;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
@@ -8,9 +9,9 @@ use serde_json::{Value, json};
 
 use agentfleet_shared::domain::Risk;
 use agentfleet_shared::events::EventType;
-use agentfleet_shared::store::messages;
 use agentfleet_shared::store::tool_calls::NewToolCall;
 use agentfleet_shared::store::turns::{self, Turn};
+use agentfleet_shared::store::{StoreError, messages};
 
 use crate::context_window;
 use crate::model_call::{self, DeltaPolicy, ModelError, ModelRequest, ModelResponse};
@@ -29,6 +30,7 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<bool, RunError> 
     );
     announced?;
     let history = history?;
+    let taken = tool_call_ids(&history);
     let agent = &ctx.run.agent.0;
     let model = ctx
         .shared
@@ -67,7 +69,8 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<bool, RunError> 
     )
     .await;
     ctx.timing.add_model(model_started.elapsed());
-    let response = response?;
+    let mut response = response?;
+    unique_call_ids(&mut response, taken);
     persist(ctx, iteration, &response).await?;
     let calls: Vec<Value> = response
         .tool_calls
@@ -92,8 +95,43 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<bool, RunError> 
     Ok(!response.tool_calls.is_empty())
 }
 
+/// The tool call ids the thread's history already holds.
+fn tool_call_ids(history: &[Value]) -> HashSet<String> {
+    history
+        .iter()
+        .filter_map(|m| m.get("tool_calls").and_then(Value::as_array))
+        .flatten()
+        .filter_map(|c| c.get("id").and_then(Value::as_str).map(str::to_owned))
+        .collect()
+}
+
+/// Longest tool call id kept as the model sent it (the column allows 200).
+const MAX_CALL_ID: usize = 64;
+
+/// Gives every call an id no other call of the thread has: a model that reuses an id (in one
+/// response, or from an earlier turn) or sends an unusable one would otherwise make the turn
+/// impossible to record, on every attempt. The assistant message carries the new ids, so the
+/// history stays consistent for the provider.
+fn unique_call_ids(response: &mut ModelResponse, mut taken: HashSet<String>) {
+    for call in &mut response.tool_calls {
+        let usable = !call.id.is_empty()
+            && call.id.len() <= MAX_CALL_ID
+            && call.id.chars().all(|c| c.is_ascii_graphic());
+        if !usable || taken.contains(&call.id) {
+            let fresh = format!("call_{}", uuid::Uuid::new_v4().simple());
+            tracing::debug!(model_id = %call.id.chars().take(80).collect::<String>(), id = %fresh,
+                "the model's tool call id was reused or unusable; renamed");
+            call.id = fresh;
+        }
+        taken.insert(call.id.clone());
+    }
+}
+
 /// The assistant message, its tool calls, the iteration counter and usage: one statement.
 async fn persist(ctx: &RunCtx, iteration: i32, response: &ModelResponse) -> Result<(), RunError> {
+    if agentfleet_shared::failpoint::error("store:turn") {
+        return Err(StoreError::Db(sqlx::Error::PoolTimedOut).into());
+    }
     let content = if response.content.is_empty() {
         Value::Null
     } else {
@@ -111,7 +149,11 @@ async fn persist(ctx: &RunCtx, iteration: i32, response: &ModelResponse) -> Resu
     let parsed: Vec<Option<Value>> = response
         .tool_calls
         .iter()
-        .map(|c| serde_json::from_str(&c.arguments).ok())
+        .map(|c| {
+            let mut parsed = serde_json::from_str::<Value>(&c.arguments).ok()?;
+            agentfleet_shared::sanitize::strip_nul_value(&mut parsed);
+            Some(parsed)
+        })
         .collect();
     let calls: Vec<NewToolCall> = response
         .tool_calls

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+use agentfleet_shared::sanitize::strip_nul_in;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelToolCall {
     pub id: String,
@@ -152,13 +154,19 @@ impl StreamParser {
 
     /// The complete response, once the stream has ended. A stream that ended without `[DONE]`
     /// or a finish reason was cut off; a tool call without a name cannot be executed; a call
-    /// without an id gets one (some providers omit it).
+    /// without an id gets one (some providers omit it); NUL characters, which Postgres cannot
+    /// store, are removed.
     pub fn finish(self) -> Result<ModelResponse, StreamError> {
         if !self.done && self.finish_reason.is_none() {
             return Err(StreamError::Truncated);
         }
+        let mut content = self.content;
+        strip_nul_in(&mut content);
         let mut tool_calls = Vec::with_capacity(self.calls.len());
         for (index, mut call) in self.calls {
+            strip_nul_in(&mut call.id);
+            strip_nul_in(&mut call.name);
+            strip_nul_in(&mut call.arguments);
             if call.name.is_empty() {
                 return Err(StreamError::Malformed(format!(
                     "tool call #{index} has no function name"
@@ -170,7 +178,7 @@ impl StreamParser {
             tool_calls.push(call);
         }
         Ok(ModelResponse {
-            content: self.content,
+            content,
             tool_calls,
             usage: self.usage,
             finish_reason: self.finish_reason,
@@ -290,6 +298,25 @@ mod tests {
         assert_eq!(
             p.feed(r#"{"id": "x", "object": "chunk", "choices": []}"#),
             Ok(None)
+        );
+    }
+
+    #[test]
+    fn nul_characters_are_removed_from_everything_stored() {
+        let p = feed_all(&[
+            json!({"choices": [{"delta": {"content": "a\u{0}b", "tool_calls": [
+            {"index": 0, "id": "c\u{0}1", "function": {"name": "f\u{0}", "arguments": "{\"x\": \"\u{0}\"}"}}]},
+            "finish_reason": "tool_calls"}]}),
+        ]);
+        let r = p.finish().unwrap();
+        assert_eq!(r.content, "ab");
+        assert_eq!(
+            r.tool_calls[0],
+            ModelToolCall {
+                id: "c1".into(),
+                name: "f".into(),
+                arguments: "{\"x\": \"\"}".into(),
+            }
         );
     }
 

@@ -2,11 +2,14 @@
 //! until the run completes, pauses, fails, is stopped or is handed back on drain.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use agentfleet_shared::events::{EventType, Expiry};
+use agentfleet_shared::report;
+use agentfleet_shared::store::StoreError;
 use agentfleet_shared::store::transitions::{self, Claimed};
 
 use crate::emitter::Emitter;
@@ -132,28 +135,9 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
                 "the run reached max_iterations ({})",
                 ctx.run.max_iterations
             );
-            transitions::fail(pool, ctx.fence, "max_iterations_reached", &msg, next_id)
-                .await
-                .map(|_| {
-                    (
-                        EventType::RunFailed,
-                        json!({"code": "max_iterations_reached", "message": msg}),
-                        "failed",
-                    )
-                })
+            fail(ctx, "max_iterations_reached", msg, next_id).await
         }
-        Err(RunError::Model(e)) => {
-            let msg = e.to_string();
-            transitions::fail(pool, ctx.fence, e.code(), &msg, next_id)
-                .await
-                .map(|_| {
-                    (
-                        EventType::RunFailed,
-                        json!({"code": e.code(), "message": msg}),
-                        "failed",
-                    )
-                })
-        }
+        Err(RunError::Model(e)) => fail(ctx, e.code(), e.to_string(), next_id).await,
         Ok(Outcome::Released) => return hand_back(ctx, false).await,
         Err(RunError::Stopped) if ctx.stop.reason() == Some(StopReason::DrainDeadline) => {
             return hand_back(ctx, true).await;
@@ -163,9 +147,28 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
                 "stopped: the run was cancelled or is held by another attempt");
             return;
         }
+        Err(RunError::Store(e)) if e.is_transient() => {
+            let max = ctx.shared.settings.worker.max_handbacks;
+            if ctx.run.handbacks < max {
+                tracing::warn!(%run_id, error = %report::error_line(&e),
+                    "database error; handing the run back");
+                return hand_back_after_failure(ctx).await;
+            }
+            tracing::error!(%run_id, error = %report::error_line(&e), handbacks = ctx.run.handbacks,
+                "database error again; failing the run");
+            let msg = format!(
+                "the run was interrupted by internal errors {} times and was stopped",
+                max + 1
+            );
+            fail(ctx, "internal_error_repeated", msg, next_id).await
+        }
         Err(RunError::Store(e)) => {
-            tracing::error!(%run_id, error = %e, "database error; handing the run back");
-            return hand_back(ctx, true).await;
+            // The same write would fail the same way on every attempt (invalid data, a
+            // constraint): retrying would only burn model calls.
+            tracing::error!(%run_id, error = %report::error_line(&e),
+                "the database refused the run's data; failing the run");
+            let msg = "the run's data could not be recorded (internal error)".to_owned();
+            fail(ctx, "internal_error", msg, next_id).await
         }
     };
     match outcome {
@@ -175,6 +178,48 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
         }
         Err(e) => {
             tracing::info!(%run_id, error = %e, "could not record the run's end; another holder owns it");
+        }
+    }
+}
+
+/// `running -> failed` with a code and a message, ready to be announced.
+async fn fail(
+    ctx: &RunCtx,
+    code: &'static str,
+    msg: String,
+    next_id: u64,
+) -> Result<(EventType, serde_json::Value, &'static str), StoreError> {
+    transitions::fail(&ctx.shared.pool, ctx.fence, code, &msg, next_id).await?;
+    Ok((
+        EventType::RunFailed,
+        json!({"code": code, "message": msg}),
+        "failed",
+    ))
+}
+
+/// A counted hand-back after a transient failure: released at once (so nothing holds the
+/// run), published again after a back-off that grows with each hand-back.
+async fn hand_back_after_failure(ctx: &RunCtx) {
+    let run_id = ctx.fence.run_id;
+    let settings = &ctx.shared.settings.worker;
+    match transitions::hand_back_after_failure(&ctx.shared.pool, ctx.fence, ctx.emitter.last_id())
+        .await
+    {
+        Ok(handbacks) => {
+            metrics::counter!("agentfleet_run_handbacks_total").increment(1);
+            let doublings = (handbacks - 1).clamp(0, 16) as u32;
+            let delay = Duration::from_millis(settings.handback_backoff_ms)
+                .saturating_mul(1 << doublings)
+                .min(Duration::from_secs(30));
+            tracing::info!(%run_id, handbacks, delay_ms = delay.as_millis() as u64,
+                "run handed back after a failure");
+            tokio::time::sleep(delay).await;
+            if let Err(e) = ctx.shared.publisher.publish_run(run_id).await {
+                tracing::warn!(%run_id, error = %e, "re-publish failed; the sweeper will re-enqueue");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(%run_id, error = %e, "could not hand the run back; its lease will expire");
         }
     }
 }

@@ -59,7 +59,51 @@ pub async fn llm_history(pool: &PgPool, thread: Uuid) -> Result<Vec<Value>, Stor
     .bind(thread)
     .fetch_all(pool)
     .await?;
-    Ok(rows.into_iter().map(|(b,)| b.0).collect())
+    Ok(repair_tool_results(
+        rows.into_iter().map(|(b,)| b.0).collect(),
+    ))
+}
+
+/// A history a provider accepts: every assistant message with `tool_calls` is followed by one
+/// tool result per call, and every tool result answers a call of the assistant message before
+/// it. Threads written before runs closed their calls on cancel or failure (or by a worker
+/// that died at the wrong moment) lack results: they are supplied here, saying the call never
+/// ran; stray results are dropped.
+pub fn repair_tool_results(history: Vec<Value>) -> Vec<Value> {
+    let mut out = Vec::with_capacity(history.len());
+    // Ids of the last assistant message's calls that have no result yet, in order.
+    let mut open: Vec<String> = Vec::new();
+    let close = |open: &mut Vec<String>, out: &mut Vec<Value>| {
+        for id in open.drain(..) {
+            let content = json!({"error": "this call never ran: its run ended first"}).to_string();
+            out.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
+        }
+    };
+    for message in history {
+        let role = message.get("role").and_then(Value::as_str).unwrap_or("");
+        if role == "tool" {
+            let id = message.get("tool_call_id").and_then(Value::as_str);
+            // A result that answers no open call is dropped: the provider would refuse it.
+            if let Some(i) = id.and_then(|id| open.iter().position(|o| o == id)) {
+                open.remove(i);
+                out.push(message);
+            }
+            continue;
+        }
+        close(&mut open, &mut out);
+        if role == "assistant" {
+            open = message
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c.get("id").and_then(Value::as_str).map(str::to_owned))
+                .collect();
+        }
+        out.push(message);
+    }
+    close(&mut open, &mut out);
+    out
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -102,4 +146,73 @@ pub async fn of_run(pool: &PgPool, run: Uuid) -> Result<Vec<(i64, String, Value)
         .into_iter()
         .map(|(id, role, body)| (id, role, body.0))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assistant(ids: &[&str]) -> Value {
+        let calls: Vec<Value> = ids
+            .iter()
+            .map(|id| json!({"id": id, "type": "function", "function": {"name": "f", "arguments": "{}"}}))
+            .collect();
+        json!({"role": "assistant", "content": null, "tool_calls": calls})
+    }
+
+    fn tool(id: &str) -> Value {
+        json!({"role": "tool", "tool_call_id": id, "content": "ok"})
+    }
+
+    fn shape(history: &[Value]) -> Vec<String> {
+        history
+            .iter()
+            .map(|m| match m["role"].as_str().unwrap() {
+                "tool" => format!("tool:{}", m["tool_call_id"].as_str().unwrap()),
+                r => r.to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn missing_results_are_supplied_and_stray_ones_dropped() {
+        let history = vec![
+            user_body("hi"),
+            assistant(&["a", "b"]),
+            tool("b"),
+            user_body("again"),
+            tool("zombie"),
+            assistant(&["c"]),
+        ];
+        let repaired = repair_tool_results(history);
+        assert_eq!(
+            shape(&repaired),
+            [
+                "user",
+                "assistant",
+                "tool:b",
+                "tool:a",
+                "user",
+                "assistant",
+                "tool:c"
+            ]
+        );
+        assert!(
+            repaired[3]["content"]
+                .as_str()
+                .unwrap()
+                .contains("never ran")
+        );
+    }
+
+    #[test]
+    fn a_valid_history_is_unchanged() {
+        let history = vec![
+            user_body("hi"),
+            assistant(&["a"]),
+            tool("a"),
+            json!({"role": "assistant", "content": "done"}),
+        ];
+        assert_eq!(repair_tool_results(history.clone()), history);
+    }
 }

@@ -44,6 +44,39 @@ pub enum StoreError {
     Db(#[from] sqlx::Error),
 }
 
+impl StoreError {
+    /// Whether trying again later may succeed: the database was unreachable, busy or
+    /// restarting, or a transaction lost a race (serialization failure, deadlock). Anything
+    /// else (a constraint, invalid data) fails the same way every time.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Db(e) => is_transient_db(e),
+            _ => false,
+        }
+    }
+}
+
+fn is_transient_db(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+            // 08 connection exception, 40001 serialization failure, 40P01 deadlock,
+            // 53 insufficient resources, 57P operator intervention (shutdown, restart).
+            c.starts_with("08")
+                || c == "40001"
+                || c == "40P01"
+                || c.starts_with("53")
+                || c.starts_with("57P")
+        }),
+        _ => false,
+    }
+}
+
 /// The identity of one holding of a run: writes carry it so stale holders are refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fence {
@@ -80,5 +113,39 @@ pub(crate) fn is_unique_violation(err: &sqlx::Error, constraint: &str) -> bool {
     match err {
         sqlx::Error::Database(db) => db.constraint() == Some(constraint),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outages_are_transient_and_bad_data_is_not() {
+        assert!(StoreError::Db(sqlx::Error::PoolTimedOut).is_transient());
+        assert!(StoreError::Db(sqlx::Error::Io(std::io::Error::other("reset"))).is_transient());
+        assert!(!StoreError::Db(sqlx::Error::RowNotFound).is_transient());
+        assert!(!StoreError::NotFound.is_transient());
+        let lost = Fence {
+            run_id: Uuid::nil(),
+            attempt: 1,
+        }
+        .lost();
+        assert!(!lost.is_transient());
+    }
+
+    #[sqlx::test(migrations = "../migrations")]
+    async fn invalid_data_and_constraints_are_not_transient(pool: sqlx::PgPool) {
+        let nul = sqlx::query("SELECT $1::jsonb")
+            .bind("\"a\\u0000b\"")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        assert!(
+            !StoreError::Db(nul).is_transient(),
+            "a NUL in jsonb fails every time"
+        );
+        let check = sqlx::query("SELECT 1/0").execute(&pool).await.unwrap_err();
+        assert!(!StoreError::Db(check).is_transient());
     }
 }

@@ -23,6 +23,8 @@ pub struct RunRow {
     pub max_iterations: i32,
     pub attempt: i32,
     pub recoveries: i32,
+    /// Hand-backs after failures so far (see `transitions::hand_back_after_failure`).
+    pub handbacks: i32,
     pub interrupted: bool,
     pub lease_owner: Option<String>,
     pub lease_expires_at: Option<DateTime<Utc>>,

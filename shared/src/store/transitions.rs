@@ -269,7 +269,8 @@ pub async fn complete(pool: &PgPool, fence: Fence, last_event_id: u64) -> Result
     finish_running(pool, fence, RunStatus::Completed, None, last_event_id).await
 }
 
-/// `running -> failed`, with a machine-readable code and a message.
+/// `running -> failed`, with a machine-readable code and a message. Calls of the run left
+/// without a result get one (`failed`/`skipped`), so the thread stays valid for the next run.
 pub async fn fail(
     pool: &PgPool,
     fence: Fence,
@@ -277,8 +278,62 @@ pub async fn fail(
     message: &str,
     last_event_id: u64,
 ) -> Result<(), StoreError> {
+    let mut tx = pool.begin().await?;
+    lock_fenced(&mut tx, fence).await?;
+    let (thread_id,): (Uuid,) = sqlx::query_as("SELECT thread_id FROM runs WHERE id = $1")
+        .bind(fence.run_id)
+        .fetch_one(&mut *tx)
+        .await?;
+    close_unanswered_calls(&mut tx, fence.run_id, thread_id, "the run failed").await?;
     let error = serde_json::json!({"code": code, "message": message});
-    finish_running(pool, fence, RunStatus::Failed, Some(error), last_event_id).await
+    sqlx::query(
+        "UPDATE runs SET status = 'failed', error = $2, lease_owner = NULL, lease_expires_at = NULL,
+                         finished_at = now(), updated_at = now(),
+                         last_event_id = GREATEST(last_event_id, $3)
+         WHERE id = $1",
+    )
+    .bind(fence.run_id)
+    .bind(Json(error))
+    .bind(last_event_id as i64)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Gives every call of `run` that has no result one: a call in flight is `failed` (its outcome
+/// is unknown), a call not started is `skipped`; each gets a tool message saying why. A
+/// provider refuses a history with an assistant `tool_calls` message lacking any result.
+pub async fn close_unanswered_calls(
+    conn: &mut PgConnection,
+    run: Uuid,
+    thread: Uuid,
+    why: &str,
+) -> Result<u64, StoreError> {
+    let done = sqlx::query(
+        "WITH closed AS (
+            UPDATE tool_calls
+               SET status = CASE WHEN status = 'running' THEN 'failed' ELSE 'skipped' END,
+                   error = CASE WHEN status = 'running'
+                                THEN $3 || ' while the call was in flight; its outcome is unknown'
+                                ELSE $3 || ' before the call ran' END,
+                   finished_at = now()
+             WHERE run_id = $1
+               AND status IN ('pending', 'awaiting_confirmation', 'approved', 'awaiting_input', 'running')
+             RETURNING tool_call_id, iteration, position, error)
+         INSERT INTO messages (thread_id, run_id, role, is_llm_message, body, iteration)
+         SELECT $2, $1, 'tool', true,
+                jsonb_build_object('role', 'tool', 'tool_call_id', tool_call_id,
+                                   'content', jsonb_build_object('error', error)::text),
+                iteration
+           FROM closed ORDER BY iteration, position",
+    )
+    .bind(run)
+    .bind(thread)
+    .bind(why)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
 }
 
 /// `running -> cancelled`, when the holder honours a cancel request.
@@ -323,24 +378,44 @@ pub async fn release(
     interrupted: bool,
     last_event_id: u64,
 ) -> Result<(), StoreError> {
-    let done = sqlx::query(
-        concat!(
+    release_counted(pool, fence, interrupted, false, last_event_id)
+        .await
+        .map(|_| ())
+}
+
+/// `running -> queued` after a failure while the run was held (a database error): like
+/// [`release`], and counted. Returns the run's hand-backs so far, this one included.
+pub async fn hand_back_after_failure(
+    pool: &PgPool,
+    fence: Fence,
+    last_event_id: u64,
+) -> Result<i32, StoreError> {
+    release_counted(pool, fence, true, true, last_event_id).await
+}
+
+async fn release_counted(
+    pool: &PgPool,
+    fence: Fence,
+    interrupted: bool,
+    counted: bool,
+    last_event_id: u64,
+) -> Result<i32, StoreError> {
+    let row: Option<(i32,)> = sqlx::query_as(concat!(
         "UPDATE runs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL,
-                         interrupted = $3, updated_at = now(), last_event_id = GREATEST(last_event_id, $4)
+                         interrupted = $3, updated_at = now(), last_event_id = GREATEST(last_event_id, $4),
+                         handbacks = handbacks + $5::int
          WHERE ",
         held!(),
-    ),
-    )
+        " RETURNING handbacks",
+    ))
     .bind(fence.run_id)
     .bind(fence.attempt)
     .bind(interrupted)
     .bind(last_event_id as i64)
-    .execute(pool)
+    .bind(i32::from(counted))
+    .fetch_optional(pool)
     .await?;
-    if done.rows_affected() == 0 {
-        return Err(fence.lost());
-    }
-    Ok(())
+    row.map(|(n,)| n).ok_or(fence.lost())
 }
 
 /// The outcome of a cancel request.
@@ -389,24 +464,10 @@ pub async fn cancel(pool: &PgPool, tenant: Uuid, run_id: Uuid) -> Result<Cancell
     .bind(run_id)
     .execute(&mut *tx)
     .await?;
-    // A call in flight is abandoned: its outcome is unknown (the tool may still finish it).
-    sqlx::query(
-        "UPDATE tool_calls SET status = 'failed', finished_at = now(),
-                               error = 'the run was cancelled while the call was in flight'
-         WHERE run_id = $1 AND status = 'running'",
-    )
-    .bind(run_id)
-    .execute(&mut *tx)
-    .await?;
-    // Calls that were waiting for a decision will never run.
-    sqlx::query(
-        "UPDATE tool_calls SET status = 'skipped', finished_at = now(),
-                               error = 'the run was cancelled'
-         WHERE run_id = $1 AND status IN ('pending', 'awaiting_confirmation', 'approved', 'awaiting_input')",
-    )
-    .bind(run_id)
-    .execute(&mut *tx)
-    .await?;
+    // Calls in flight are abandoned (their outcome is unknown: the tool may still finish
+    // them); calls waiting for a decision will never run. Each gets a tool result, so the
+    // thread stays valid for the next run.
+    close_unanswered_calls(&mut tx, run_id, thread_id, "the run was cancelled").await?;
     tx.commit().await?;
     Ok(Cancelled::Now {
         previous: status,

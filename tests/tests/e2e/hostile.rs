@@ -211,3 +211,183 @@ async fn a_5_gb_tool_answer_and_an_endless_model_stream_leave_the_worker_bounded
         WORKER_PEAK_RSS >> 20
     );
 }
+
+/// Model calls the scripted model served (one test environment, one model).
+fn model_calls(env: &TestEnv) -> usize {
+    env.llm.request_count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nul_characters_from_the_model_and_the_tool_end_in_a_completed_run_not_a_loop() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    // A NUL escaped inside the arguments' JSON, a raw NUL in verbatim arguments, and one in the
+    // text; the echo tool sends the escaped one back in its answer.
+    let body = scripted_run(
+        json!([{"content": "before\u{0}after", "tool_calls": [
+                  {"name": "echo", "arguments": {"word": "a\u{0}b"}},
+                  {"name": "echo", "arguments": "{\"word\": \"c\u{0}d\"}"}]},
+               {"content": "done\u{0}"}]),
+        json!([http_tool(&env, "echo", "/echo")]),
+    );
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap();
+    let done = app.wait_status(id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["attempt"], 1, "never handed back: {done}");
+    assert_eq!(model_calls(&env), 2, "one model call per turn, no retries");
+    let messages = app.messages(run["thread_id"].as_str().unwrap()).await;
+    // NUL is gone from what was stored; an escape inside raw arguments is plain text.
+    assert_eq!(
+        messages[1]["body"]["content"], "beforeafter",
+        "{messages:?}"
+    );
+    let results: Vec<&str> = messages
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["body"]["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        results,
+        [r#"{"echo":{"word":"ab"}}"#, r#"{"echo":{"word":"cd"}}"#]
+    );
+    assert_eq!(messages[4]["body"]["content"], "done");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_reuses_tool_call_ids_gets_unique_ones_and_the_run_completes() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let long_id = "x".repeat(300);
+    let body = scripted_run(
+        json!([{"tool_calls": [{"id": "dup", "name": "echo", "arguments": {"n": 1}},
+                               {"id": "dup", "name": "echo", "arguments": {"n": 2}}]},
+               {"tool_calls": [{"id": "dup", "name": "echo", "arguments": {"n": 3}},
+                               {"id": long_id, "name": "echo", "arguments": {"n": 4}}]},
+               {"content": "done"}]),
+        json!([http_tool(&env, "echo", "/echo")]),
+    );
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap();
+    let done = app.wait_status(id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(model_calls(&env), 3, "one model call per turn, no retries");
+    let messages = app.messages(run["thread_id"].as_str().unwrap()).await;
+    let ids: Vec<&str> = messages
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["body"]["tool_call_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 4);
+    let distinct: std::collections::HashSet<&&str> = ids.iter().collect();
+    assert_eq!(distinct.len(), 4, "{ids:?}");
+    assert_eq!(env.tools.state().calls_to("/echo").len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_whose_run_was_cancelled_while_waiting_accepts_a_new_run() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let mut risky = http_tool(&env, "pay", "/side-effect");
+    risky["risk"] = json!("high");
+    let body = scripted_run(
+        json!([{"tool_calls": [{"name": "echo", "arguments": {}}, {"name": "pay", "arguments": {}}]}]),
+        json!([http_tool(&env, "echo", "/echo"), risky]),
+    );
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap();
+    let thread = run["thread_id"].as_str().unwrap();
+    app.wait_status(id, &["waiting_for_confirmation"], T).await;
+    let cancel = app.post(&format!("/v1/runs/{id}/cancel"), &json!({})).await;
+    assert_eq!(cancel.status(), 200);
+
+    // The scripted model answers 400 to a history with unanswered tool calls, as OpenAI does.
+    let next = app
+        .start_run(&json!({"input": "and now?", "thread_id": thread, "agent": {"model": "mock"}}))
+        .await;
+    let done = app
+        .wait_status(next["id"].as_str().unwrap(), &["completed", "failed"], T)
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let messages = app.messages(thread).await;
+    let results: Vec<&Value> = messages.iter().filter(|m| m["role"] == "tool").collect();
+    assert_eq!(results.len(), 2, "both calls got a result: {messages:?}");
+    assert!(results.iter().all(|m| {
+        m["body"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("the run was cancelled")
+    }));
+    assert_eq!(
+        env.tools.state().side_effect_count(),
+        0,
+        "the risky call never ran"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_thread_missing_tool_results_is_repaired_when_loaded() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let body = scripted_run(
+        json!([{"tool_calls": [{"name": "echo", "arguments": {}}]}, {"content": "first done"}]),
+        json!([http_tool(&env, "echo", "/echo")]),
+    );
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap();
+    let thread = run["thread_id"].as_str().unwrap();
+    app.wait_status(id, &["completed"], T).await;
+    // A thread as an older version could leave it: the tool result is gone.
+    let deleted = sqlx::query("DELETE FROM messages WHERE role = 'tool' AND thread_id = $1::uuid")
+        .bind(thread)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(deleted.rows_affected(), 1);
+    let next = app
+        .start_run(
+            &json!({"input": "still there?", "thread_id": thread, "agent": {"model": "mock"}}),
+        )
+        .await;
+    let done = app
+        .wait_status(next["id"].as_str().unwrap(), &["completed", "failed"], T)
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_keeps_hitting_a_database_error_is_handed_back_a_bounded_number_of_times() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    // Every attempt to record the model's turn fails as if the database timed out.
+    let _worker = env.spawn_worker_process_with_failpoints(
+        &[
+            ("worker.max_handbacks", "2"),
+            ("worker.handback_backoff_ms", "20"),
+        ],
+        "error:store:turn",
+    );
+    let run = app
+        .start_run(&scripted_run(
+            json!([{"content": "never recorded"}]),
+            json!([]),
+        ))
+        .await;
+    let id = run["id"].as_str().unwrap();
+    let done = app.wait_status(id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["error"]["code"], "internal_error_repeated", "{done}");
+    assert!(
+        !done["error"]["message"].as_str().unwrap().contains("pool"),
+        "no internal detail reaches the tenant: {done}"
+    );
+    assert_eq!(
+        model_calls(&env),
+        3,
+        "the first attempt and two hand-backs, then it stops"
+    );
+}

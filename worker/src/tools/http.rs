@@ -77,7 +77,8 @@ pub async fn call(
         Ok(Err(_)) => return error("reading the tool's answer failed".into()),
         Err(_) => return error(late()),
     };
-    let text = body.text();
+    // What a tool sends is stored: NUL, which Postgres refuses, is removed.
+    let text = agentfleet_shared::sanitize::strip_nul(&body.text()).into_owned();
     if status.is_redirection() {
         return error(format!(
             "the tool answered with a redirect (HTTP {}), which tool calls here do not follow",
@@ -102,7 +103,8 @@ pub async fn call(
             truncated: true,
         };
     }
-    let result = serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text.clone()));
+    let mut result = serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text.clone()));
+    agentfleet_shared::sanitize::strip_nul_value(&mut result);
     HttpOutcome {
         ok: true,
         result,

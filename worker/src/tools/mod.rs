@@ -27,8 +27,10 @@ fn definition(tool: &ToolSpec) -> Value {
 /// Parses and validates a call's arguments. The error text is what the model will see.
 pub fn check_arguments(raw: &str, schema: &Value) -> Result<Value, String> {
     let raw = if raw.trim().is_empty() { "{}" } else { raw };
-    let args: Value =
+    let mut args: Value =
         serde_json::from_str(raw).map_err(|e| format!("arguments are not valid JSON: {e}"))?;
+    // An escaped NUL (`\u0000`) decodes to a character Postgres cannot store.
+    agentfleet_shared::sanitize::strip_nul_value(&mut args);
     let validator = jsonschema::validator_for(schema)
         .map_err(|e| format!("the tool's parameter schema is invalid: {e}"))?;
     let errors: Vec<String> = validator
