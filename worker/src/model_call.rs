@@ -73,6 +73,18 @@ impl ModelError {
         }
     }
 
+    /// What the run's error says to its tenant: the kind of failure, never the gateway's
+    /// address or the provider's error body (those are in the worker's logs).
+    pub fn tenant_message(&self) -> String {
+        match self {
+            ModelError::UnknownModel(m) => format!("model `{m}` is not configured"),
+            ModelError::Connect(_) => "the model could not be reached".into(),
+            ModelError::Status { status, .. } => format!("the model answered HTTP {status}"),
+            ModelError::Malformed(_) => "the model's stream was malformed".into(),
+            other => other.to_string(),
+        }
+    }
+
     /// A short code for the run's error record.
     pub fn code(&self) -> &'static str {
         match self {

@@ -137,7 +137,10 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
             );
             fail(ctx, "max_iterations_reached", msg, next_id).await
         }
-        Err(RunError::Model(e)) => fail(ctx, e.code(), e.to_string(), next_id).await,
+        Err(RunError::Model(e)) => {
+            tracing::warn!(%run_id, error = %e, "the model call failed; failing the run");
+            fail(ctx, e.code(), e.tenant_message(), next_id).await
+        }
         Ok(Outcome::Released) => return hand_back(ctx, false).await,
         Err(RunError::Stopped) if ctx.stop.reason() == Some(StopReason::DrainDeadline) => {
             return hand_back(ctx, true).await;

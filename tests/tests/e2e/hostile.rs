@@ -391,3 +391,24 @@ async fn a_run_that_keeps_hitting_a_database_error_is_handed_back_a_bounded_numb
         "the first attempt and two hand-backs, then it stops"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_error_never_shows_the_model_gateway_address() {
+    let env = TestEnv::with(&[
+        ("models.mock.base_url", "http://127.0.0.1:9/v1"),
+        ("worker.model_max_retries", "0"),
+    ])
+    .await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let run = app
+        .start_run(&scripted_run(json!([{"content": "x"}]), json!([])))
+        .await;
+    let id = run["id"].as_str().unwrap();
+    let done = app.wait_status(id, &["failed"], T).await;
+    assert_eq!(done["error"]["code"], "model_unreachable");
+    assert_eq!(done["error"]["message"], "the model could not be reached");
+    let events = app.events(id, 0, T).await;
+    let all = serde_json::to_string(&events).unwrap() + &done.to_string();
+    assert!(!all.contains("127.0.0.1:9"), "{all}");
+}
