@@ -44,7 +44,8 @@ impl Application {
             redis,
             &settings.redis.prefix,
             settings.events.retention_secs,
-        );
+        )
+        .with_lost_id_margin(settings.events.lost_id_margin);
         let publisher = infra::rabbitmq(
             &settings.amqp.url,
             "agentfleet-api",

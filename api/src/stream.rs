@@ -22,7 +22,9 @@ use uuid::Uuid;
 
 use agentfleet_shared::compaction::{self, Header};
 use agentfleet_shared::domain::RunStatus;
-use agentfleet_shared::events::{EventType, peek, pending_event, timestamp};
+use agentfleet_shared::events::{
+    EventType, Expiry, FINAL_FENCE, Floor, NewEvent, peek, pending_event, timestamp,
+};
 use agentfleet_shared::store::{messages, runs, tool_calls};
 
 use crate::hub::{HubMessage, Subscription};
@@ -120,15 +122,18 @@ impl<'a> Follower<'a> {
         if id <= self.last {
             return Ok(true);
         }
-        if id != self.last + 1 && self.lost_until.is_none_or(|l| id != l + 1) {
-            return Ok(false);
-        }
+        // A placeholder stands for every id up to its own that Redis lost (one per id after a
+        // small gap, or one for a whole range after the list was lost): they become one
+        // `stream_rebuilt`, which may skip ids.
         if kind == "lost" {
             self.lost_until = Some(id);
             if is_last {
                 self.flush_lost().await?;
             }
             return Ok(true);
+        }
+        if id != self.last + 1 && self.lost_until.is_none_or(|l| id != l + 1) {
+            return Ok(false);
         }
         self.flush_lost().await?;
         self.send(id, &kind, raw).await?;
@@ -303,6 +308,52 @@ impl<'a> Follower<'a> {
         self.send(last_durable, kind.as_str(), &raw).await
     }
 
+    /// A finished run whose terminal event is in neither the list nor this stream: Redis lost
+    /// it, or the worker died between its commit and the append. It is appended now from
+    /// Postgres, past every id handed out (and its id recorded), so this client and every
+    /// later one see the run end. Two API replicas doing this at the same moment may append it
+    /// twice; the second copy carries a higher id and the same content.
+    async fn restore_terminal(&mut self) -> Result<(), FollowError> {
+        let run = runs::get(&self.state.pool, self.run_id).await?;
+        if run.last_event_id as u64 == self.last {
+            return Ok(()); // the client holds the terminal event's id: it has seen the end
+        }
+        let (kind, data) = match run.status {
+            RunStatus::Completed => (EventType::RunCompleted, json!({"iteration": run.iteration})),
+            RunStatus::Failed => (
+                EventType::RunFailed,
+                run.error
+                    .as_ref()
+                    .map(|e| e.0.clone())
+                    .unwrap_or(Value::Null),
+            ),
+            RunStatus::Cancelled => (EventType::RunCancelled, json!({})),
+            _ => return Ok(()),
+        };
+        let listed = self.state.bus.len(self.run_id).await?;
+        let floor = Floor::Recorded((run.last_event_id as u64).max(listed).saturating_sub(1));
+        let event = NewEvent {
+            run_id: self.run_id,
+            thread_id: run.thread_id,
+            kind,
+            data: &data,
+        };
+        let appended = self
+            .state
+            .bus
+            .append(event, FINAL_FENCE, floor, Expiry::Expire)
+            .await?;
+        runs::record_last_event_id(&self.state.pool, self.run_id, appended.id).await?;
+        tracing::info!(run_id = %self.run_id, id = appended.id, "restored a finished run's terminal event");
+        self.replay().await?;
+        if !self.ended {
+            // The client claims ids beyond any handed out: it still learns how the run ended.
+            let raw = envelope(appended.id, self.run_id, run.thread_id, kind, data);
+            self.send(appended.id, kind.as_str(), &raw).await?;
+        }
+        Ok(())
+    }
+
     /// Replays, then follows live events until the stream ends. `status` is the run's status
     /// read after `sub` was taken (the caller usually has it from its authorization lookup; a
     /// connect then costs one Postgres query, which matters when a thousand clients reconnect
@@ -344,6 +395,9 @@ impl<'a> Follower<'a> {
                 m = sub.rx.recv() => m,
                 _ = tokio::time::sleep_until(deadline), if final_deadline.is_some() => {
                     self.replay().await?;
+                    if !self.ended && !self.saw_terminal().await? {
+                        self.restore_terminal().await?;
+                    }
                     return Ok(());
                 }
                 _ = self.tx.closed() => return Err(FollowError::ClientGone),

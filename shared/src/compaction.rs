@@ -142,27 +142,30 @@ pub fn parse_header(raw: &str) -> Option<Header> {
         .filter(|h| h.kind == HEADER_TYPE)
 }
 
-/// KEYS: list, fence. ARGV: token, first id, last id, header JSON.
+/// KEYS: list, fence, base. ARGV: token, first id, last id, header JSON. Positions are
+/// `id - base` (see `events::APPEND_LUA`).
 /// Refuses a stale holder, and rewrites nothing unless the range still holds the events it
 /// names: deltas at both ends and the completion right after (the list may have been lost and
 /// refilled with `lost` placeholders meanwhile, which carry the same ids).
 const COMPACT_LUA: &str = r#"
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 if tonumber(ARGV[1]) < fence then return -1 end
+local base = tonumber(redis.call('GET', KEYS[3]) or '0')
 local first = tonumber(ARGV[2])
 local last = tonumber(ARGV[3])
-if redis.call('LLEN', KEYS[1]) < last + 1 then return 0 end
+if first <= base then return 0 end
+if redis.call('LLEN', KEYS[1]) < last + 1 - base then return 0 end
 local expect = {{first, 'message_delta'}, {last, 'message_delta'}, {last + 1, 'message_completed'}}
 for _, e in ipairs(expect) do
   local id, kind = e[1], e[2]
-  local item = redis.call('LINDEX', KEYS[1], id - 1)
+  local item = redis.call('LINDEX', KEYS[1], id - 1 - base)
   local head = '{"id":' .. id .. ',"run_id":'
   if string.sub(item, 1, string.len(head)) ~= head then return 0 end
   if not string.find(item, '"type":"' .. kind .. '"', 1, true) then return 0 end
 end
-redis.call('LSET', KEYS[1], first - 1, ARGV[4])
+redis.call('LSET', KEYS[1], first - 1 - base, ARGV[4])
 for id = first + 1, last do
-  redis.call('LSET', KEYS[1], id - 1, '')
+  redis.call('LSET', KEYS[1], id - 1 - base, '')
 end
 return 1
 "#;
@@ -184,6 +187,7 @@ impl EventBus {
         let done: i64 = SCRIPT
             .key(self.keys().events(run))
             .key(self.keys().fence(run))
+            .key(self.keys().base(run))
             .arg(fence)
             .arg(header.id)
             .arg(header.to)
@@ -197,23 +201,6 @@ impl EventBus {
             });
         }
         Ok(done == 1)
-    }
-
-    /// Elements `[from_id, to_id]` of a run's list, as stored (for locating a header).
-    pub async fn read_range(
-        &self,
-        run: Uuid,
-        from_id: u64,
-        to_id: u64,
-    ) -> Result<Vec<String>, AppendError> {
-        let mut conn = self.pool().get().await?;
-        let items: Vec<String> = redis::cmd("LRANGE")
-            .arg(self.keys().events(run))
-            .arg(from_id.saturating_sub(1) as i64)
-            .arg(to_id.saturating_sub(1) as i64)
-            .query_async(&mut conn)
-            .await?;
-        Ok(items)
     }
 }
 

@@ -130,6 +130,8 @@ pub struct WorkerSettings {
     pub model_max_retries: usize,
     pub model_retry_base_ms: u64,
     pub model_retry_max_ms: u64,
+    /// A model's `Retry-After` sets the delay of a retry, up to this; it never adds retries.
+    pub model_retry_after_max_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -151,6 +153,9 @@ pub struct EventSettings {
     /// How long a stream waits for the last event of a run Postgres already shows as ended,
     /// before serving that event from Postgres.
     pub final_event_grace_ms: u64,
+    /// When Redis has lost a run's list, its ids continue this far past the last id recorded
+    /// in Postgres, so an id a client saw is never handed out again (docs/events.md).
+    pub lost_id_margin: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -266,6 +271,7 @@ model_total_timeout_ms = 600000
 model_max_retries = 4
 model_retry_base_ms = 200
 model_retry_max_ms = 10000
+model_retry_after_max_ms = 30000
 
 [events]
 retention_secs = 86400
@@ -276,6 +282,7 @@ keepalive_secs = 15
 sse_retry_ms = 2000
 client_buffer = 1024
 final_event_grace_ms = 2000
+lost_id_margin = 100000
 
 [telemetry]
 otlp_endpoint = ""

@@ -105,6 +105,17 @@ pub fn timestamp(at: DateTime<Utc>) -> String {
 /// Kept below 2^53 so Lua's doubles represent it exactly.
 pub const FINAL_FENCE: i64 = 1 << 50;
 
+/// The last id a client may have seen, as the appending writer knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Floor {
+    /// The writer appended it itself and nobody else appends meanwhile (a worker holding
+    /// the run): after a loss, ids continue right after it.
+    Exact(u64),
+    /// Read from Postgres, which may lag what was appended: after a loss, ids continue
+    /// `events.lost_id_margin` past it.
+    Recorded(u64),
+}
+
 /// What to do with the list's expiry in the same atomic step as the append.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expiry {
@@ -125,33 +136,52 @@ pub enum AppendError {
     Pool(#[from] deadpool_redis::PoolError),
 }
 
-/// KEYS: list, fence. ARGV: token, envelope-without-id (starting after its `{`), channel,
-/// expiry mode (0 keep, 1 expire, 2 persist), ttl seconds, floor.
-/// `floor` is the last id a client may have seen (from Postgres): if Redis lost the list, the
-/// list is refilled with placeholders up to it so ids continue instead of starting over.
+/// KEYS: list, fence, base. ARGV: token, envelope-without-id (starting after its `{`), channel,
+/// expiry mode (0 keep, 1 expire, 2 persist), ttl seconds, floor, margin.
+///
+/// An event's id is `base + its position` (1-based); `base` is 0 until Redis loses a list.
+/// `floor` is the last id a client may have seen, as far as the writer knows (its own last
+/// append, or what Postgres recorded). When the list is gone while ids up to `floor` were
+/// handed out, the stream continues at `floor + margin + 1`: the margin covers events appended
+/// after `floor` was recorded, so no id is ever handed out twice, and readers see one `lost`
+/// placeholder for everything before (`EventBus::read_after`). A list that exists but is
+/// shorter than `floor` is padded with `lost` placeholders instead (a small gap).
 const APPEND_LUA: &str = r#"
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 local token = tonumber(ARGV[1])
 if token < fence then return {-1, fence} end
 if token > fence then redis.call('SET', KEYS[2], ARGV[1]) end
+local base = tonumber(redis.call('GET', KEYS[3]) or '0')
 local len = redis.call('LLEN', KEYS[1])
 local floor = tonumber(ARGV[6])
-while len < floor do
-  len = len + 1
-  redis.call('RPUSH', KEYS[1], '{"id":' .. len .. ',"type":"lost"}')
+if len == 0 and floor > base then
+  base = floor + tonumber(ARGV[7])
+  redis.call('SET', KEYS[3], base)
 end
-local n = len + 1
+local last = base + len
+while last < floor do
+  last = last + 1
+  redis.call('RPUSH', KEYS[1], '{"id":' .. last .. ',"type":"lost"}')
+end
+local n = last + 1
 local ev = '{"id":' .. n .. ',' .. ARGV[2]
 redis.call('RPUSH', KEYS[1], ev)
 redis.call('PUBLISH', ARGV[3], ev)
 local mode = ARGV[4]
 if mode == '1' then
   redis.call('EXPIRE', KEYS[1], ARGV[5]); redis.call('EXPIRE', KEYS[2], ARGV[5])
+  if base > 0 then redis.call('EXPIRE', KEYS[3], ARGV[5]) end
 elseif mode == '2' then
   redis.call('PERSIST', KEYS[1]); redis.call('PERSIST', KEYS[2])
+  if base > 0 then redis.call('PERSIST', KEYS[3]) end
 end
 return {n, fence}
 "#;
+
+/// The placeholder a reader gets for ids a lost list had handed out (`id` is the last of them).
+pub fn lost_placeholder(id: u64) -> String {
+    format!(r#"{{"id":{id},"type":"lost"}}"#)
+}
 
 /// A Redis connection pool sized by `redis.pool_size`.
 pub fn redis_pool(
@@ -186,6 +216,10 @@ impl Keys {
     pub fn fence(&self, run: Uuid) -> String {
         format!("{}:run:{run}:fence", self.prefix)
     }
+    /// The id offset of a list rebuilt after a loss (absent: 0).
+    pub fn base(&self, run: Uuid) -> String {
+        format!("{}:run:{run}:base", self.prefix)
+    }
     /// Pattern matching every run's live channel, for the API's single subscription.
     pub fn live_pattern(&self) -> String {
         format!("{}:run:*:live", self.prefix)
@@ -207,8 +241,13 @@ pub struct EventBus {
     pool: deadpool_redis::Pool,
     keys: Keys,
     retention_secs: u64,
+    /// How far ids jump past the last recorded one when a list is found lost.
+    lost_id_margin: u64,
     script: std::sync::Arc<redis::Script>,
 }
+
+/// Default of `events.lost_id_margin`.
+pub const DEFAULT_LOST_ID_MARGIN: u64 = 100_000;
 
 /// An appended event: its id and the JSON as stored.
 #[derive(Debug, Clone)]
@@ -231,8 +270,15 @@ impl EventBus {
             pool,
             keys: Keys::new(prefix),
             retention_secs,
+            lost_id_margin: DEFAULT_LOST_ID_MARGIN,
             script: std::sync::Arc::new(redis::Script::new(APPEND_LUA)),
         }
+    }
+
+    /// Sets `events.lost_id_margin`.
+    pub fn with_lost_id_margin(mut self, margin: u64) -> EventBus {
+        self.lost_id_margin = margin;
+        self
     }
 
     pub fn keys(&self) -> &Keys {
@@ -243,14 +289,19 @@ impl EventBus {
         &self.pool
     }
 
-    /// Appends one event with fencing token `fence`; `floor` is the last id known durable.
+    /// Appends one event with fencing token `fence`; `floor` is the last id a client may have
+    /// seen, as far as the caller knows (see `APPEND_LUA` for what happens when the list is gone).
     pub async fn append(
         &self,
         event: NewEvent<'_>,
         fence: i64,
-        floor: u64,
+        floor: Floor,
         expiry: Expiry,
     ) -> Result<Appended, AppendError> {
+        let (floor, margin) = match floor {
+            Floor::Exact(id) => (id, 0),
+            Floor::Recorded(id) => (id, self.lost_id_margin),
+        };
         let at = Utc::now();
         let body = serde_json::to_string(&Unnumbered {
             run_id: event.run_id,
@@ -270,12 +321,14 @@ impl EventBus {
             .script
             .key(self.keys.events(event.run_id))
             .key(self.keys.fence(event.run_id))
+            .key(self.keys.base(event.run_id))
             .arg(fence)
             .arg(&body[1..])
             .arg(self.keys.live(event.run_id))
             .arg(mode)
             .arg(self.retention_secs)
             .arg(floor)
+            .arg(margin)
             .invoke_async(&mut conn)
             .await?;
         metrics::counter!("agentfleet_events_published_total", "type" => event.kind.as_str())
@@ -292,26 +345,67 @@ impl EventBus {
         })
     }
 
-    /// Events with id > `after`, in order (raw JSON as stored).
+    /// Events with id > `after`, in order (raw JSON as stored). Ids a lost list had handed out
+    /// come as one `lost` placeholder carrying the last of them.
     pub async fn read_after(&self, run: Uuid, after: u64) -> Result<Vec<String>, AppendError> {
+        self.read_range(run, after + 1, u64::MAX).await
+    }
+
+    /// Elements with ids `from_id..=to_id` (`u64::MAX`: to the end), as stored.
+    pub async fn read_range(
+        &self,
+        run: Uuid,
+        from_id: u64,
+        to_id: u64,
+    ) -> Result<Vec<String>, AppendError> {
         let mut conn = self.pool.get().await?;
-        let items: Vec<String> = redis::cmd("LRANGE")
-            .arg(self.keys.events(run))
-            .arg(after as i64)
-            .arg(-1)
+        let index = |id: u64, base: u64| -> i64 {
+            if id == u64::MAX {
+                -1
+            } else {
+                id.saturating_sub(base + 1) as i64
+            }
+        };
+        // One round trip when the list never lost anything (base 0), the usual case.
+        let (base, mut items): (Option<u64>, Vec<String>) = redis::pipe()
+            .get(self.keys.base(run))
+            .lrange(
+                self.keys.events(run),
+                index(from_id, 0) as isize,
+                index(to_id, 0) as isize,
+            )
             .query_async(&mut conn)
             .await?;
+        let base = base.unwrap_or(0);
+        if base == 0 {
+            return Ok(items);
+        }
+        if to_id != u64::MAX && to_id <= base {
+            items.clear();
+        } else {
+            items = redis::cmd("LRANGE")
+                .arg(self.keys.events(run))
+                .arg(index(from_id, base))
+                .arg(index(to_id, base))
+                .query_async(&mut conn)
+                .await?;
+        }
+        if from_id <= base && base <= to_id {
+            items.insert(0, lost_placeholder(base));
+        }
         Ok(items)
     }
 
-    /// Number of events stored for the run (0 when the list is gone).
+    /// The last id handed out for the run (0 when the list is gone).
     pub async fn len(&self, run: Uuid) -> Result<u64, AppendError> {
         let mut conn = self.pool.get().await?;
-        let n: u64 = redis::cmd("LLEN")
-            .arg(self.keys.events(run))
+        let (base, n): (Option<u64>, u64) = redis::pipe()
+            .get(self.keys.base(run))
+            .llen(self.keys.events(run))
             .query_async(&mut conn)
             .await?;
-        Ok(n)
+        // A base without a list: the list is gone again; only the base survived.
+        Ok(if n == 0 { 0 } else { base.unwrap_or(0) + n })
     }
 
     /// Hints the worker that owns the run (the decision itself is in Postgres).

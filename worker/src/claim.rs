@@ -8,8 +8,9 @@ use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use serde_json::json;
 
-use agentfleet_shared::events::{EventType, Expiry, NewEvent, worker_fence};
+use agentfleet_shared::events::{EventType, Expiry, Floor, NewEvent, worker_fence};
 use agentfleet_shared::queue::RunMessage;
+use agentfleet_shared::store::runs;
 use agentfleet_shared::store::transitions::{self, Claimed};
 
 use crate::shared::Shared;
@@ -42,18 +43,32 @@ pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<
     };
     if claimed.run.recoveries > shared.settings.worker.max_recoveries {
         let fence = claimed.fence();
-        transitions::fail_poisoned(&shared.pool, fence, claimed.run.recoveries).await?;
-        let data = json!({"code": "poison_run", "message": "the run kept crashing its workers"});
+        // The list may be gone (expired, or Redis restarted): ids continue past the last one
+        // recorded, and the id of `run_failed` is recorded too, with the same message.
+        let listed = shared.bus.len(fence.run_id).await.unwrap_or(0);
+        let floor = (claimed.run.last_event_id as u64).max(listed);
+        let message =
+            transitions::fail_poisoned(&shared.pool, fence, claimed.run.recoveries, floor + 1)
+                .await?;
+        let data = json!({"code": "poison_run", "message": message});
         let event = NewEvent {
             run_id: fence.run_id,
             thread_id: claimed.run.thread_id,
             kind: EventType::RunFailed,
             data: &data,
         };
-        let _ = shared
+        let appended = shared
             .bus
-            .append(event, worker_fence(fence.attempt), 0, Expiry::Expire)
+            .append(
+                event,
+                worker_fence(fence.attempt),
+                Floor::Recorded(floor),
+                Expiry::Expire,
+            )
             .await;
+        if let Ok(appended) = appended {
+            let _ = runs::record_last_event_id(&shared.pool, fence.run_id, appended.id).await;
+        }
         metrics::counter!("agentfleet_runs_total", "status" => "failed").increment(1);
         tracing::error!(run_id = %fence.run_id, recoveries = claimed.run.recoveries, "poison run failed and dead-lettered");
         delivery

@@ -4,14 +4,16 @@
 //! logged and dropped (the stream can be rebuilt from Postgres), and the run goes on. Only a
 //! fencing refusal matters to the run: it means another attempt owns the stream now.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use uuid::Uuid;
 
 use agentfleet_shared::compaction::{DeltaRecord, Header};
-use agentfleet_shared::events::{AppendError, Appended, EventBus, EventType, Expiry, NewEvent};
+use agentfleet_shared::events::{
+    AppendError, Appended, EventBus, EventType, Expiry, Floor, NewEvent,
+};
 
 #[derive(Clone)]
 pub struct Emitter {
@@ -21,6 +23,8 @@ pub struct Emitter {
     fence: i64,
     /// Highest id appended by this holder (or known durable at claim).
     last: Arc<AtomicU64>,
+    /// `last` is this holder's own append, not the figure read at claim (see `Floor`).
+    exact: Arc<AtomicBool>,
     /// Whether finished messages' deltas are compacted (`events.compact_deltas`).
     compact: bool,
     /// The current message's deltas, compacted once its `message_completed` is appended.
@@ -46,6 +50,7 @@ impl Emitter {
             thread_id,
             fence: agentfleet_shared::events::worker_fence(attempt),
             last: Arc::new(AtomicU64::new(last_event_id)),
+            exact: Arc::new(AtomicBool::new(false)),
             compact,
             deltas: Default::default(),
         }
@@ -71,13 +76,15 @@ impl Emitter {
             kind,
             data: &data,
         };
-        match self
-            .bus
-            .append(event, self.fence, self.last_id(), expiry)
-            .await
-        {
+        let floor = if self.exact.load(Ordering::SeqCst) {
+            Floor::Exact(self.last_id())
+        } else {
+            Floor::Recorded(self.last_id())
+        };
+        match self.bus.append(event, self.fence, floor, expiry).await {
             Ok(appended) => {
                 self.last.fetch_max(appended.id, Ordering::SeqCst);
+                self.exact.store(true, Ordering::SeqCst);
                 if self.compact {
                     self.track(kind, &data, &appended);
                 }

@@ -179,6 +179,7 @@ async fn persist(ctx: &RunCtx, iteration: i32, response: &ModelResponse) -> Resu
             tool_calls: &calls,
             prompt_tokens: response.usage.prompt_tokens,
             completion_tokens: response.usage.completion_tokens,
+            last_event_id: ctx.emitter.last_id(),
         },
     )
     .await?;

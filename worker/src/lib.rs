@@ -62,7 +62,8 @@ impl Worker {
             redis,
             &settings.redis.prefix,
             settings.events.retention_secs,
-        );
+        )
+        .with_lost_id_margin(settings.events.lost_id_margin);
         let worker_id = format!(
             "{}-{}-{}",
             std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()),

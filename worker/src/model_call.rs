@@ -128,13 +128,18 @@ pub async fn call(
         .with_max_delay(Duration::from_millis(settings.model_retry_max_ms))
         .with_max_times(settings.model_max_retries)
         .with_jitter();
+    let retry_after_max = Duration::from_millis(settings.model_retry_after_max_ms);
     let attempt = || async { call_once(http, settings, req, emitter, policy).await };
     let result = tokio::time::timeout(
         total,
         attempt
             .retry(backoff)
             .when(|e: &ModelError| e.retryable())
-            .adjust(|e: &ModelError, d| e.retry_after().map(|ra| ra.min(Duration::from_secs(60))).or(d))
+            // `Retry-After` only sets the delay of a retry the count allows: `d` is `None`
+            // once the retries are spent, and then no header can add one.
+            .adjust(|e: &ModelError, d| {
+                d.map(|d| e.retry_after().map_or(d, |ra| ra.min(retry_after_max)))
+            })
             .notify(|e: &ModelError, d| {
                 metrics::counter!("agentfleet_model_retries_total").increment(1);
                 tracing::warn!(error = %e, delay_ms = d.as_millis() as u64, "model call failed; retrying");

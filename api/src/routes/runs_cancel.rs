@@ -7,7 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
-use agentfleet_shared::events::{EventType, Expiry, FINAL_FENCE, NewEvent};
+use agentfleet_shared::events::{EventType, Expiry, FINAL_FENCE, Floor, NewEvent};
 use agentfleet_shared::store::transitions::{self, Cancelled};
 use agentfleet_shared::store::{StoreError, runs};
 
@@ -61,6 +61,7 @@ pub async fn cancel_run(
     if let Cancelled::Now {
         previous,
         thread_id,
+        last_event_id,
         ..
     } = outcome
     {
@@ -73,12 +74,21 @@ pub async fn cancel_run(
             kind: EventType::RunCancelled,
             data: &data,
         };
-        if let Err(e) = state
+        // Ids continue past every one handed out, whether or not Redis still has the list;
+        // the id of `run_cancelled` is recorded so a stream rebuilt later ends with it.
+        let listed = state.bus.len(id).await.unwrap_or(0);
+        let floor = Floor::Recorded((last_event_id as u64).max(listed));
+        match state
             .bus
-            .append(event, FINAL_FENCE, 0, Expiry::Expire)
+            .append(event, FINAL_FENCE, floor, Expiry::Expire)
             .await
         {
-            tracing::warn!(run_id = %id, error = %e, "could not append run_cancelled");
+            Ok(appended) => {
+                if let Err(e) = runs::record_last_event_id(&state.pool, id, appended.id).await {
+                    tracing::warn!(run_id = %id, error = %e, "could not record run_cancelled's id");
+                }
+            }
+            Err(e) => tracing::warn!(run_id = %id, error = %e, "could not append run_cancelled"),
         }
         if let Err(e) = state.bus.send_control(id, "cancel").await {
             tracing::warn!(run_id = %id, error = %e, "could not hint the worker; its lease renewal will see the cancel");

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use agentfleet_shared::domain::{AgentSpec, AgentSpecError};
-use agentfleet_shared::events::{EventType, Expiry, NewEvent};
+use agentfleet_shared::events::{EventType, Expiry, Floor, NewEvent};
 use agentfleet_shared::store::runs::RunRow;
 use agentfleet_shared::store::transitions::{self, NewRun};
 use agentfleet_shared::store::{StoreError, runs};
@@ -241,7 +241,11 @@ pub async fn announce(state: &AppState, run: &RunRow) {
         kind: EventType::RunQueued,
         data: &data,
     };
-    if let Err(e) = state.bus.append(event, 0, 0, Expiry::Persist).await {
+    if let Err(e) = state
+        .bus
+        .append(event, 0, Floor::Exact(0), Expiry::Persist)
+        .await
+    {
         tracing::warn!(run_id = %run.id, error = %e, "could not append run_queued");
     }
     match tokio::time::timeout(PUBLISH_TIMEOUT, state.publisher.publish_run(run.id)).await {

@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use agentfleet_shared::events::{EventType, Expiry, NewEvent, pending_event, resume_fence};
+use agentfleet_shared::events::{EventType, Expiry, Floor, NewEvent, pending_event, resume_fence};
 use agentfleet_shared::store::transitions::{self, Decision, ResumeError, ResumeInput};
 
 use crate::auth::Caller;
@@ -136,7 +136,16 @@ pub async fn resume_run(
             kind,
             data: &data,
         };
-        if let Err(e) = state.bus.append(ev, fence, 0, Expiry::Keep).await {
+        if let Err(e) = state
+            .bus
+            .append(
+                ev,
+                fence,
+                Floor::Recorded(expected.saturating_sub(1)),
+                Expiry::Keep,
+            )
+            .await
+        {
             tracing::warn!(%run_id, error = %e, "could not append the missing pausing event");
         }
     }
@@ -147,7 +156,11 @@ pub async fn resume_run(
         kind: EventType::RunResumed,
         data: &data,
     };
-    if let Err(e) = state.bus.append(ev, fence, 0, Expiry::Persist).await {
+    if let Err(e) = state
+        .bus
+        .append(ev, fence, Floor::Recorded(expected), Expiry::Persist)
+        .await
+    {
         tracing::warn!(%run_id, error = %e, "could not append run_resumed");
     }
     if let Err(e) = state.publisher.publish_run(run_id).await {

@@ -176,3 +176,14 @@ pub async fn stale(
     ids.extend(expired);
     Ok(ids.into_iter().map(|(id,)| id).collect())
 }
+
+/// Records that events up to `id` were handed out for the run (never lowers the figure):
+/// after Redis loses the list, ids continue past it (`events::Floor::Recorded`).
+pub async fn record_last_event_id(pool: &PgPool, run: Uuid, id: u64) -> Result<(), StoreError> {
+    sqlx::query("UPDATE runs SET last_event_id = GREATEST(last_event_id, $2) WHERE id = $1")
+        .bind(run)
+        .bind(id as i64)
+        .execute(pool)
+        .await?;
+    Ok(())
+}

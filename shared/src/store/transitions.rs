@@ -426,6 +426,8 @@ pub enum Cancelled {
         previous: RunStatus,
         attempt: i32,
         thread_id: Uuid,
+        /// The last event id recorded for the run before the cancel.
+        last_event_id: i64,
     },
     /// It was already cancelled: repeating a cancel is harmless.
     Already,
@@ -436,14 +438,15 @@ pub enum Cancelled {
 /// `run_cancelled` with the final fence), and the control hint makes it stop within a second.
 pub async fn cancel(pool: &PgPool, tenant: Uuid, run_id: Uuid) -> Result<Cancelled, StoreError> {
     let mut tx = pool.begin().await?;
-    let row: Option<(String, i32, Uuid)> = sqlx::query_as(
-        "SELECT status, attempt, thread_id FROM runs WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
+    let row: Option<(String, i32, Uuid, i64)> = sqlx::query_as(
+        "SELECT status, attempt, thread_id, last_event_id FROM runs
+         WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
     )
     .bind(run_id)
     .bind(tenant)
     .fetch_optional(&mut *tx)
     .await?;
-    let (status, attempt, thread_id) = row.ok_or(StoreError::NotFound)?;
+    let (status, attempt, thread_id, last_event_id) = row.ok_or(StoreError::NotFound)?;
     let status = RunStatus::parse(&status).expect("known status");
     match status {
         RunStatus::Cancelled => return Ok(Cancelled::Already),
@@ -473,16 +476,23 @@ pub async fn cancel(pool: &PgPool, tenant: Uuid, run_id: Uuid) -> Result<Cancell
         previous: status,
         attempt,
         thread_id,
+        last_event_id,
     })
 }
 
 /// `running -> failed` without a fence: the claim found a poison run (too many recoveries).
-pub async fn fail_poisoned(pool: &PgPool, fence: Fence, recoveries: i32) -> Result<(), StoreError> {
+pub async fn fail_poisoned(
+    pool: &PgPool,
+    fence: Fence,
+    recoveries: i32,
+    last_event_id: u64,
+) -> Result<String, StoreError> {
     let message = format!(
         "the run was taken over {recoveries} times after its worker stopped responding; \
          it is presumed to crash its worker and was failed"
     );
-    fail(pool, fence, "poison_run", &message, 0).await
+    fail(pool, fence, "poison_run", &message, last_event_id).await?;
+    Ok(message)
 }
 
 /// What a resume brings.

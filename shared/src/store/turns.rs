@@ -22,6 +22,9 @@ pub struct Turn<'a> {
     pub tool_calls: &'a [NewToolCall<'a>],
     pub prompt_tokens: i64,
     pub completion_tokens: i64,
+    /// The last event id the holder has appended: recorded so that ids continue past it if
+    /// Redis loses the run's list and the holder dies.
+    pub last_event_id: u64,
 }
 
 pub async fn record(pool: &PgPool, fence: Fence, turn: &Turn<'_>) -> Result<(), StoreError> {
@@ -55,7 +58,8 @@ pub async fn record(pool: &PgPool, fence: Fence, turn: &Turn<'_>) -> Result<(), 
                  name text, raw_arguments text, arguments jsonb, risk text)),
          counters AS (
             UPDATE runs SET iteration = $5, prompt_tokens = prompt_tokens + $7,
-                            completion_tokens = completion_tokens + $8, updated_at = now()
+                            completion_tokens = completion_tokens + $8, updated_at = now(),
+                            last_event_id = GREATEST(last_event_id, $9)
             WHERE id IN (SELECT id FROM fence))
          SELECT count(*) FROM fence",
     ))
@@ -67,6 +71,7 @@ pub async fn record(pool: &PgPool, fence: Fence, turn: &Turn<'_>) -> Result<(), 
     .bind(Json(&calls))
     .bind(turn.prompt_tokens)
     .bind(turn.completion_tokens)
+    .bind(turn.last_event_id as i64)
     .fetch_one(pool)
     .await?;
     if held == 0 {
