@@ -22,7 +22,7 @@ pub fn error_line(err: &(dyn Error + 'static)) -> String {
 fn chain_line<'a>(chain: impl Iterator<Item = &'a (dyn Error + 'static)>) -> String {
     let mut out = String::new();
     for cause in chain {
-        let text = describe(cause);
+        let (text, complete) = describe(cause);
         // Wrappers often print their source inline ("database: {0}"); then the source, when
         // the chain reaches it, adds nothing.
         if text.is_empty() || out.contains(&text) {
@@ -32,18 +32,39 @@ fn chain_line<'a>(chain: impl Iterator<Item = &'a (dyn Error + 'static)>) -> Str
             out.push_str(": ");
         }
         out.push_str(&text);
+        if complete {
+            break;
+        }
     }
     out
 }
 
-fn describe(cause: &(dyn Error + 'static)) -> String {
+/// A cause as one clean line, and whether it already says everything its own causes would.
+fn describe(cause: &(dyn Error + 'static)) -> (String, bool) {
+    if let Some(sqlx::Error::Database(db)) = cause.downcast_ref::<sqlx::Error>() {
+        return (database_error(db.as_ref()), true);
+    }
     if let Some(db) = cause.downcast_ref::<sqlx::postgres::PgDatabaseError>() {
-        // Its Display appends "at line N", a line of Postgres's own C source.
-        return format!("{} (SQLSTATE {})", db.message(), db.code());
+        return (database_error(db), true);
     }
     let text = cause.to_string();
     let text = strip_source_lines(&text);
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    (text.split_whitespace().collect::<Vec<_>>().join(" "), false)
+}
+
+/// A Postgres error without sqlx's "error returned from database:" nor the "at line N" of
+/// Postgres's own C source that its Display appends.
+fn database_error(db: &dyn sqlx::error::DatabaseError) -> String {
+    match db.code() {
+        Some(code) => format!("{} (SQLSTATE {code})", db.message()),
+        None => db.message().to_owned(),
+    }
+}
+
+/// `err` (a database error included) as one line: for `Display` impls of error types that
+/// wrap one, e.g. `#[error("database: {}", report::sqlx_line(.0))]`.
+pub fn sqlx_line(err: &sqlx::Error) -> String {
+    error_line(err)
 }
 
 /// Removes every " at line N" that a Postgres error's Display put inside a wrapper's text.

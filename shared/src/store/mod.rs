@@ -40,7 +40,7 @@ pub enum StoreError {
     WrongStatus { run_id: Uuid, status: String },
     #[error("thread {thread_id} already has an active run {run_id}")]
     ThreadBusy { thread_id: Uuid, run_id: Uuid },
-    #[error("database: {0}")]
+    #[error("database: {}", crate::report::sqlx_line(.0))]
     Db(#[from] sqlx::Error),
 }
 
@@ -132,6 +132,18 @@ mod tests {
         }
         .lost();
         assert!(!lost.is_transient());
+    }
+
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_database_error_reads_as_one_line_with_its_cause_once(pool: sqlx::PgPool) {
+        let err = sqlx::query("SELECT * FROM no_such_table")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        let err = StoreError::from(err);
+        let expected = "database: relation \"no_such_table\" does not exist (SQLSTATE 42P01)";
+        assert_eq!(err.to_string(), expected);
+        assert_eq!(crate::report::one_line(&anyhow::Error::from(err)), expected);
     }
 
     #[sqlx::test(migrations = "../migrations")]
