@@ -23,7 +23,7 @@ use uuid::Uuid;
 use agentfleet_shared::compaction::{self, Header};
 use agentfleet_shared::domain::RunStatus;
 use agentfleet_shared::events::{
-    EventType, Expiry, FINAL_FENCE, Floor, NewEvent, peek, pending_event, timestamp,
+    EventType, FINAL_FENCE, Floor, NewEvent, peek, pending_event, timestamp,
 };
 use agentfleet_shared::store::{messages, runs, tool_calls};
 
@@ -162,9 +162,15 @@ impl<'a> Follower<'a> {
             return self.rebuild_if_gone().await;
         }
         let n = items.len();
-        let base = self.last;
+        // An element's id is the one it carries; an emptied (compacted) element has none and
+        // follows the one before. A `lost` placeholder may skip ids (a list lost whole).
+        let mut next = self.last + 1;
         for (i, raw) in items.iter().enumerate() {
-            let raw = self.expand(base + i as u64 + 1, raw).await?;
+            if let Some((id, _)) = peek(raw) {
+                next = id;
+            }
+            let raw = self.expand(next, raw).await?;
+            next += 1;
             if !self.offer(&raw, i + 1 == n).await? {
                 break;
             }
@@ -338,18 +344,26 @@ impl<'a> Follower<'a> {
             kind,
             data: &data,
         };
-        let appended = self
+        // Atomically declined if the list already ends with a terminal event (another reader
+        // restored it a moment ago): then it is read from there.
+        let restored = self
             .state
             .bus
-            .append(event, FINAL_FENCE, floor, Expiry::Expire)
+            .append_terminal_once(event, FINAL_FENCE, floor)
             .await?;
-        runs::record_last_event_id(&self.state.pool, self.run_id, appended.id).await?;
-        tracing::info!(run_id = %self.run_id, id = appended.id, "restored a finished run's terminal event");
+        let id = match restored {
+            Some(appended) => {
+                runs::record_last_event_id(&self.state.pool, self.run_id, appended.id).await?;
+                tracing::info!(run_id = %self.run_id, id = appended.id, "restored a finished run's terminal event");
+                appended.id
+            }
+            None => self.state.bus.len(self.run_id).await?,
+        };
         self.replay().await?;
         if !self.ended {
             // The client claims ids beyond any handed out: it still learns how the run ended.
-            let raw = envelope(appended.id, self.run_id, run.thread_id, kind, data);
-            self.send(appended.id, kind.as_str(), &raw).await?;
+            let raw = envelope(id, self.run_id, run.thread_id, kind, data);
+            self.send(id, kind.as_str(), &raw).await?;
         }
         Ok(())
     }

@@ -341,6 +341,18 @@ impl Settings {
         if let Err(e) = crate::egress::EgressPolicy::parse(&self.egress.allow) {
             return Err(invalid("egress.allow", e));
         }
+        if self.startup.dependency_wait_ms == 0 {
+            return Err(invalid(
+                "startup.dependency_wait_ms",
+                "must be positive (one attempt takes up to 10 s)",
+            ));
+        }
+        if self.events.lost_id_margin < 1000 {
+            return Err(invalid(
+                "events.lost_id_margin",
+                "must be at least 1000 (it must exceed the events appended between two records)",
+            ));
+        }
         if self.egress.max_redirects > 10 {
             return Err(invalid("egress.max_redirects", "must be within 0..=10"));
         }

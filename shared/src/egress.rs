@@ -243,8 +243,9 @@ fn is_public_v4(ip: Ipv4Addr) -> bool {
 }
 
 fn is_public_v6(ip: Ipv6Addr) -> bool {
-    const DENIED: [(u128, u8); 9] = [
+    const DENIED: [(u128, u8); 10] = [
         (0, 96),                      // ::/96 unspecified, loopback, compatible
+        (0xffff_0000 << 32, 96),      // ::ffff:0:0/96 IPv4-translated (SIIT)
         (0x0064_ff9b_0001 << 80, 48), // 64:ff9b:1::/48 local-use NAT64
         (0x0100 << 112, 64),          // 100::/64 discard
         (0x2001_0000 << 96, 32),      // 2001::/32 Teredo
@@ -285,6 +286,7 @@ mod tests {
             "http://[::]/",
             "http://[::ffff:127.0.0.1]/",
             "http://[::ffff:169.254.169.254]/",
+            "http://[::ffff:0:a9fe:a9fe]/",
             "http://[64:ff9b::a9fe:a9fe]/",
             "http://[2002:7f00:1::]/",
             "http://[fd00:ec2::254]/",

@@ -150,12 +150,33 @@ const APPEND_LUA: &str = r#"
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 local token = tonumber(ARGV[1])
 if token < fence then return {-1, fence} end
+if ARGV[8] == '1' then
+  local tail = redis.call('LINDEX', KEYS[1], -1)
+  if tail and (string.find(tail, '"type":"run_completed"', 1, true)
+      or string.find(tail, '"type":"run_failed"', 1, true)
+      or string.find(tail, '"type":"run_cancelled"', 1, true)) then
+    return {-2, fence}
+  end
+end
 if token > fence then redis.call('SET', KEYS[2], ARGV[1]) end
 local base = tonumber(redis.call('GET', KEYS[3]) or '0')
 local len = redis.call('LLEN', KEYS[1])
 local floor = tonumber(ARGV[6])
-if len == 0 and floor > base then
-  base = floor + tonumber(ARGV[7])
+local margin = tonumber(ARGV[7])
+local lost = false
+if len == 0 then
+  -- Gone: an exact floor continues right after itself; a recorded one (which may lag what was
+  -- handed out, and may be 0 before anything was recorded) jumps the margin.
+  lost = (margin > 0) or (floor > base)
+elseif base + len < floor and (margin > 0 or floor - base - len > 1000) then
+  -- Shorter than a recorded floor (an older copy of the list came back): treated as lost.
+  redis.call('DEL', KEYS[1])
+  len = 0
+  lost = true
+end
+if lost then
+  if floor < base then floor = base end
+  base = floor + margin
   redis.call('SET', KEYS[3], base)
 end
 local last = base + len
@@ -176,6 +197,20 @@ elseif mode == '2' then
   if base > 0 then redis.call('PERSIST', KEYS[3]) end
 end
 return {n, fence}
+"#;
+
+/// KEYS: list, base. ARGV: first id, last id (`-1`: to the end). Returns the base and the
+/// elements, read in one atomic step (an append that re-creates the list cannot interleave).
+const READ_LUA: &str = r#"
+local base = tonumber(redis.call('GET', KEYS[2]) or '0')
+local first = tonumber(ARGV[1]) - base - 1
+if first < 0 then first = 0 end
+local last = -1
+if ARGV[2] ~= '-1' then
+  last = tonumber(ARGV[2]) - base - 1
+  if last < 0 then return {base, {}} end
+end
+return {base, redis.call('LRANGE', KEYS[1], first, last)}
 "#;
 
 /// The placeholder a reader gets for ids a lost list had handed out (`id` is the last of them).
@@ -244,6 +279,7 @@ pub struct EventBus {
     /// How far ids jump past the last recorded one when a list is found lost.
     lost_id_margin: u64,
     script: std::sync::Arc<redis::Script>,
+    read_script: std::sync::Arc<redis::Script>,
 }
 
 /// Default of `events.lost_id_margin`.
@@ -272,6 +308,7 @@ impl EventBus {
             retention_secs,
             lost_id_margin: DEFAULT_LOST_ID_MARGIN,
             script: std::sync::Arc::new(redis::Script::new(APPEND_LUA)),
+            read_script: std::sync::Arc::new(redis::Script::new(READ_LUA)),
         }
     }
 
@@ -298,6 +335,34 @@ impl EventBus {
         floor: Floor,
         expiry: Expiry,
     ) -> Result<Appended, AppendError> {
+        let run_id = event.run_id;
+        // Without `unless_ended` the script never declines.
+        self.append_inner(event, fence, floor, expiry, false)
+            .await?
+            .ok_or(AppendError::Fenced { run_id, current: 0 })
+    }
+
+    /// Appends a terminal event unless the list already ends with one (`None` then): restoring
+    /// a finished run's end, which several readers may attempt at the same moment.
+    pub async fn append_terminal_once(
+        &self,
+        event: NewEvent<'_>,
+        fence: i64,
+        floor: Floor,
+    ) -> Result<Option<Appended>, AppendError> {
+        debug_assert!(event.kind.is_terminal());
+        self.append_inner(event, fence, floor, Expiry::Expire, true)
+            .await
+    }
+
+    async fn append_inner(
+        &self,
+        event: NewEvent<'_>,
+        fence: i64,
+        floor: Floor,
+        expiry: Expiry,
+        unless_ended: bool,
+    ) -> Result<Option<Appended>, AppendError> {
         let (floor, margin) = match floor {
             Floor::Exact(id) => (id, 0),
             Floor::Recorded(id) => (id, self.lost_id_margin),
@@ -329,8 +394,12 @@ impl EventBus {
             .arg(self.retention_secs)
             .arg(floor)
             .arg(margin)
+            .arg(if unless_ended { "1" } else { "0" })
             .invoke_async(&mut conn)
             .await?;
+        if id == -2 {
+            return Ok(None);
+        }
         metrics::counter!("agentfleet_events_published_total", "type" => event.kind.as_str())
             .increment(1);
         if id < 0 {
@@ -339,16 +408,17 @@ impl EventBus {
                 current,
             });
         }
-        Ok(Appended {
+        Ok(Some(Appended {
             id: id as u64,
             at_ms: at.timestamp_millis(),
-        })
+        }))
     }
 
     /// Events with id > `after`, in order (raw JSON as stored). Ids a lost list had handed out
     /// come as one `lost` placeholder carrying the last of them.
     pub async fn read_after(&self, run: Uuid, after: u64) -> Result<Vec<String>, AppendError> {
-        self.read_range(run, after + 1, u64::MAX).await
+        self.read_range(run, after.saturating_add(1), u64::MAX)
+            .await
     }
 
     /// Elements with ids `from_id..=to_id` (`u64::MAX`: to the end), as stored.
@@ -359,38 +429,22 @@ impl EventBus {
         to_id: u64,
     ) -> Result<Vec<String>, AppendError> {
         let mut conn = self.pool.get().await?;
-        let index = |id: u64, base: u64| -> i64 {
-            if id == u64::MAX {
-                -1
-            } else {
-                id.saturating_sub(base + 1) as i64
-            }
-        };
-        // One round trip when the list never lost anything (base 0), the usual case.
-        let (base, mut items): (Option<u64>, Vec<String>) = redis::pipe()
-            .get(self.keys.base(run))
-            .lrange(
-                self.keys.events(run),
-                index(from_id, 0) as isize,
-                index(to_id, 0) as isize,
-            )
-            .query_async(&mut conn)
-            .await?;
-        let base = base.unwrap_or(0);
-        if base == 0 {
-            return Ok(items);
-        }
-        if to_id != u64::MAX && to_id <= base {
-            items.clear();
+        // Lua numbers are doubles: ids stay far below 2^53, anything above is "the end".
+        let clamp = |id: u64| id.min(1 << 53);
+        let to = if to_id == u64::MAX {
+            "-1".to_owned()
         } else {
-            items = redis::cmd("LRANGE")
-                .arg(self.keys.events(run))
-                .arg(index(from_id, base))
-                .arg(index(to_id, base))
-                .query_async(&mut conn)
-                .await?;
-        }
-        if from_id <= base && base <= to_id {
+            clamp(to_id).to_string()
+        };
+        let (base, mut items): (u64, Vec<String>) = self
+            .read_script
+            .key(self.keys.events(run))
+            .key(self.keys.base(run))
+            .arg(clamp(from_id))
+            .arg(to)
+            .invoke_async(&mut conn)
+            .await?;
+        if base > 0 && from_id <= base && base <= to_id {
             items.insert(0, lost_placeholder(base));
         }
         Ok(items)
@@ -400,6 +454,7 @@ impl EventBus {
     pub async fn len(&self, run: Uuid) -> Result<u64, AppendError> {
         let mut conn = self.pool.get().await?;
         let (base, n): (Option<u64>, u64) = redis::pipe()
+            .atomic()
             .get(self.keys.base(run))
             .llen(self.keys.events(run))
             .query_async(&mut conn)

@@ -211,9 +211,12 @@ async fn hand_back_after_failure(ctx: &RunCtx) {
         Ok(handbacks) => {
             metrics::counter!("agentfleet_run_handbacks_total").increment(1);
             let doublings = (handbacks - 1).clamp(0, 16) as u32;
+            // Below the sweeper's re-publish age, which would otherwise cut the wait short.
+            let cap =
+                Duration::from_secs(30).min(Duration::from_millis(settings.requeue_after_ms / 2));
             let delay = Duration::from_millis(settings.handback_backoff_ms)
                 .saturating_mul(1 << doublings)
-                .min(Duration::from_secs(30));
+                .min(cap);
             tracing::info!(%run_id, handbacks, delay_ms = delay.as_millis() as u64,
                 "run handed back after a failure");
             tokio::time::sleep(delay).await;

@@ -59,7 +59,8 @@ pub async fn record(pool: &PgPool, fence: Fence, turn: &Turn<'_>) -> Result<(), 
          counters AS (
             UPDATE runs SET iteration = $5, prompt_tokens = prompt_tokens + $7,
                             completion_tokens = completion_tokens + $8, updated_at = now(),
-                            last_event_id = GREATEST(last_event_id, $9)
+                            last_event_id = GREATEST(last_event_id, $9),
+                            handbacks = 0
             WHERE id IN (SELECT id FROM fence))
          SELECT count(*) FROM fence",
     ))

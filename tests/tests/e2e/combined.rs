@@ -154,3 +154,27 @@ async fn a_model_answering_503_with_retry_after_forever_is_retried_a_bounded_num
     let events = app.events(id, 0, T).await;
     assert_eq!(events.last().unwrap()["type"], "run_failed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loss_and_a_kill_before_anything_was_recorded_still_never_reuses_an_id() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let mut worker = env.spawn_worker_process(&[]);
+    // Killed during the first model call: Postgres has recorded no event id yet.
+    let body = scripted_run(
+        json!([{"content": "slow first answer", "delay_ms": 1500}]),
+        json!([]),
+    );
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let watch = app.watch(&id);
+    watch.wait_type("iteration_started", T).await;
+    let seen = watch.snapshot().last().unwrap()["id"].as_u64().unwrap();
+    env.flush_redis_keys().await;
+    worker.kill();
+    let _rescuer = env.spawn_worker_process(&[]);
+    let done = app.wait_status(&id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let rest = app.events(&id, seen, T).await;
+    assert_continues(&rest, seen, "run_completed");
+}

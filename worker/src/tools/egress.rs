@@ -59,6 +59,8 @@ pub fn client(
         })
     };
     reqwest::Client::builder()
+        // A proxy from the environment would resolve the tool's host itself, past the policy.
+        .no_proxy()
         .dns_resolver(Arc::new(PolicyResolver { policy }))
         .redirect(redirects)
         .connect_timeout(connect_timeout)
