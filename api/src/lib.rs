@@ -10,5 +10,6 @@ pub mod startup;
 pub mod state;
 pub mod stream;
 pub mod stream_token;
+pub mod validate;
 
 pub use startup::Application;

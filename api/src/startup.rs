@@ -114,7 +114,7 @@ impl Application {
 pub fn build_router(state: AppState) -> Router {
     let api = &state.settings.api;
     let timeout = Duration::from_millis(api.request_timeout_ms);
-    let v1 = routes::router()
+    let v1 = routes::router(&state)
         .layer(DefaultBodyLimit::max(api.max_body_bytes))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
@@ -127,6 +127,8 @@ pub fn build_router(state: AppState) -> Router {
         .route("/metrics", get(routes::health::metrics))
         .route("/openapi.json", get(routes::openapi::openapi))
         .merge(v1)
+        .fallback(crate::error::no_route)
+        .method_not_allowed_fallback(crate::error::method_not_allowed)
         .layer(TraceLayer::new_for_http())
         .layer(cors)
         .with_state(state)

@@ -3,7 +3,7 @@
 //! call on a cancelled run answers 200 again and changes nothing.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
@@ -13,7 +13,7 @@ use agentfleet_shared::store::{StoreError, runs};
 
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::routes::{parse_id, view};
+use crate::routes::{PathId, view};
 use crate::state::AppState;
 
 #[derive(Debug, thiserror::Error)]
@@ -47,9 +47,8 @@ impl From<CancelError> for ApiError {
 pub async fn cancel_run(
     State(state): State<AppState>,
     Caller(caller): Caller,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Value>, ApiError> {
-    let id = parse_id(&id, "id")?;
     let outcome = match transitions::cancel(&state.pool, caller.tenant_id, id).await {
         Ok(o) => o,
         Err(StoreError::NotFound) => return Err(CancelError::NotFound.into()),

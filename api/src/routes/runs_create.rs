@@ -20,6 +20,7 @@ use crate::auth::Caller;
 use crate::error::{ApiError, JsonBody};
 use crate::routes::view;
 use crate::state::AppState;
+use crate::validate;
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -113,15 +114,7 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> 
 pub fn validate(state: &AppState, body: &CreateRun, field_prefix: &str) -> Result<(), ApiError> {
     let api = &state.settings.api;
     let f = |name: &str| format!("{field_prefix}{name}");
-    if body.input.trim().is_empty() {
-        return Err(ApiError::invalid(&f("input"), "must not be empty"));
-    }
-    if body.input.len() > api.max_input_bytes {
-        return Err(ApiError::invalid(
-            &f("input"),
-            format!("longer than {} bytes", api.max_input_bytes),
-        ));
-    }
+    validate::user_text(&f("input"), &body.input, api.max_input_bytes)?;
     if let Some(meta) = &body.metadata {
         if !meta.is_object() {
             return Err(ApiError::invalid(&f("metadata"), "must be an object"));

@@ -6,7 +6,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
@@ -15,16 +15,21 @@ use tokio::sync::mpsc;
 
 use agentfleet_shared::store::{StoreError, runs};
 
-use crate::auth::StreamAuth;
-use crate::error::ApiError;
-use crate::routes::parse_id;
+use crate::auth::StreamTenant;
+use crate::error::{ApiError, QueryParams};
+use crate::routes::PathId;
 use crate::state::AppState;
 use crate::stream::{Follower, Mode};
+use crate::validate;
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EventsQuery {
-    pub after: Option<u64>,
-    pub token: Option<String>,
+    pub after: Option<String>,
+    /// Verified before the handler by `require_key_or_stream_token`; named here so that it is
+    /// not an unknown parameter.
+    #[serde(rename = "token")]
+    pub _token: Option<String>,
 }
 
 #[utoipa::path(get, path = "/v1/runs/{id}/events", tag = "events",
@@ -34,24 +39,22 @@ pub struct EventsQuery {
     security(("bearer" = [])))]
 pub async fn run_events(
     State(state): State<AppState>,
-    Path(id): Path<String>,
-    Query(q): Query<EventsQuery>,
+    StreamTenant(tenant): StreamTenant,
+    PathId(id): PathId,
+    QueryParams(q): QueryParams<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let run_id = parse_id(&id, "id")?;
-    let tenant = StreamAuth::resolve(&state, &headers, q.token.as_deref(), Some(run_id)).await?;
+    let run_id = id;
+    let after = match last_event_id(&headers)? {
+        Some(v) => validate::non_negative("Last-Event-ID", Some(&v))?.unwrap_or(0),
+        None => validate::non_negative("after", q.after.as_deref())?.unwrap_or(0),
+    };
     // Taken before the run is read, so an end after the read arrives live.
     let subscription = state.hub.subscribe(run_id);
     let status = match runs::get_for_tenant(&state.pool, tenant, run_id).await {
         Ok(run) => run.status,
         Err(StoreError::NotFound) => return Err(ApiError::not_found("run")),
         Err(e) => return Err(ApiError::unexpected(e)),
-    };
-    let after = match last_event_id(&headers)? {
-        Some(v) => v
-            .parse::<u64>()
-            .map_err(|_| ApiError::invalid("Last-Event-ID", "must be a non-negative integer"))?,
-        None => q.after.unwrap_or(0),
     };
     let (tx, rx) = channel(&state);
     let response = sse(rx, &state);

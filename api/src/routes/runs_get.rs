@@ -1,12 +1,12 @@
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde_json::Value;
 
 use agentfleet_shared::store::{StoreError, runs};
 
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::routes::{parse_id, view};
+use crate::routes::{PathId, view};
 use crate::state::AppState;
 
 /// `GET /v1/runs/{id}`: the run, with its pending question or calls while it waits.
@@ -16,9 +16,8 @@ use crate::state::AppState;
 pub async fn get_run(
     State(state): State<AppState>,
     Caller(caller): Caller,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Value>, ApiError> {
-    let id = parse_id(&id, "id")?;
     match runs::get_for_tenant(&state.pool, caller.tenant_id, id).await {
         Ok(run) => Ok(Json(view::run_json(&run))),
         Err(StoreError::NotFound) => Err(ApiError::not_found("run")),

@@ -1,5 +1,5 @@
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use base64_cursor::{decode, encode};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -8,15 +8,18 @@ use agentfleet_shared::domain::RunStatus;
 use agentfleet_shared::store::runs::{self, ListFilter};
 
 use crate::auth::Caller;
-use crate::error::ApiError;
+use crate::error::{ApiError, QueryParams};
 use crate::routes::view;
 use crate::state::AppState;
+use crate::validate;
 
+/// Read as text and checked here, so every error names its parameter.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ListQuery {
     status: Option<String>,
     thread_id: Option<String>,
-    limit: Option<u32>,
+    limit: Option<String>,
     cursor: Option<String>,
 }
 
@@ -30,7 +33,7 @@ pub struct ListQuery {
 pub async fn list_runs(
     State(state): State<AppState>,
     Caller(caller): Caller,
-    Query(q): Query<ListQuery>,
+    QueryParams(q): QueryParams<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let api = &state.settings.api;
     let status = match q.status.as_deref() {
@@ -42,15 +45,9 @@ pub async fn list_runs(
     };
     let thread_id = match q.thread_id.as_deref() {
         None => None,
-        Some(t) => Some(super::parse_id(t, "thread_id")?),
+        Some(t) => Some(validate::uuid("thread_id", t)?),
     };
-    let limit = q.limit.unwrap_or(api.default_page_size);
-    if limit == 0 || limit > api.max_page_size {
-        return Err(ApiError::invalid(
-            "limit",
-            format!("must be within 1..={}", api.max_page_size),
-        ));
-    }
+    let limit = validate::page_limit(q.limit.as_deref(), api.default_page_size, api.max_page_size)?;
     let before = match q.cursor.as_deref() {
         None => None,
         Some(c) => Some(decode(c).ok_or_else(|| ApiError::invalid("cursor", "malformed cursor"))?),

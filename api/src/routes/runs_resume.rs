@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -15,8 +15,9 @@ use agentfleet_shared::store::transitions::{self, Decision, ResumeError, ResumeI
 
 use crate::auth::Caller;
 use crate::error::{ApiError, JsonBody};
-use crate::routes::{parse_id, view};
+use crate::routes::{PathId, view};
 use crate::state::AppState;
+use crate::validate;
 
 /// Exactly one of `input` (answers a question) or `decisions` (settles confirmations).
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -79,26 +80,27 @@ impl From<ResumeError> for ApiError {
 pub async fn resume_run(
     State(state): State<AppState>,
     Caller(caller): Caller,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     JsonBody(body): JsonBody<ResumeBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let run_id = parse_id(&id, "id")?;
+    let run_id = id;
     let input = match (body.input, body.decisions) {
         (Some(text), None) => {
-            if text.trim().is_empty() {
-                return Err(ApiError::invalid("input", "must not be empty"));
-            }
-            if text.len() > state.settings.api.max_input_bytes {
-                return Err(ApiError::invalid(
-                    "input",
-                    format!("longer than {} bytes", state.settings.api.max_input_bytes),
-                ));
-            }
+            validate::user_text("input", &text, state.settings.api.max_input_bytes)?;
             ResumeInput::Answer(text)
         }
         (None, Some(decisions)) => {
             if decisions.is_empty() {
                 return Err(ApiError::invalid("decisions", "must not be empty"));
+            }
+            let max = state.settings.api.max_input_bytes;
+            for (i, d) in decisions.iter().enumerate() {
+                if d.reason.as_ref().is_some_and(|r| r.len() > max) {
+                    return Err(ApiError::invalid(
+                        &format!("decisions[{i}].reason"),
+                        format!("longer than {max} bytes"),
+                    ));
+                }
             }
             ResumeInput::Decisions(
                 decisions

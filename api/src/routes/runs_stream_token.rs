@@ -2,14 +2,14 @@
 //! browsers (`new EventSource(url)` cannot send an `Authorization` header).
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde_json::{Value, json};
 
 use agentfleet_shared::store::{StoreError, runs};
 
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::routes::parse_id;
+use crate::routes::PathId;
 use crate::state::AppState;
 
 #[utoipa::path(post, path = "/v1/runs/{id}/stream-token", tag = "events", params(("id" = String, Path)),
@@ -18,9 +18,9 @@ use crate::state::AppState;
 pub async fn issue_stream_token(
     State(state): State<AppState>,
     Caller(caller): Caller,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Value>, ApiError> {
-    let run_id = parse_id(&id, "id")?;
+    let run_id = id;
     match runs::get_for_tenant(&state.pool, caller.tenant_id, run_id).await {
         Ok(_) => {}
         Err(StoreError::NotFound) => return Err(ApiError::not_found("run")),

@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use futures_util::Stream;
@@ -14,9 +14,9 @@ use uuid::Uuid;
 
 use agentfleet_shared::store::runs::{self, ListFilter};
 
-use crate::auth::principal_from;
+use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::routes::parse_id;
+use crate::routes::PathId;
 use crate::routes::runs_events::{channel, last_event_id, sse};
 use crate::state::AppState;
 use crate::stream::{FollowError, Follower, Mode};
@@ -27,11 +27,11 @@ use crate::stream::{FollowError, Follower, Mode};
     security(("bearer" = [])))]
 pub async fn thread_events(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Caller(caller): Caller,
+    PathId(id): PathId,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let thread = parse_id(&id, "id")?;
-    let caller = principal_from(&headers, &state).await?;
+    let thread = id;
     if !runs::thread_belongs_to(&state.pool, caller.tenant_id, thread)
         .await
         .map_err(ApiError::unexpected)?

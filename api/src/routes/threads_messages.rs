@@ -1,19 +1,21 @@
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use agentfleet_shared::store::{messages, runs};
 
 use crate::auth::Caller;
-use crate::error::ApiError;
-use crate::routes::parse_id;
+use crate::error::{ApiError, QueryParams};
+use crate::routes::PathId;
 use crate::state::AppState;
+use crate::validate;
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MessagesQuery {
-    after: Option<i64>,
-    limit: Option<u32>,
+    after: Option<String>,
+    limit: Option<String>,
 }
 
 /// `GET /v1/threads/{id}/messages`: oldest first, `after` a message id for the next page.
@@ -24,25 +26,20 @@ pub struct MessagesQuery {
 pub async fn list_messages(
     State(state): State<AppState>,
     Caller(caller): Caller,
-    Path(id): Path<String>,
-    Query(q): Query<MessagesQuery>,
+    PathId(id): PathId,
+    QueryParams(q): QueryParams<MessagesQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let thread = parse_id(&id, "id")?;
+    let thread = id;
     let api = &state.settings.api;
-    let limit = q.limit.unwrap_or(api.default_page_size);
-    if limit == 0 || limit > api.max_page_size {
-        return Err(ApiError::invalid(
-            "limit",
-            format!("must be within 1..={}", api.max_page_size),
-        ));
-    }
+    let limit = validate::page_limit(q.limit.as_deref(), api.default_page_size, api.max_page_size)?;
+    let after = validate::non_negative("after", q.after.as_deref())?.unwrap_or(0) as i64;
     if !runs::thread_belongs_to(&state.pool, caller.tenant_id, thread)
         .await
         .map_err(ApiError::unexpected)?
     {
         return Err(ApiError::not_found("thread"));
     }
-    let rows = messages::list(&state.pool, thread, q.after.unwrap_or(0), limit as i64 + 1)
+    let rows = messages::list(&state.pool, thread, after, limit as i64 + 1)
         .await
         .map_err(ApiError::unexpected)?;
     let more = rows.len() > limit as usize;

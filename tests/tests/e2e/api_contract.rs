@@ -1,0 +1,362 @@
+//! The API's contract under hostile input: every error is the documented JSON shape with the
+//! right status and names what was wrong; credentials are checked before anything else; no
+//! answer carries internal detail; metrics are not on the public port; the served OpenAPI
+//! document describes every operation.
+
+use serde_json::{Value, json};
+
+use agentfleet_tests::harness::*;
+
+async fn error_of(resp: reqwest::Response) -> (u16, Value) {
+    let status = resp.status().as_u16();
+    let text = resp.text().await.expect("body");
+    let body: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|_| panic!("error bodies are JSON; got {status}: {text:?}"));
+    assert!(
+        body["error"]["code"].is_string() && body["error"]["message"].is_string(),
+        "the error shape is {{error: {{code, message}}}}: {body}"
+    );
+    (status, body["error"].clone())
+}
+
+fn message(err: &Value) -> &str {
+    err["message"].as_str().unwrap_or_default()
+}
+
+async fn count_rows(env: &TestEnv) -> (i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM threads), (SELECT count(*) FROM messages)",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nul_characters_are_refused_naming_the_field() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let nul = "a\u{0}b";
+    let run = |input: &str, agent: Value, metadata: Value| json!({"input": input, "agent": agent, "metadata": metadata});
+    let tool = |name: &str, description: &str| json!({"name": name, "description": description, "kind": "http", "url": "http://tools.example/t"});
+    let model = || json!({"model": "mock"});
+    let cases = [
+        (run(nul, model(), json!({})), "input"),
+        (run("hi", model(), json!({"k": nul})), "metadata.k"),
+        (
+            run("hi", model(), json!({"a": {"b": [1, {"c": nul}]}})),
+            "metadata.a.b[1].c",
+        ),
+        (run("hi", model(), json!({"k\u{0}": 1})), "metadata"),
+        (
+            run("hi", model(), json!({"a": {"k\u{0}": 1}})),
+            "metadata.a",
+        ),
+        (
+            run(
+                "hi",
+                json!({"model": "mock", "system_prompt": nul}),
+                json!({}),
+            ),
+            "agent.system_prompt",
+        ),
+        (
+            run(
+                "hi",
+                json!({"model": "mock", "tools": [tool(nul, "d")]}),
+                json!({}),
+            ),
+            "agent.tools[0].name",
+        ),
+        (
+            run(
+                "hi",
+                json!({"model": "mock", "tools": [tool("t", nul)]}),
+                json!({}),
+            ),
+            "agent.tools[0].description",
+        ),
+        (
+            run(
+                "hi",
+                json!({"model": "mock", "tools": [{"name": "t", "kind": "http", "url": "http://x/t",
+                        "parameters": {"type": "object", "description": nul}}]}),
+                json!({}),
+            ),
+            "agent.tools[0].parameters.description",
+        ),
+    ];
+    for (body, field) in &cases {
+        let (status, err) = error_of(app.post("/v1/runs", body).await).await;
+        assert_eq!(status, 422, "{field}: {err}");
+        assert_eq!(err["code"], "invalid_request", "{err}");
+        let expected = if field.starts_with("metadata") && body.to_string().contains("k\\u0000") {
+            format!("{field}: keys must not contain NUL characters")
+        } else {
+            format!("{field}: must not contain NUL characters")
+        };
+        assert_eq!(message(&err), expected);
+    }
+    // A batch names the run.
+    let good = json!({"input": "hi", "agent": {"model": "mock"}});
+    let bad = run(nul, model(), json!({}));
+    let (status, err) = error_of(
+        app.post("/v1/runs/batch", &json!({"runs": [good, bad]}))
+            .await,
+    )
+    .await;
+    assert_eq!(status, 422);
+    assert_eq!(
+        message(&err),
+        "runs[1].input: must not contain NUL characters"
+    );
+    // Resuming: the answer and a decision's reason.
+    let path = format!("/v1/runs/{}/resume", uuid::Uuid::new_v4());
+    let (status, err) = error_of(app.post(&path, &json!({"input": nul})).await).await;
+    assert_eq!(status, 422);
+    assert_eq!(message(&err), "input: must not contain NUL characters");
+    let decision = json!({"decisions": [{"tool_call_id": "c1", "approve": false, "reason": nul}]});
+    let (status, err) = error_of(app.post(&path, &decision).await).await;
+    assert_eq!(status, 422);
+    assert_eq!(
+        message(&err),
+        "decisions[0].reason: must not contain NUL characters"
+    );
+    // The escape as clients send it, byte for byte; an escaped backslash before `u0000` is
+    // text, not NUL, and is stored.
+    let raw = |body: &'static str| {
+        app.http
+            .post(app.url("/v1/runs"))
+            .bearer_auth(&app.api_key)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let (status, err) = error_of(
+        raw(r#"{"input": "x\u0000", "agent": {"model": "mock"}}"#)
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, message(&err)),
+        (422, "input: must not contain NUL characters")
+    );
+    assert_eq!(count_rows(&env).await, (0, 0, 0), "nothing was written");
+    let ok = raw(r#"{"input": "x\\u0000", "agent": {"model": "mock"}}"#)
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 202);
+    let created: Value = ok.json().await.unwrap();
+    let stored = app.run(created["id"].as_str().unwrap()).await;
+    assert_eq!(stored["status"], "queued");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_method_and_route_errors_are_json_naming_the_parameter() {
+    let env = TestEnv::with(&[("api.max_page_size", "100")]).await;
+    let app = env.spawn_api().await;
+    let thread = uuid::Uuid::new_v4();
+    let run = uuid::Uuid::new_v4();
+    let cases: Vec<(String, &str)> = vec![
+        (
+            "/v1/runs?limit=abc".into(),
+            "limit: must be an integer within 1..=100",
+        ),
+        (
+            "/v1/runs?limit=0".into(),
+            "limit: must be an integer within 1..=100",
+        ),
+        (
+            "/v1/runs?limit=101".into(),
+            "limit: must be an integer within 1..=100",
+        ),
+        (
+            "/v1/runs?limit=-1".into(),
+            "limit: must be an integer within 1..=100",
+        ),
+        (
+            "/v1/runs?status=bogus".into(),
+            "status: unknown status `bogus`",
+        ),
+        (
+            "/v1/runs?thread_id=nope".into(),
+            "thread_id: must be a UUID",
+        ),
+        ("/v1/runs?cursor=zzz".into(), "cursor: malformed cursor"),
+        (
+            format!("/v1/threads/{thread}/messages?after=-5"),
+            "after: must be a non-negative integer",
+        ),
+        (
+            format!("/v1/threads/{thread}/messages?limit=x"),
+            "limit: must be an integer within 1..=100",
+        ),
+        (
+            format!("/v1/runs/{run}/events?after=-5"),
+            "after: must be a non-negative integer",
+        ),
+        (
+            format!("/v1/runs/{run}/events?after=abc"),
+            "after: must be a non-negative integer",
+        ),
+    ];
+    for (path, expected) in &cases {
+        let (status, err) = error_of(app.get(path).await).await;
+        assert_eq!(status, 422, "{path}: {err}");
+        assert_eq!(err["code"], "invalid_request", "{path}");
+        assert_eq!(message(&err), *expected, "{path}");
+    }
+    // An unknown (misspelt) or repeated parameter is named too, not silently ignored.
+    let (status, err) = error_of(app.get("/v1/runs?limt=5").await).await;
+    assert_eq!(status, 422);
+    assert!(message(&err).contains("`limt`"), "{err}");
+    let (status, err) = error_of(app.get("/v1/runs?limit=1&limit=2").await).await;
+    assert_eq!(status, 422);
+    assert!(message(&err).contains("`limit`"), "{err}");
+
+    // Unknown routes and wrong methods: the same JSON shape, 404 and 405 with `Allow`.
+    for path in ["/nope", "/v1/nope", "/v1/runs/a/b/c"] {
+        let (status, err) = error_of(app.get(path).await).await;
+        assert_eq!(
+            (status, err["code"].as_str()),
+            (404, Some("not_found")),
+            "{path}"
+        );
+    }
+    let resp = app
+        .http
+        .delete(app.url("/v1/runs"))
+        .bearer_auth(&app.api_key)
+        .send()
+        .await
+        .unwrap();
+    let allow = resp.headers()["allow"].to_str().unwrap().to_owned();
+    let (status, err) = error_of(resp).await;
+    assert_eq!(
+        (status, err["code"].as_str()),
+        (405, Some("method_not_allowed"))
+    );
+    assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
+    let resp = app
+        .http
+        .put(app.url(&format!("/v1/runs/{run}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["allow"], "GET,HEAD");
+    assert_eq!(error_of(resp).await.0, 405);
+    let resp = app.http.post(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(error_of(resp).await.0, 405);
+    // A body that is not declared JSON: 415 in the same shape.
+    let resp = app
+        .http
+        .post(app.url("/v1/runs"))
+        .bearer_auth(&app.api_key)
+        .header("content-type", "text/plain")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let (status, err) = error_of(resp).await;
+    assert_eq!(
+        (status, err["code"].as_str()),
+        (415, Some("unsupported_media_type"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_are_checked_before_path_query_and_body() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let nul_body = r#"{"input": "\u0000"}"#;
+    // Method, path, and an optional (content type, body).
+    type Request<'a> = (reqwest::Method, &'a str, Option<(&'a str, &'a str)>);
+    let requests: Vec<Request> = vec![
+        (
+            reqwest::Method::POST,
+            "/v1/runs",
+            Some(("application/json", "{not json")),
+        ),
+        (
+            reqwest::Method::POST,
+            "/v1/runs",
+            Some(("application/json", nul_body)),
+        ),
+        (
+            reqwest::Method::POST,
+            "/v1/runs",
+            Some(("text/plain", "hi")),
+        ),
+        (
+            reqwest::Method::POST,
+            "/v1/runs/batch",
+            Some(("application/json", "[]")),
+        ),
+        (
+            reqwest::Method::GET,
+            "/v1/runs?limit=abc&status=bogus",
+            None,
+        ),
+        (reqwest::Method::GET, "/v1/runs/not-a-uuid", None),
+        (reqwest::Method::POST, "/v1/runs/not-a-uuid/cancel", None),
+        (
+            reqwest::Method::POST,
+            "/v1/runs/not-a-uuid/resume",
+            Some(("application/json", "{")),
+        ),
+        (
+            reqwest::Method::POST,
+            "/v1/runs/not-a-uuid/stream-token",
+            None,
+        ),
+        (
+            reqwest::Method::GET,
+            "/v1/runs/not-a-uuid/events?after=-1",
+            None,
+        ),
+        (
+            reqwest::Method::GET,
+            "/v1/threads/not-a-uuid/messages?limit=x",
+            None,
+        ),
+        (reqwest::Method::GET, "/v1/threads/not-a-uuid/events", None),
+    ];
+    for key in [None, Some("af_not_a_real_key"), Some("")] {
+        for (method, path, body) in &requests {
+            let mut req = app.http.request(method.clone(), app.url(path));
+            if let Some(key) = key {
+                req = req.header("authorization", format!("Bearer {key}"));
+            }
+            if let Some((content_type, body)) = body {
+                req = req.header("content-type", *content_type).body(*body);
+            }
+            let (status, err) = error_of(req.send().await.unwrap()).await;
+            assert_eq!(status, 401, "{method} {path} with {key:?}: {err}");
+            assert_eq!(err["code"], "unauthorized");
+        }
+    }
+    // A stream token is checked before the path, too: one for no run cannot read a bad id.
+    let (status, _) = error_of(app.get("/v1/runs/not-a-uuid/events?token=abc").await).await;
+    assert_eq!(status, 401);
+    // Authenticated, a malformed id is 422 naming it on every endpoint.
+    for (method, path) in [
+        (reqwest::Method::GET, "/v1/runs/not-a-uuid"),
+        (reqwest::Method::POST, "/v1/runs/not-a-uuid/cancel"),
+        (reqwest::Method::POST, "/v1/runs/not-a-uuid/stream-token"),
+        (reqwest::Method::GET, "/v1/runs/not-a-uuid/events"),
+        (reqwest::Method::GET, "/v1/threads/not-a-uuid/messages"),
+        (reqwest::Method::GET, "/v1/threads/not-a-uuid/events"),
+    ] {
+        let resp = app
+            .http
+            .request(method.clone(), app.url(path))
+            .bearer_auth(&app.api_key)
+            .send()
+            .await
+            .unwrap();
+        let (status, err) = error_of(resp).await;
+        assert_eq!(status, 422, "{method} {path}: {err}");
+        assert_eq!(message(&err), "id: must be a UUID", "{method} {path}");
+    }
+}
