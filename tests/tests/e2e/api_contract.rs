@@ -360,3 +360,56 @@ async fn credentials_are_checked_before_path_query_and_body() {
         assert_eq!(message(&err), "id: must be a UUID", "{method} {path}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_urls_must_be_absolute_http_with_a_host_and_no_credentials() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let with_url = |url: &str| {
+        json!({"input": "hi", "agent": {"model": "mock", "tools": [
+            {"name": "t", "kind": "http", "url": url}]}})
+    };
+    for (url, why) in [
+        ("http://", "must name a host"),
+        ("https:///no-host", "must name a host"),
+        (
+            "http://tools .example/x",
+            "must not contain spaces or control characters",
+        ),
+        (
+            "http://tools.example/a b",
+            "must not contain spaces or control characters",
+        ),
+        (
+            "http://user:pw@tools.example/",
+            "must not carry credentials (user:password@)",
+        ),
+        (
+            "ftp://tools.example/x",
+            "must be an http:// or https:// URL",
+        ),
+        (
+            "gopher://tools.example/x",
+            "must be an http:// or https:// URL",
+        ),
+        ("http:\\\\tools.example\\x", "must not contain backslashes"),
+        ("http://tools.example:70000/", "has an invalid port"),
+    ] {
+        let (status, err) = error_of(app.post("/v1/runs", &with_url(url)).await).await;
+        assert_eq!(status, 422, "{url}: {err}");
+        assert_eq!(message(&err), format!("agent.tools[0].url: {why}"), "{url}");
+    }
+    let batch = json!({"runs": [with_url("https://tools.example/ok"), with_url("http://")]});
+    let (status, err) = error_of(app.post("/v1/runs/batch", &batch).await).await;
+    assert_eq!(status, 422);
+    assert_eq!(
+        message(&err),
+        "runs[1].agent.tools[0].url: must name a host"
+    );
+    assert_eq!(count_rows(&env).await, (0, 0, 0));
+    // Syntax only: which addresses may be reached is a separate policy.
+    let ok = app
+        .post("/v1/runs", &with_url(&env.tools.url("/add")))
+        .await;
+    assert_eq!(ok.status(), 202);
+}
