@@ -413,3 +413,60 @@ async fn tool_urls_must_be_absolute_http_with_a_host_and_no_credentials() {
         .await;
     assert_eq!(ok.status(), 202);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served_only_on_their_own_listener() {
+    let env = TestEnv::new().await;
+    // Default: no metrics listener, and none on the public port.
+    let app = env.spawn_api().await;
+    let (status, _) = error_of(app.get("/metrics").await).await;
+    assert_eq!(status, 404);
+    let (status, _) = error_of(app.http.get(app.url("/metrics")).send().await.unwrap()).await;
+    assert_eq!(status, 404, "not unauthenticated either");
+
+    let api = agentfleet_api::Application::build(
+        env.settings_with(&[("api.metrics_listen", "127.0.0.1:0")]),
+    )
+    .await
+    .expect("api builds");
+    let public = format!("http://127.0.0.1:{}", api.port());
+    let metrics = format!(
+        "http://127.0.0.1:{}",
+        api.metrics_port().expect("api.metrics_listen is set")
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = stop.clone();
+    let served = tokio::spawn(api.run_until_stopped(async move { stopped.cancelled().await }));
+    let http = reqwest::Client::new();
+    let key = env.new_tenant_key().await;
+    let created = http
+        .post(format!("{public}/v1/runs"))
+        .bearer_auth(&key)
+        .json(&json!({"input": "hi", "agent": {"model": "mock"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 202);
+    let resp = http.get(format!("{public}/metrics")).send().await.unwrap();
+    assert_eq!(error_of(resp).await.0, 404);
+    let resp = http.get(format!("{metrics}/metrics")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("agentfleet_runs_created_total"), "{text}");
+    // The metrics listener serves nothing of the API.
+    let resp = http
+        .get(format!("{metrics}/v1/runs"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_of(resp).await.0, 404);
+    stop.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(10), served)
+        .await
+        .expect("the API stops")
+        .unwrap()
+        .unwrap();
+    let closed = http.get(format!("{metrics}/metrics")).send().await;
+    assert!(closed.is_err(), "the metrics listener stops with the API");
+}
