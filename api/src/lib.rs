@@ -5,6 +5,7 @@ pub mod auth;
 pub mod auth_cache;
 pub mod error;
 pub mod hub;
+pub mod layers;
 pub mod routes;
 pub mod startup;
 pub mod state;

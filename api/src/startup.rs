@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::get;
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
@@ -159,10 +160,7 @@ pub fn build_router(state: AppState) -> Router {
     let timeout = Duration::from_millis(api.request_timeout_ms);
     let v1 = routes::router(&state)
         .layer(DefaultBodyLimit::max(api.max_body_bytes))
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            axum::http::StatusCode::REQUEST_TIMEOUT,
-            timeout,
-        ));
+        .layer(from_fn_with_state(timeout, crate::layers::deadline));
     let cors = cors_layer(&state.settings.api.cors_allowed_origins);
     Router::new()
         .route("/healthz", get(routes::health::healthz))
@@ -171,6 +169,7 @@ pub fn build_router(state: AppState) -> Router {
         .merge(v1)
         .fallback(crate::error::no_route)
         .method_not_allowed_fallback(crate::error::method_not_allowed)
+        .layer(from_fn(crate::layers::catch_panic))
         .layer(TraceLayer::new_for_http())
         .layer(cors)
         .with_state(state)

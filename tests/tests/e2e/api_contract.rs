@@ -470,3 +470,50 @@ async fn metrics_are_served_only_on_their_own_listener() {
     let closed = http.get(format!("{metrics}/metrics")).send().await;
     assert!(closed.is_err(), "the metrics listener stops with the API");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_failure_answers_a_stable_error_without_internal_detail() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let created = app
+        .start_run(&json!({"input": "hi", "agent": {"model": "mock"}}))
+        .await;
+    let (run, thread) = (
+        created["id"].as_str().unwrap().to_owned(),
+        created["thread_id"].as_str().unwrap().to_owned(),
+    );
+    // The key is authenticated (and cached); then the tables the endpoints read go missing.
+    sqlx::query("ALTER TABLE runs RENAME TO runs_gone_x")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    sqlx::query("ALTER TABLE messages RENAME TO messages_gone_x")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let body = json!({"input": "hi", "agent": {"model": "mock"}, "thread_id": thread});
+    let answers = vec![
+        app.get("/v1/runs").await,
+        app.get(&format!("/v1/runs/{run}")).await,
+        app.get(&format!("/v1/threads/{thread}/messages")).await,
+        app.post(
+            "/v1/runs",
+            &json!({"input": "hi", "agent": {"model": "mock"}}),
+        )
+        .await,
+        app.post("/v1/runs", &body).await,
+        app.post("/v1/runs/batch", &json!({"runs": [body.clone()]}))
+            .await,
+        app.post(&format!("/v1/runs/{run}/cancel"), &json!({}))
+            .await,
+    ];
+    for resp in answers {
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        assert_eq!(status, 500, "{text}");
+        assert_eq!(
+            text, r#"{"error":{"code":"internal","message":"internal error"}}"#,
+            "the detail goes to the log only"
+        );
+    }
+}
