@@ -62,7 +62,7 @@ pub async fn require_key_or_stream_token(
                     params
                         .iter()
                         .find(|(k, _)| *k == "id")
-                        .and_then(|(_, v)| uuid::Uuid::parse_str(v).ok())
+                        .and_then(|(_, v)| crate::validate::parse_uuid(v))
                 });
             let Some(run) = run else {
                 return Err(unauthorized(&TokenError::WrongRun.to_string()));

@@ -118,7 +118,7 @@ impl From<JsonRejection> for ApiError {
 }
 
 /// A JSON request body whose every rejection answers with our error body. Before the body is
-/// read as `T`, it is checked for what no endpoint can store (see [`crate::validate::no_nul`]),
+/// read as `T`, it is checked for what no endpoint can store (see [`crate::validate::storable`]),
 /// so that rule holds for every field of every endpoint, present and future.
 pub struct JsonBody<T>(pub T);
 
@@ -149,13 +149,62 @@ where
                 )
             }
         })?;
-        if crate::validate::may_hold_nul(&bytes)
+        if crate::validate::may_be_unstorable(&bytes)
             && let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes)
         {
-            crate::validate::no_nul(&value, &mut String::new())?;
+            crate::validate::storable(&value, &mut String::new())?;
         }
-        let Json(value) = Json::<T>::from_bytes(&bytes)?;
-        Ok(JsonBody(value))
+        match Json::<T>::from_bytes(&bytes) {
+            Ok(Json(value)) => Ok(JsonBody(value)),
+            Err(JsonRejection::JsonDataError(e)) => {
+                // A JSON number is a number: `5.0` is the integer 5 (JSON Schema's `integer`
+                // says so too), which serde's integer fields refuse. Read such a body again
+                // with its whole floats written as integers; other errors stand.
+                let retried = serde_json::from_slice::<serde_json::Value>(&bytes)
+                    .ok()
+                    .and_then(|mut v| integral_floats_as_integers(&mut v).then_some(v))
+                    .and_then(|v| serde_json::from_value::<T>(v).ok());
+                retried
+                    .map(JsonBody)
+                    .ok_or_else(|| JsonRejection::JsonDataError(e).into())
+            }
+            Err(other) => Err(other.into()),
+        }
+    }
+}
+
+/// Rewrites every float with no fractional part within the integer range as that integer;
+/// says whether any was.
+fn integral_floats_as_integers(value: &mut serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) => {
+            let Some(f) = n.as_f64().filter(|_| n.is_f64()) else {
+                return false;
+            };
+            if f.fract() != 0.0 {
+                return false;
+            }
+            let integer = if (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&f) {
+                serde_json::Number::from(f as i64)
+            } else if (0.0..1.844_674_407_370_955_2e19).contains(&f) {
+                serde_json::Number::from(f as u64)
+            } else {
+                return false;
+            };
+            *n = integer;
+            true
+        }
+        // Every element is visited (no short circuit): all of them are rewritten.
+        Value::Array(items) => items
+            .iter_mut()
+            .map(integral_floats_as_integers)
+            .fold(false, |any, changed| any | changed),
+        Value::Object(map) => map
+            .values_mut()
+            .map(integral_floats_as_integers)
+            .fold(false, |any, changed| any | changed),
+        _ => false,
     }
 }
 
@@ -224,4 +273,21 @@ pub async fn method_not_allowed() -> ApiError {
         "method_not_allowed",
         "this endpoint does not serve that method; `Allow` lists those it does",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_floats_become_integers_and_nothing_else_changes() {
+        let mut v = serde_json::json!({"a": 5.0, "b": [1.5, -3.0, 7], "c": "5.0", "d": 1e30});
+        assert!(integral_floats_as_integers(&mut v));
+        assert_eq!(
+            v,
+            serde_json::json!({"a": 5, "b": [1.5, -3, 7], "c": "5.0", "d": 1e30})
+        );
+        let mut v = serde_json::json!({"a": 5, "b": 1.5});
+        assert!(!integral_floats_as_integers(&mut v));
+    }
 }

@@ -1,5 +1,5 @@
-//! Checks shared by every endpoint, so a rule is written once: text that Postgres cannot store,
-//! the limits of a user message, and query parameters. Every error names the field.
+//! Checks shared by every endpoint, so a rule is written once: JSON that cannot be stored and
+//! read back, the limits of a user message, and query parameters. Every error names the field.
 
 use serde_json::Value;
 
@@ -7,17 +7,27 @@ use crate::error::ApiError;
 
 const NUL_MESSAGE: &str = "must not contain NUL characters";
 
-/// Refuses a JSON document with a NUL character (`\u0000`) in any string or object key,
-/// naming the first offending field as `a.b[2].c`. Postgres stores neither `text` nor `jsonb`
-/// with NUL ("unsupported Unicode escape sequence"), so such a request could only fail late.
-pub fn no_nul(value: &Value, path: &mut String) -> Result<(), ApiError> {
+/// The largest magnitude of a JSON number in a request. Postgres keeps a `jsonb` number as a
+/// decimal and prints it in full, and a number within a few units in the last place of the
+/// largest double prints as more digits than serde_json reads back ("number out of range"): a
+/// run holding one could be stored but never read. Far below that edge, with room to spare.
+pub const MAX_NUMBER: f64 = 1e300;
+
+/// Refuses a JSON document that could be stored but not read back, naming the first offending
+/// field as `a.b[2].c`: a NUL character (`\u0000`) in any string or object key (Postgres
+/// stores neither `text` nor `jsonb` with NUL: "unsupported Unicode escape sequence"), or a
+/// number beyond [`MAX_NUMBER`].
+pub fn storable(value: &Value, path: &mut String) -> Result<(), ApiError> {
     match value {
         Value::String(s) if s.contains('\0') => Err(ApiError::invalid(at(path), NUL_MESSAGE)),
+        Value::Number(n) if n.as_f64().is_some_and(|f| f.abs() > MAX_NUMBER) => Err(
+            ApiError::invalid(at(path), "must be a number within -1e300..=1e300"),
+        ),
         Value::Array(items) => {
             for (i, item) in items.iter().enumerate() {
                 let len = path.len();
                 path.push_str(&format!("[{i}]"));
-                no_nul(item, path)?;
+                storable(item, path)?;
                 path.truncate(len);
             }
             Ok(())
@@ -32,7 +42,7 @@ pub fn no_nul(value: &Value, path: &mut String) -> Result<(), ApiError> {
                 }
                 let len = path.len();
                 push_key(path, key);
-                no_nul(item, path)?;
+                storable(item, path)?;
                 path.truncate(len);
             }
             Ok(())
@@ -41,10 +51,28 @@ pub fn no_nul(value: &Value, path: &mut String) -> Result<(), ApiError> {
     }
 }
 
-/// Whether a JSON text may hold a NUL: JSON can only spell one as the escape `\u0000` (a raw
-/// control character is a syntax error), so a body without those six bytes needs no walk.
-pub fn may_hold_nul(body: &[u8]) -> bool {
-    body.windows(6).any(|w| w == b"\\u0000")
+/// Whether a JSON text may hold what [`storable`] refuses, so that most bodies need no walk:
+/// JSON can only spell a NUL as the escape `\u0000` (a raw control character is a syntax
+/// error), and a number beyond 1e300 needs an exponent (a digit then `e`) or 300 digits.
+pub fn may_be_unstorable(body: &[u8]) -> bool {
+    let mut run = 0;
+    for (i, &b) in body.iter().enumerate() {
+        if b.is_ascii_digit() {
+            run += 1;
+            if run >= 300 {
+                return true;
+            }
+            continue;
+        }
+        if run > 0 && (b == b'e' || b == b'E') {
+            return true;
+        }
+        run = 0;
+        if b == b'\\' && body[i..].starts_with(b"\\u0000") {
+            return true;
+        }
+    }
+    false
 }
 
 fn at(path: &str) -> &str {
@@ -83,29 +111,47 @@ pub fn user_text(field: &str, text: &str, max_bytes: usize) -> Result<(), ApiErr
     Ok(())
 }
 
+/// The largest event or message id a parameter may name: 18 decimal digits (ids are counts,
+/// far below it), so that the rule is a plain pattern in the OpenAPI document.
+pub const MAX_ID: u64 = 999_999_999_999_999_999;
+
+/// Plain decimal digits, nothing else (no sign, no spaces): `^[0-9]{1,max_digits}$`.
+fn digits(raw: &str, max_digits: usize) -> Option<u64> {
+    let ok = !raw.is_empty() && raw.len() <= max_digits && raw.bytes().all(|b| b.is_ascii_digit());
+    ok.then(|| raw.parse().ok()).flatten()
+}
+
 /// A page size: absent means `default`, otherwise an integer within `1..=max`.
 pub fn page_limit(raw: Option<&str>, default: u32, max: u32) -> Result<u32, ApiError> {
     let Some(raw) = raw else { return Ok(default) };
-    raw.parse::<u32>()
-        .ok()
-        .filter(|n| (1..=max).contains(n))
+    digits(raw, 10)
+        .filter(|n| (1..=u64::from(max)).contains(n))
+        .map(|n| n as u32)
         .ok_or_else(|| ApiError::invalid("limit", format!("must be an integer within 1..={max}")))
 }
 
-/// A non-negative integer parameter.
+/// An event or message id parameter: an integer within `0..=MAX_ID`.
 pub fn non_negative(field: &str, raw: Option<&str>) -> Result<Option<u64>, ApiError> {
     raw.map(|r| {
-        r.parse::<u64>()
-            .ok()
-            .filter(|n| i64::try_from(*n).is_ok())
-            .ok_or_else(|| ApiError::invalid(field, "must be a non-negative integer"))
+        digits(r, 18).ok_or_else(|| {
+            ApiError::invalid(field, format!("must be an integer within 0..={MAX_ID}"))
+        })
     })
     .transpose()
 }
 
-/// A UUID parameter.
+/// A UUID parameter, in its canonical hyphenated form (`format: uuid`), any case.
 pub fn uuid(field: &str, raw: &str) -> Result<uuid::Uuid, ApiError> {
-    uuid::Uuid::parse_str(raw).map_err(|_| ApiError::invalid(field, "must be a UUID"))
+    parse_uuid(raw).ok_or_else(|| ApiError::invalid(field, "must be a UUID"))
+}
+
+/// Only the hyphenated form: the braced, URN and plain-hex forms the `uuid` crate also reads
+/// are not `format: uuid`.
+pub fn parse_uuid(raw: &str) -> Option<uuid::Uuid> {
+    if raw.len() != 36 {
+        return None;
+    }
+    uuid::Uuid::try_parse(raw).ok()
 }
 
 #[cfg(test)]
@@ -114,7 +160,7 @@ mod tests {
     use serde_json::json;
 
     fn nul_at(v: Value) -> Option<String> {
-        no_nul(&v, &mut String::new()).err().map(|e| e.message)
+        storable(&v, &mut String::new()).err().map(|e| e.message)
     }
 
     #[test]
@@ -151,11 +197,32 @@ mod tests {
     }
 
     #[test]
-    fn the_fast_path_only_skips_bodies_without_the_escape() {
-        assert!(may_hold_nul(br#"{"a": "\u0000"}"#));
-        assert!(!may_hold_nul(br#"{"a": "\u0001"}"#));
+    fn numbers_that_could_not_be_read_back_are_refused() {
+        assert_eq!(nul_at(json!({"a": [1e300, -1e300, 5, 1.5e-300]})), None);
+        assert_eq!(
+            nul_at(json!({"metadata": {"x": [0, -1.7976931348623157e308]}})).as_deref(),
+            Some("metadata.x[1]: must be a number within -1e300..=1e300")
+        );
+        let big: Value = serde_json::from_str(&format!("{{\"n\": 1{}}}", "0".repeat(301))).unwrap();
+        assert!(nul_at(big).is_some());
+    }
+
+    #[test]
+    fn the_fast_path_only_skips_bodies_that_need_no_walk() {
+        assert!(may_be_unstorable(br#"{"a": "\u0000"}"#));
+        assert!(!may_be_unstorable(
+            br#"{"a": "\u0001", "b": 12.5, "c": "e1"}"#
+        ));
+        assert!(may_be_unstorable(br#"{"a": 1e301}"#));
+        assert!(may_be_unstorable(br#"{"a": 1.5E+7}"#));
+        assert!(may_be_unstorable(
+            format!("[{}]", "9".repeat(300)).as_bytes()
+        ));
+        assert!(!may_be_unstorable(
+            format!("[{}]", "9".repeat(299)).as_bytes()
+        ));
         // An escaped backslash before `u0000` is text, not NUL: the walk decides.
-        assert!(may_hold_nul(br#"{"a": "\\u0000"}"#));
+        assert!(may_be_unstorable(br#"{"a": "\\u0000"}"#));
         assert_eq!(
             nul_at(serde_json::from_slice(br#"{"a": "\\u0000"}"#).unwrap()),
             None
@@ -173,13 +240,38 @@ mod tests {
                 "{bad}"
             );
         }
+        for bad in ["+5", " 5", "5 ", "0x5", "1e3"] {
+            assert!(page_limit(Some(bad), 50, 500).is_err(), "{bad}");
+        }
         assert_eq!(non_negative("after", Some("5")).unwrap(), Some(5));
-        assert!(
-            non_negative("after", Some("-5"))
-                .unwrap_err()
-                .message
-                .starts_with("after:")
+        assert_eq!(
+            non_negative("after", Some("999999999999999999")).unwrap(),
+            Some(MAX_ID)
         );
-        assert!(non_negative("after", Some("18446744073709551615")).is_err());
+        for bad in [
+            "-5",
+            "+5",
+            "",
+            "1.0",
+            "1000000000000000000",
+            "18446744073709551616",
+        ] {
+            let e = non_negative("after", Some(bad)).unwrap_err();
+            assert_eq!(
+                e.message,
+                format!("after: must be an integer within 0..={MAX_ID}")
+            );
+        }
+        let id = "67e55044-10b1-426f-9247-bb680e5fe0c8";
+        assert!(uuid("id", id).is_ok());
+        assert!(uuid("id", &id.to_uppercase()).is_ok());
+        for bad in [
+            "67e5504410b1426f9247bb680e5fe0c8",
+            "{67e55044-10b1-426f-9247-bb680e5fe0c8}",
+            "urn:uuid:67e55044-10b1-426f-9247-bb680e5fe0c8",
+            "x",
+        ] {
+            assert!(uuid("id", bad).is_err(), "{bad}");
+        }
     }
 }

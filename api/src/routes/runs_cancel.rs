@@ -5,7 +5,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use agentfleet_shared::events::{EventType, Expiry, FINAL_FENCE, NewEvent};
 use agentfleet_shared::store::transitions::{self, Cancelled};
@@ -40,15 +40,15 @@ impl From<CancelError> for ApiError {
     }
 }
 
-#[utoipa::path(post, path = "/v1/runs/{id}/cancel", tag = "runs", params(("id" = String, Path)),
-    responses((status = 200, description = "The run, cancelled (repeating is harmless)", body = Object),
-              (status = 404), (status = 409, description = "Already completed or failed")),
-    security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/runs/{id}/cancel", tag = "runs", operation_id = "cancel_run", params(("id" = uuid::Uuid, Path, description = "The run")),
+    responses((status = 200, description = "The run, cancelled (repeating is harmless)", body = view::Run),
+              (status = 404, description = "No run of this tenant has that id", body = crate::routes::view::ErrorBody),
+              (status = 409, description = "`run_finished`: already completed or failed", body = crate::routes::view::ErrorBody)))]
 pub async fn cancel_run(
     State(state): State<AppState>,
     Caller(caller): Caller,
     PathId(id): PathId,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<view::Run>, ApiError> {
     let outcome = match transitions::cancel(&state.pool, caller.tenant_id, id).await {
         Ok(o) => o,
         Err(StoreError::NotFound) => return Err(CancelError::NotFound.into()),
@@ -86,5 +86,5 @@ pub async fn cancel_run(
     let run = runs::get_for_tenant(&state.pool, caller.tenant_id, id)
         .await
         .map_err(ApiError::unexpected)?;
-    Ok(Json(view::run_json(&run)))
+    Ok(Json(view::run(&run)))
 }

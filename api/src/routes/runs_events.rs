@@ -32,11 +32,14 @@ pub struct EventsQuery {
     pub _token: Option<String>,
 }
 
-#[utoipa::path(get, path = "/v1/runs/{id}/events", tag = "events",
-    params(("id" = String, Path), ("after" = Option<u64>, Query), ("token" = Option<String>, Query, description = "Stream token (browsers)"),
-           ("Last-Event-ID" = Option<String>, Header)),
-    responses((status = 200, description = "text/event-stream; see docs/events.md", content_type = "text/event-stream")),
-    security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/runs/{id}/events", tag = "events", operation_id = "run_events",
+    params(("id" = uuid::Uuid, Path, description = "The run"),
+           ("after" = Option<u64>, Query, description = "Replay events after this id (`Last-Event-ID` wins)"),
+           ("token" = Option<String>, Query, description = "A stream token for this run, instead of the API key (browsers)"),
+           ("Last-Event-ID" = Option<String>, Header, description = "The last event id the client has")),
+    responses((status = 200, description = "Server-Sent Events; see docs/events.md", body = String, content_type = "text/event-stream"),
+              (status = 404, description = "No run of this tenant has that id", body = crate::routes::view::ErrorBody)),
+    security(("bearer" = []), ("stream_token" = [])))]
 pub async fn run_events(
     State(state): State<AppState>,
     StreamTenant(tenant): StreamTenant,
@@ -45,10 +48,13 @@ pub async fn run_events(
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let run_id = id;
+    // Both are checked; `Last-Event-ID` (a reconnecting `EventSource`) wins over `after`.
+    let after = validate::non_negative("after", q.after.as_deref())?;
     let after = match last_event_id(&headers)? {
-        Some(v) => validate::non_negative("Last-Event-ID", Some(&v))?.unwrap_or(0),
-        None => validate::non_negative("after", q.after.as_deref())?.unwrap_or(0),
-    };
+        Some(v) => validate::non_negative("Last-Event-ID", Some(&v))?,
+        None => after,
+    }
+    .unwrap_or(0);
     // Taken before the run is read, so an end after the read arrives live.
     let subscription = state.hub.subscribe(run_id);
     let status = match runs::get_for_tenant(&state.pool, tenant, run_id).await {

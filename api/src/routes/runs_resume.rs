@@ -8,7 +8,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use agentfleet_shared::events::{EventType, Expiry, NewEvent, pending_event, resume_fence};
 use agentfleet_shared::store::transitions::{self, Decision, ResumeError, ResumeInput};
@@ -73,16 +73,17 @@ impl From<ResumeError> for ApiError {
     }
 }
 
-#[utoipa::path(post, path = "/v1/runs/{id}/resume", tag = "runs", params(("id" = String, Path)), request_body = ResumeBody,
-    responses((status = 202, description = "The run, queued again", body = Object), (status = 404),
-              (status = 409, description = "Not waiting"), (status = 422, description = "Missing or unknown decisions")),
-    security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/runs/{id}/resume", tag = "runs", operation_id = "resume_run", params(("id" = uuid::Uuid, Path, description = "The run")), request_body = ResumeBody,
+    responses((status = 202, description = "The run, queued again", body = view::Run),
+              (status = 404, description = "No run of this tenant has that id", body = crate::routes::view::ErrorBody),
+              (status = 409, description = "`run_not_waiting`: the run is not waiting", body = crate::routes::view::ErrorBody),
+              (status = 422, description = "`invalid_request`, `missing_decisions` or `unknown_tool_call`", body = crate::routes::view::ErrorBody)))]
 pub async fn resume_run(
     State(state): State<AppState>,
     Caller(caller): Caller,
     PathId(id): PathId,
     JsonBody(body): JsonBody<ResumeBody>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<view::Run>), ApiError> {
     let run_id = id;
     let input = match (body.input, body.decisions) {
         (Some(text), None) => {
@@ -155,7 +156,7 @@ pub async fn resume_run(
     if let Err(e) = state.publisher.publish_run(run_id).await {
         tracing::warn!(%run_id, error = %e, "publish failed; the sweeper will re-enqueue");
     }
-    Ok((StatusCode::ACCEPTED, Json(view::run_json(run))))
+    Ok((StatusCode::ACCEPTED, Json(view::run(run))))
 }
 
 async fn wait_until_len(state: &AppState, run_id: uuid::Uuid, len: u64, timeout: Duration) -> bool {

@@ -20,11 +20,12 @@ use crate::routes::PathId;
 use crate::routes::runs_events::{channel, last_event_id, sse};
 use crate::state::AppState;
 use crate::stream::{FollowError, Follower, Mode};
+use crate::validate;
 
-#[utoipa::path(get, path = "/v1/threads/{id}/events", tag = "events",
-    params(("id" = String, Path), ("Last-Event-ID" = Option<String>, Header, description = "`<run_id>:<event id>`")),
-    responses((status = 200, description = "text/event-stream of the thread's runs", content_type = "text/event-stream")),
-    security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/threads/{id}/events", tag = "events", operation_id = "thread_events",
+    params(("id" = uuid::Uuid, Path, description = "The thread"), ("Last-Event-ID" = Option<String>, Header, description = "`<run_id>:<event id>`")),
+    responses((status = 200, description = "Server-Sent Events of the thread's runs, one after another", body = String, content_type = "text/event-stream"),
+              (status = 404, description = "No thread of this tenant has that id", body = crate::routes::view::ErrorBody)))]
 pub async fn thread_events(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -41,9 +42,10 @@ pub async fn thread_events(
     let start = match last_event_id(&headers)? {
         None => None,
         Some(v) => {
-            let parsed = v
-                .split_once(':')
-                .and_then(|(r, n)| Some((Uuid::parse_str(r).ok()?, n.parse::<u64>().ok()?)));
+            let parsed = v.split_once(':').and_then(|(r, n)| {
+                let n = validate::non_negative("Last-Event-ID", Some(n)).ok()??;
+                Some((validate::parse_uuid(r)?, n))
+            });
             Some(parsed.ok_or_else(|| {
                 ApiError::invalid("Last-Event-ID", "must be `<run_id>:<event id>`")
             })?)

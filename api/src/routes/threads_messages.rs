@@ -1,13 +1,12 @@
 use axum::Json;
 use axum::extract::State;
 use serde::Deserialize;
-use serde_json::{Value, json};
 
 use agentfleet_shared::store::{messages, runs};
 
 use crate::auth::Caller;
 use crate::error::{ApiError, QueryParams};
-use crate::routes::PathId;
+use crate::routes::{PathId, view};
 use crate::state::AppState;
 use crate::validate;
 
@@ -19,16 +18,18 @@ pub struct MessagesQuery {
 }
 
 /// `GET /v1/threads/{id}/messages`: oldest first, `after` a message id for the next page.
-#[utoipa::path(get, path = "/v1/threads/{id}/messages", tag = "threads",
-    params(("id" = String, Path), ("after" = Option<i64>, Query), ("limit" = Option<u32>, Query)),
-    responses((status = 200, description = "`{data: [message], next_after}`", body = Object), (status = 404)),
-    security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/threads/{id}/messages", tag = "threads", operation_id = "list_messages",
+    params(("id" = uuid::Uuid, Path, description = "The thread"),
+           ("after" = Option<u64>, Query, description = "`next_after` of the previous page"),
+           ("limit" = Option<u32>, Query, description = "Page size (`api.default_page_size` when absent)")),
+    responses((status = 200, description = "A page of the thread's messages, oldest first", body = view::MessagePage),
+              (status = 404, description = "No thread of this tenant has that id", body = crate::routes::view::ErrorBody)))]
 pub async fn list_messages(
     State(state): State<AppState>,
     Caller(caller): Caller,
     PathId(id): PathId,
     QueryParams(q): QueryParams<MessagesQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<view::MessagePage>, ApiError> {
     let thread = id;
     let api = &state.settings.api;
     let limit = validate::page_limit(q.limit.as_deref(), api.default_page_size, api.max_page_size)?;
@@ -43,20 +44,15 @@ pub async fn list_messages(
         .await
         .map_err(ApiError::unexpected)?;
     let more = rows.len() > limit as usize;
-    let data: Vec<Value> = rows
+    let data: Vec<view::Message> = rows
         .iter()
         .take(limit as usize)
-        .map(|m| {
-            json!({
-                "id": m.id, "run_id": m.run_id, "role": m.role,
-                "is_llm_message": m.is_llm_message, "body": m.body.0, "created_at": m.created_at,
-            })
-        })
+        .map(view::Message::from)
         .collect();
     let next_after = if more {
-        data.last().and_then(|m| m["id"].as_i64())
+        data.last().map(|m| m.id)
     } else {
         None
     };
-    Ok(Json(json!({"data": data, "next_after": next_after})))
+    Ok(Json(view::MessagePage { data, next_after }))
 }

@@ -186,7 +186,7 @@ async fn query_method_and_route_errors_are_json_naming_the_parameter() {
         ("/v1/runs?cursor=zzz".into(), "cursor: malformed cursor"),
         (
             format!("/v1/threads/{thread}/messages?after=-5"),
-            "after: must be a non-negative integer",
+            "after: must be an integer within 0..=999999999999999999",
         ),
         (
             format!("/v1/threads/{thread}/messages?limit=x"),
@@ -194,11 +194,11 @@ async fn query_method_and_route_errors_are_json_naming_the_parameter() {
         ),
         (
             format!("/v1/runs/{run}/events?after=-5"),
-            "after: must be a non-negative integer",
+            "after: must be an integer within 0..=999999999999999999",
         ),
         (
             format!("/v1/runs/{run}/events?after=abc"),
-            "after: must be a non-negative integer",
+            "after: must be an integer within 0..=999999999999999999",
         ),
     ];
     for (path, expected) in &cases {
@@ -516,4 +516,174 @@ async fn a_database_failure_answers_a_stable_error_without_internal_detail() {
             "the detail goes to the log only"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numbers_are_read_as_json_numbers_and_must_be_storable() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    // `3.0` is the integer 3, as JSON (and JSON Schema's `integer`) has it.
+    let run = app
+        .start_run(&json!({"input": "hi", "agent": {"model": "mock", "max_iterations": 3.0,
+            "tools": [{"name": "t", "kind": "http", "url": "http://tools.example/t", "timeout_ms": 1500.0}]}}))
+        .await;
+    assert_eq!(run["max_iterations"], 3);
+    assert_eq!(run["agent"]["tools"][0]["timeout_ms"], 1500);
+    let (status, err) = error_of(
+        app.post(
+            "/v1/runs",
+            &json!({"input": "hi", "agent": {"model": "mock", "max_iterations": 2.5}}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, 422);
+    assert!(message(&err).starts_with("agent.max_iterations"), "{err}");
+    // A number Postgres would keep but print beyond what can be read back is refused, named.
+    for (body, field) in [
+        (
+            json!({"input": "hi", "agent": {"model": "mock"}, "metadata": {"x": [-1.7976931348623157e308]}}),
+            "metadata.x[0]",
+        ),
+        (
+            json!({"input": "hi", "agent": {"model": "mock", "tools": [{"name": "t", "kind": "http",
+                "url": "http://tools.example/t", "parameters": {"type": "number", "maximum": 1e301}}]}}),
+            "agent.tools[0].parameters.maximum",
+        ),
+    ] {
+        let (status, err) = error_of(app.post("/v1/runs", &body).await).await;
+        assert_eq!(status, 422, "{err}");
+        assert_eq!(
+            message(&err),
+            format!("{field}: must be a number within -1e300..=1e300")
+        );
+    }
+    let stored = app
+        .start_run(&json!({"input": "hi", "agent": {"model": "mock"}, "metadata": {"x": 1e300}}))
+        .await;
+    let read = app.run(stored["id"].as_str().unwrap()).await;
+    assert_eq!(read["metadata"]["x"], 1e300);
+    // A batch naming a thread that does not exist: 404, as for one run.
+    let batch = json!({"runs": [{"input": "hi", "agent": {"model": "mock"}, "thread_id": uuid::Uuid::new_v4()}]});
+    let (status, err) = error_of(app.post("/v1/runs/batch", &batch).await).await;
+    assert_eq!(
+        (status, message(&err)),
+        (404, "runs[0].thread_id: thread not found")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_describes_every_operation_of_this_deployment() {
+    let env = TestEnv::with(&[("api.max_batch_runs", "7"), ("api.max_page_size", "60")]).await;
+    let app = env.spawn_api().await;
+    let resp = app.http.get(app.url("/openapi.json")).send().await.unwrap();
+    assert_eq!(resp.status(), 200, "served without credentials");
+    let doc: Value = resp.json().await.unwrap();
+    let schemes = &doc["components"]["securitySchemes"];
+    assert_eq!(schemes["bearer"]["scheme"], "bearer");
+    assert_eq!(schemes["stream_token"]["in"], "query");
+    let schemas = &doc["components"]["schemas"];
+    assert_eq!(
+        schemas["AgentSpec"]["properties"]["model"]["enum"],
+        json!(["mock"])
+    );
+    assert_eq!(schemas["CreateBatch"]["properties"]["runs"]["maxItems"], 7);
+    assert_eq!(schemas["CreateRun"]["additionalProperties"], false);
+    let mut operations = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            operations.push(format!("{} {path}", method.to_uppercase()));
+            let responses = op["responses"].as_object().unwrap();
+            let success = responses.keys().find(|s| s.starts_with('2')).unwrap();
+            let content = responses[success]["content"].as_object().unwrap();
+            for (media, body) in content {
+                let schema = &body["schema"];
+                if media == "application/json" && path != "/openapi.json" {
+                    assert!(
+                        schema["$ref"].is_string(),
+                        "{method} {path}: a named schema, not a bare object: {schema}"
+                    );
+                } else if media == "text/event-stream" {
+                    assert_eq!(
+                        schema["properties"]["data"]["contentMediaType"],
+                        "application/json"
+                    );
+                }
+            }
+            if !path.starts_with("/v1/") {
+                continue;
+            }
+            assert!(!op["security"].as_array().unwrap().is_empty(), "{path}");
+            let mut statuses = vec!["401", "408", "422", "500", "503"];
+            if op.get("requestBody").is_some() {
+                statuses.extend(["400", "413", "415"]);
+            }
+            if path.contains("{id}") {
+                statuses.push("404");
+                let id = op["parameters"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|p| p["name"] == "id" && p["in"] == "path")
+                    .unwrap();
+                assert_eq!(id["schema"]["format"], "uuid", "{method} {path}");
+            }
+            for status in statuses {
+                let body = &responses
+                    .get(status)
+                    .unwrap_or_else(|| panic!("{method} {path} documents {status}"))["content"]["application/json"]
+                    ["schema"]["$ref"];
+                assert_eq!(
+                    body, "#/components/schemas/ErrorBody",
+                    "{method} {path} {status}"
+                );
+            }
+        }
+    }
+    operations.sort();
+    assert_eq!(
+        operations,
+        [
+            "GET /healthz",
+            "GET /openapi.json",
+            "GET /readyz",
+            "GET /v1/runs",
+            "GET /v1/runs/{id}",
+            "GET /v1/runs/{id}/events",
+            "GET /v1/threads/{id}/events",
+            "GET /v1/threads/{id}/messages",
+            "POST /v1/runs",
+            "POST /v1/runs/batch",
+            "POST /v1/runs/{id}/cancel",
+            "POST /v1/runs/{id}/resume",
+            "POST /v1/runs/{id}/stream-token",
+        ]
+    );
+    let limit = doc["paths"]["/v1/runs"]["get"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "limit")
+        .unwrap()
+        .clone();
+    assert_eq!(limit["schema"]["maximum"], 60);
+    // Answers match their schemas: a run as the document names its fields.
+    let run = app
+        .start_run(&json!({"input": "hi", "agent": {"model": "mock"}}))
+        .await;
+    let mut fields: Vec<&str> = run
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let mut documented: Vec<&str> = schemas["Run"]["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    fields.sort_unstable();
+    documented.sort_unstable();
+    assert_eq!(fields, documented);
 }
