@@ -61,7 +61,11 @@ async fn run() -> anyhow::Result<()> {
         Command::Serve => {
             let _guard = telemetry::init(&settings.telemetry, "api")?;
             let app = Application::build(settings).await?;
-            tracing::info!(port = app.port(), "agentfleet-api listening");
+            tracing::info!(
+                port = app.port(),
+                metrics_port = ?app.metrics_port(),
+                "agentfleet-api listening"
+            );
             app.run_until_stopped(agentfleet_shared::signals::shutdown())
                 .await?;
         }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::get;
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
@@ -25,6 +26,8 @@ use crate::state::AppState;
 pub struct Application {
     listener: TcpListener,
     router: Router,
+    /// The Prometheus listener (`api.metrics_listen`), apart from the public port.
+    metrics: Option<TcpListener>,
     shutdown: CancellationToken,
 }
 
@@ -79,9 +82,23 @@ impl Application {
         let listener = TcpListener::bind(&settings.api.listen)
             .await
             .with_context(|| format!("binding api.listen {}", settings.api.listen))?;
+        let metrics = if settings.api.metrics_listen.is_empty() {
+            None
+        } else {
+            // Installed now, so counters are recorded from the start, not from the first scrape.
+            telemetry::metrics_handle();
+            Some(
+                TcpListener::bind(&settings.api.metrics_listen)
+                    .await
+                    .with_context(|| {
+                        format!("binding api.metrics_listen {}", settings.api.metrics_listen)
+                    })?,
+            )
+        };
         Ok(Application {
             listener,
             router,
+            metrics,
             shutdown,
         })
     }
@@ -90,24 +107,51 @@ impl Application {
         self.listener.local_addr().map(|a| a.port()).unwrap_or(0)
     }
 
+    /// The port of the metrics listener, when `api.metrics_listen` is set.
+    pub fn metrics_port(&self) -> Option<u16> {
+        self.metrics
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map(|a| a.port())
+    }
+
     /// Serves until `stop` resolves, then ends open streams and drains requests.
     pub async fn run_until_stopped(
         self,
         stop: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let token = self.shutdown.clone();
+        let metrics = self.metrics.map(|listener| {
+            let stopped = token.clone();
+            tokio::spawn(async move {
+                let served = axum::serve(listener, metrics_router())
+                    .with_graceful_shutdown(async move { stopped.cancelled().await })
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "metrics listener failed");
+                }
+            })
+        });
         // Small writes (SSE events) must not wait for the peer's delayed ACK (Nagle).
         let listener = self.listener.tap_io(|tcp| {
             if let Err(e) = tcp.set_nodelay(true) {
                 tracing::debug!(error = %e, "TCP_NODELAY not set");
             }
         });
-        axum::serve(listener, self.router)
+        let stopping = token.clone();
+        let served = axum::serve(listener, self.router)
             .with_graceful_shutdown(async move {
                 stop.await;
                 token.cancel();
             })
-            .await?;
+            .await;
+        stopping.cancel();
+        if let Some(metrics) = metrics
+            && let Err(e) = metrics.await
+        {
+            tracing::error!(error = %e, "metrics listener task failed");
+        }
+        served?;
         Ok(())
     }
 }
@@ -115,22 +159,29 @@ impl Application {
 pub fn build_router(state: AppState) -> Router {
     let api = &state.settings.api;
     let timeout = Duration::from_millis(api.request_timeout_ms);
-    let v1 = routes::router()
+    let v1 = routes::router(&state)
         .layer(DefaultBodyLimit::max(api.max_body_bytes))
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            axum::http::StatusCode::REQUEST_TIMEOUT,
-            timeout,
-        ));
+        .layer(from_fn_with_state(timeout, crate::layers::deadline));
     let cors = cors_layer(&state.settings.api.cors_allowed_origins);
     Router::new()
         .route("/healthz", get(routes::health::healthz))
         .route("/readyz", get(routes::health::readyz))
-        .route("/metrics", get(routes::health::metrics))
         .route("/openapi.json", get(routes::openapi::openapi))
         .merge(v1)
+        .fallback(crate::error::no_route)
+        .method_not_allowed_fallback(crate::error::method_not_allowed)
+        .layer(from_fn(crate::layers::catch_panic))
         .layer(TraceLayer::new_for_http())
         .layer(cors)
         .with_state(state)
+}
+
+/// The metrics listener's router: Prometheus text at `/metrics`, nothing else.
+pub fn metrics_router() -> Router {
+    Router::new()
+        .route("/metrics", get(routes::health::metrics))
+        .fallback(crate::error::no_route)
+        .method_not_allowed_fallback(crate::error::method_not_allowed)
 }
 
 /// CORS for browser clients: the configured origins (or `*`), the methods and headers the API

@@ -93,6 +93,9 @@ pub struct ApiSettings {
     /// revocation takes effect within this time); 0 disables the cache.
     pub auth_cache_ttl_ms: u64,
     pub auth_cache_max_keys: usize,
+    /// Address of the API's Prometheus metrics listener, apart from the public `listen` port
+    /// (metrics are not for tenants); empty disables it.
+    pub metrics_listen: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -248,6 +251,7 @@ stream_token_ttl_secs = 900
 cors_allowed_origins = ""
 auth_cache_ttl_ms = 5000
 auth_cache_max_keys = 10000
+metrics_listen = ""
 
 [worker]
 concurrency = 16

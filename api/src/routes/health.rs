@@ -1,19 +1,27 @@
 //! Liveness, readiness and metrics.
 
+use crate::routes::view::{Health, Readiness};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use deadpool_redis::redis;
-use serde_json::json;
 
 use crate::state::AppState;
 
-pub async fn healthz() -> impl IntoResponse {
-    Json(json!({"status": "ok"}))
+/// Liveness: the process serves requests.
+#[utoipa::path(get, path = "/healthz", tag = "operations", operation_id = "healthz", security(),
+    responses((status = 200, description = "Alive", body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".to_owned(),
+    })
 }
 
 /// Ready only when Postgres, Redis and RabbitMQ all answer: a 202 needs all three.
+#[utoipa::path(get, path = "/readyz", tag = "operations", operation_id = "readyz", security(),
+    responses((status = 200, description = "Ready: every backing service answers", body = Readiness),
+              (status = 503, description = "Not ready: the flags say which service does not answer", body = Readiness)))]
 pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     let timeout = std::time::Duration::from_secs(2);
     let postgres = tokio::time::timeout(timeout, agentfleet_shared::db::ping(&state.pool))
@@ -41,11 +49,13 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     };
     (
         status,
-        Json(json!({
-            "status": if ready { "ready" } else { "not_ready" },
-            "postgres": postgres, "redis": redis, "rabbitmq": rabbitmq,
-            "event_hub": state.hub.is_connected(),
-        })),
+        Json(Readiness {
+            status: if ready { "ready" } else { "not_ready" }.to_owned(),
+            postgres,
+            redis,
+            rabbitmq,
+            event_hub: state.hub.is_connected(),
+        }),
     )
 }
 

@@ -15,19 +15,22 @@ pub mod threads_messages;
 pub mod view;
 
 use axum::Router;
+use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 
+use crate::auth::{require_key, require_key_or_stream_token};
 use crate::state::AppState;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
+/// Every `/v1` endpoint, each behind its authentication layer (which runs first, so a request
+/// without valid credentials gets 401 before its path, query or body is looked at).
+pub fn router(state: &AppState) -> Router<AppState> {
+    let keyed = Router::new()
         .route(
             "/v1/runs",
             post(runs_create::create_run).get(runs_list::list_runs),
         )
         .route("/v1/runs/batch", post(runs_batch::create_batch))
         .route("/v1/runs/{id}", get(runs_get::get_run))
-        .route("/v1/runs/{id}/events", get(runs_events::run_events))
         .route("/v1/runs/{id}/cancel", post(runs_cancel::cancel_run))
         .route("/v1/runs/{id}/resume", post(runs_resume::resume_run))
         .route(
@@ -42,9 +45,31 @@ pub fn router() -> Router<AppState> {
             "/v1/threads/{id}/events",
             get(threads_events::thread_events),
         )
+        .route_layer(from_fn_with_state(state.clone(), require_key));
+    let streams = Router::new()
+        .route("/v1/runs/{id}/events", get(runs_events::run_events))
+        .route_layer(from_fn_with_state(
+            state.clone(),
+            require_key_or_stream_token,
+        ));
+    keyed.merge(streams)
 }
 
-/// Parses a path id; a malformed id names the parameter.
-pub fn parse_id(raw: &str, what: &str) -> Result<uuid::Uuid, crate::error::ApiError> {
-    uuid::Uuid::parse_str(raw).map_err(|_| crate::error::ApiError::invalid(what, "must be a UUID"))
+/// A path id: any malformed one answers 422 naming the parameter (ids are `format: uuid` in
+/// the OpenAPI document). Runs after authentication.
+pub struct PathId(pub uuid::Uuid);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for PathId {
+    type Rejection = crate::error::ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let axum::extract::Path(raw) =
+            axum::extract::Path::<String>::from_request_parts(parts, state)
+                .await
+                .map_err(|_| crate::error::ApiError::invalid("id", "must be a UUID"))?;
+        crate::validate::uuid("id", &raw).map(PathId)
+    }
 }

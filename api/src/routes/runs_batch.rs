@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use futures_util::StreamExt;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
@@ -26,16 +26,16 @@ pub struct CreateBatch {
     pub runs: Vec<CreateRun>,
 }
 
-#[utoipa::path(post, path = "/v1/runs/batch", tag = "runs", request_body = CreateBatch,
-    responses((status = 202, description = "`{runs: [run]}` in request order", body = Object),
-              (status = 409, description = "A named run's thread has an active run"),
-              (status = 422, description = "Invalid field, named as runs[i].field")),
-    security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/runs/batch", tag = "runs", operation_id = "create_batch", request_body = CreateBatch,
+    responses((status = 202, description = "The runs, queued, in request order", body = view::BatchCreated),
+              (status = 404, description = "A run's `thread_id` names no thread of this tenant (`runs[i].thread_id`)", body = crate::routes::view::ErrorBody),
+              (status = 409, description = "`thread_busy`: a run's thread has an active run", body = crate::routes::view::ErrorBody),
+              (status = 422, description = "`invalid_request` naming the field as `runs[i].field`; nothing was created", body = crate::routes::view::ErrorBody)))]
 pub async fn create_batch(
     State(state): State<AppState>,
     Caller(caller): Caller,
     JsonBody(body): JsonBody<CreateBatch>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<view::BatchCreated>), ApiError> {
     let max = state.settings.api.max_batch_runs;
     if body.runs.is_empty() || body.runs.len() > max {
         return Err(ApiError::invalid(
@@ -67,9 +67,11 @@ pub async fn create_batch(
         match transitions::create(&mut tx, new).await {
             Ok(row) => created.push(row),
             Err(StoreError::NotFound) => {
-                return Err(ApiError::invalid(
-                    &format!("runs[{i}].thread_id"),
-                    "thread not found",
+                // As for a single run: 404, naming the run.
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    format!("runs[{i}].thread_id: thread not found"),
                 ));
             }
             Err(StoreError::ThreadBusy { thread_id, run_id }) => {
@@ -87,6 +89,6 @@ pub async fn create_batch(
     futures_util::stream::iter(created.iter())
         .for_each_concurrent(32, |run| announce(&state, run))
         .await;
-    let runs: Vec<Value> = created.iter().map(view::run_json).collect();
-    Ok((StatusCode::ACCEPTED, Json(json!({"runs": runs}))))
+    let runs = created.iter().map(view::run).collect();
+    Ok((StatusCode::ACCEPTED, Json(view::BatchCreated { runs })))
 }

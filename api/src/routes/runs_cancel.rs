@@ -3,9 +3,9 @@
 //! call on a cancelled run answers 200 again and changes nothing.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use agentfleet_shared::events::{EventType, Expiry, FINAL_FENCE, Floor, NewEvent};
 use agentfleet_shared::store::transitions::{self, Cancelled};
@@ -13,7 +13,7 @@ use agentfleet_shared::store::{StoreError, runs};
 
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::routes::{parse_id, view};
+use crate::routes::{PathId, view};
 use crate::state::AppState;
 
 #[derive(Debug, thiserror::Error)]
@@ -40,16 +40,15 @@ impl From<CancelError> for ApiError {
     }
 }
 
-#[utoipa::path(post, path = "/v1/runs/{id}/cancel", tag = "runs", params(("id" = String, Path)),
-    responses((status = 200, description = "The run, cancelled (repeating is harmless)", body = Object),
-              (status = 404), (status = 409, description = "Already completed or failed")),
-    security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/runs/{id}/cancel", tag = "runs", operation_id = "cancel_run", params(("id" = uuid::Uuid, Path, description = "The run")),
+    responses((status = 200, description = "The run, cancelled (repeating is harmless)", body = view::Run),
+              (status = 404, description = "No run of this tenant has that id", body = crate::routes::view::ErrorBody),
+              (status = 409, description = "`run_finished`: already completed or failed", body = crate::routes::view::ErrorBody)))]
 pub async fn cancel_run(
     State(state): State<AppState>,
     Caller(caller): Caller,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let id = parse_id(&id, "id")?;
+    PathId(id): PathId,
+) -> Result<Json<view::Run>, ApiError> {
     let outcome = match transitions::cancel(&state.pool, caller.tenant_id, id).await {
         Ok(o) => o,
         Err(StoreError::NotFound) => return Err(CancelError::NotFound.into()),
@@ -97,5 +96,5 @@ pub async fn cancel_run(
     let run = runs::get_for_tenant(&state.pool, caller.tenant_id, id)
         .await
         .map_err(ApiError::unexpected)?;
-    Ok(Json(view::run_json(&run)))
+    Ok(Json(view::run(&run)))
 }

@@ -20,6 +20,7 @@ use crate::auth::Caller;
 use crate::error::{ApiError, JsonBody};
 use crate::routes::view;
 use crate::state::AppState;
+use crate::validate;
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -65,8 +66,9 @@ impl From<CreateRunError> for ApiError {
                 "thread_busy",
                 format!("thread {thread_id} already has an active run {run_id}"),
             ),
+            // The request is valid in itself; it conflicts with the run its key already names.
             CreateRunError::IdempotencyMismatch => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
+                StatusCode::CONFLICT,
                 "idempotency_key_reused",
                 "Idempotency-Key was already used with a different request body",
             ),
@@ -75,22 +77,21 @@ impl From<CreateRunError> for ApiError {
     }
 }
 
-#[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = CreateRun,
-    params(("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe submission")),
-    responses((status = 202, description = "The run, queued", body = Object),
-              (status = 404, description = "thread_id not found"), (status = 409, description = "The thread has an active run"),
-              (status = 413, description = "Body too large"), (status = 422, description = "Invalid field (named)"),
-              (status = 503, description = "Not durable now; retry (Retry-After)")),
-    security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/runs", tag = "runs", operation_id = "create_run", request_body = CreateRun,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe submission: the same key with the same body answers the same run")),
+    responses((status = 202, description = "The run, queued", body = view::Run),
+              (status = 404, description = "`thread_id` names no thread of this tenant", body = crate::routes::view::ErrorBody),
+              (status = 409, description = "`thread_busy`: the thread has an active run; or `idempotency_key_reused`: the key names a run made from another body", body = crate::routes::view::ErrorBody),
+              (status = 422, description = "`invalid_request` naming the field", body = crate::routes::view::ErrorBody)))]
 pub async fn create_run(
     State(state): State<AppState>,
     Caller(caller): Caller,
     headers: HeaderMap,
     JsonBody(body): JsonBody<CreateRun>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<view::Run>), ApiError> {
     let key = idempotency_key(&headers)?;
     let run = submit(&state, caller.tenant_id, body, key).await?;
-    Ok((StatusCode::ACCEPTED, Json(view::run_json(&run))))
+    Ok((StatusCode::ACCEPTED, Json(view::run(&run))))
 }
 
 pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
@@ -113,15 +114,7 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> 
 pub fn validate(state: &AppState, body: &CreateRun, field_prefix: &str) -> Result<(), ApiError> {
     let api = &state.settings.api;
     let f = |name: &str| format!("{field_prefix}{name}");
-    if body.input.trim().is_empty() {
-        return Err(ApiError::invalid(&f("input"), "must not be empty"));
-    }
-    if body.input.len() > api.max_input_bytes {
-        return Err(ApiError::invalid(
-            &f("input"),
-            format!("longer than {} bytes", api.max_input_bytes),
-        ));
-    }
+    validate::user_text(&f("input"), &body.input, api.max_input_bytes)?;
     if let Some(meta) = &body.metadata {
         if !meta.is_object() {
             return Err(ApiError::invalid(&f("metadata"), "must be an object"));

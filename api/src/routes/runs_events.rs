@@ -6,7 +6,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
@@ -15,43 +15,52 @@ use tokio::sync::mpsc;
 
 use agentfleet_shared::store::{StoreError, runs};
 
-use crate::auth::StreamAuth;
-use crate::error::ApiError;
-use crate::routes::parse_id;
+use crate::auth::StreamTenant;
+use crate::error::{ApiError, QueryParams};
+use crate::routes::PathId;
 use crate::state::AppState;
 use crate::stream::{Follower, Mode};
+use crate::validate;
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EventsQuery {
-    pub after: Option<u64>,
-    pub token: Option<String>,
+    pub after: Option<String>,
+    /// Verified before the handler by `require_key_or_stream_token`; named here so that it is
+    /// not an unknown parameter.
+    #[serde(rename = "token")]
+    pub _token: Option<String>,
 }
 
-#[utoipa::path(get, path = "/v1/runs/{id}/events", tag = "events",
-    params(("id" = String, Path), ("after" = Option<u64>, Query), ("token" = Option<String>, Query, description = "Stream token (browsers)"),
-           ("Last-Event-ID" = Option<String>, Header)),
-    responses((status = 200, description = "text/event-stream; see docs/events.md", content_type = "text/event-stream")),
-    security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/runs/{id}/events", tag = "events", operation_id = "run_events",
+    params(("id" = uuid::Uuid, Path, description = "The run"),
+           ("after" = Option<u64>, Query, description = "Replay events after this id (`Last-Event-ID` wins)"),
+           ("token" = Option<String>, Query, description = "A stream token for this run, instead of the API key (browsers)"),
+           ("Last-Event-ID" = Option<String>, Header, description = "The last event id the client has")),
+    responses((status = 200, description = "Server-Sent Events; see docs/events.md", body = String, content_type = "text/event-stream"),
+              (status = 404, description = "No run of this tenant has that id", body = crate::routes::view::ErrorBody)),
+    security(("bearer" = []), ("stream_token" = [])))]
 pub async fn run_events(
     State(state): State<AppState>,
-    Path(id): Path<String>,
-    Query(q): Query<EventsQuery>,
+    StreamTenant(tenant): StreamTenant,
+    PathId(id): PathId,
+    QueryParams(q): QueryParams<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let run_id = parse_id(&id, "id")?;
-    let tenant = StreamAuth::resolve(&state, &headers, q.token.as_deref(), Some(run_id)).await?;
+    let run_id = id;
+    // Both are checked; `Last-Event-ID` (a reconnecting `EventSource`) wins over `after`.
+    let after = validate::non_negative("after", q.after.as_deref())?;
+    let after = match last_event_id(&headers)? {
+        Some(v) => validate::non_negative("Last-Event-ID", Some(&v))?,
+        None => after,
+    }
+    .unwrap_or(0);
     // Taken before the run is read, so an end after the read arrives live.
     let subscription = state.hub.subscribe(run_id);
     let status = match runs::get_for_tenant(&state.pool, tenant, run_id).await {
         Ok(run) => run.status,
         Err(StoreError::NotFound) => return Err(ApiError::not_found("run")),
         Err(e) => return Err(ApiError::unexpected(e)),
-    };
-    let after = match last_event_id(&headers)? {
-        Some(v) => v
-            .parse::<u64>()
-            .map_err(|_| ApiError::invalid("Last-Event-ID", "must be a non-negative integer"))?,
-        None => q.after.unwrap_or(0),
     };
     let (tx, rx) = channel(&state);
     let response = sse(rx, &state);

@@ -1,26 +1,24 @@
 use axum::Json;
-use axum::extract::{Path, State};
-use serde_json::Value;
+use axum::extract::State;
 
 use agentfleet_shared::store::{StoreError, runs};
 
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::routes::{parse_id, view};
+use crate::routes::{PathId, view};
 use crate::state::AppState;
 
 /// `GET /v1/runs/{id}`: the run, with its pending question or calls while it waits.
-#[utoipa::path(get, path = "/v1/runs/{id}", tag = "runs", params(("id" = String, Path)),
-    responses((status = 200, description = "The run, with `pending` while it waits", body = Object), (status = 404)),
-    security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/runs/{id}", tag = "runs", operation_id = "get_run", params(("id" = uuid::Uuid, Path, description = "The run")),
+    responses((status = 200, description = "The run, with `pending` while it waits", body = view::Run),
+              (status = 404, description = "No run of this tenant has that id", body = crate::routes::view::ErrorBody)))]
 pub async fn get_run(
     State(state): State<AppState>,
     Caller(caller): Caller,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let id = parse_id(&id, "id")?;
+    PathId(id): PathId,
+) -> Result<Json<view::Run>, ApiError> {
     match runs::get_for_tenant(&state.pool, caller.tenant_id, id).await {
-        Ok(run) => Ok(Json(view::run_json(&run))),
+        Ok(run) => Ok(Json(view::run(&run))),
         Err(StoreError::NotFound) => Err(ApiError::not_found("run")),
         Err(e) => Err(ApiError::unexpected(e)),
     }

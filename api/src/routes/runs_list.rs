@@ -1,37 +1,40 @@
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use base64_cursor::{decode, encode};
 use serde::Deserialize;
-use serde_json::{Value, json};
 
 use agentfleet_shared::domain::RunStatus;
 use agentfleet_shared::store::runs::{self, ListFilter};
 
 use crate::auth::Caller;
-use crate::error::ApiError;
+use crate::error::{ApiError, QueryParams};
 use crate::routes::view;
 use crate::state::AppState;
+use crate::validate;
 
+/// Read as text and checked here, so every error names its parameter.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ListQuery {
     status: Option<String>,
     thread_id: Option<String>,
-    limit: Option<u32>,
+    limit: Option<String>,
     cursor: Option<String>,
 }
 
 /// `GET /v1/runs`: newest first; `status`, `thread_id` filters; `limit`; `cursor` from
 /// `next_cursor` of the previous page.
-#[utoipa::path(get, path = "/v1/runs", tag = "runs",
-    params(("status" = Option<String>, Query), ("thread_id" = Option<String>, Query), ("limit" = Option<u32>, Query),
+#[utoipa::path(get, path = "/v1/runs", tag = "runs", operation_id = "list_runs",
+    params(("status" = Option<RunStatus>, Query, description = "Only runs in this status"),
+           ("thread_id" = Option<uuid::Uuid>, Query, description = "Only runs of this thread"),
+           ("limit" = Option<u32>, Query, description = "Page size (`api.default_page_size` when absent)"),
            ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page")),
-    responses((status = 200, description = "`{data: [run], next_cursor}`", body = Object)),
-    security(("bearer" = [])))]
+    responses((status = 200, description = "A page of runs, newest first", body = view::RunPage)))]
 pub async fn list_runs(
     State(state): State<AppState>,
     Caller(caller): Caller,
-    Query(q): Query<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
+    QueryParams(q): QueryParams<ListQuery>,
+) -> Result<Json<view::RunPage>, ApiError> {
     let api = &state.settings.api;
     let status = match q.status.as_deref() {
         None => None,
@@ -42,15 +45,9 @@ pub async fn list_runs(
     };
     let thread_id = match q.thread_id.as_deref() {
         None => None,
-        Some(t) => Some(super::parse_id(t, "thread_id")?),
+        Some(t) => Some(validate::uuid("thread_id", t)?),
     };
-    let limit = q.limit.unwrap_or(api.default_page_size);
-    if limit == 0 || limit > api.max_page_size {
-        return Err(ApiError::invalid(
-            "limit",
-            format!("must be within 1..={}", api.max_page_size),
-        ));
-    }
+    let limit = validate::page_limit(q.limit.as_deref(), api.default_page_size, api.max_page_size)?;
     let before = match q.cursor.as_deref() {
         None => None,
         Some(c) => Some(decode(c).ok_or_else(|| ApiError::invalid("cursor", "malformed cursor"))?),
@@ -71,13 +68,16 @@ pub async fn list_runs(
     } else {
         None
     };
-    Ok(Json(json!({
-        "data": rows.iter().map(view::run_json).collect::<Vec<_>>(),
-        "next_cursor": next_cursor,
-    })))
+    Ok(Json(view::RunPage {
+        data: rows.iter().map(view::run).collect(),
+        next_cursor,
+    }))
 }
 
-/// Opaque keyset cursors: `<micros since epoch>_<uuid>`.
+/// Opaque keyset cursors: `<micros since epoch>_<uuid as 32 lowercase hex>`, read back only in
+/// exactly that form (the pattern the OpenAPI document gives).
+pub const CURSOR_PATTERN: &str = "^[0-9]{1,16}_[0-9a-f]{32}$";
+
 mod base64_cursor {
     use chrono::{DateTime, Utc};
     use uuid::Uuid;
@@ -88,7 +88,35 @@ mod base64_cursor {
 
     pub fn decode(raw: &str) -> Option<(DateTime<Utc>, Uuid)> {
         let (micros, id) = raw.split_once('_')?;
+        let micros_ok =
+            (1..=16).contains(&micros.len()) && micros.bytes().all(|b| b.is_ascii_digit());
+        let id_ok = id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        if !(micros_ok && id_ok) {
+            return None;
+        }
         let at = DateTime::from_timestamp_micros(micros.parse().ok()?)?;
-        Some((at, Uuid::parse_str(id).ok()?))
+        Some((at, Uuid::try_parse(id).ok()?))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn cursors_round_trip_and_only_their_own_form_is_read() {
+            let at = chrono::DateTime::from_timestamp_micros(1_700_000_000_123_456).unwrap();
+            let id = uuid::Uuid::now_v7();
+            let c = super::encode(at, id);
+            assert_eq!(super::decode(&c), Some((at, id)));
+            for bad in [
+                "",
+                "_",
+                "1_",
+                "-1_0123456789abcdef0123456789abcdef",
+                "1_0123456789ABCDEF0123456789ABCDEF",
+                "12345678901234567_0123456789abcdef0123456789abcdef",
+                "1_01234567-89ab-cdef-0123-456789abcdef",
+            ] {
+                assert_eq!(super::decode(bad), None, "{bad}");
+            }
+        }
     }
 }

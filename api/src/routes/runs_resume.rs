@@ -5,18 +5,19 @@
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use agentfleet_shared::events::{EventType, Expiry, Floor, NewEvent, pending_event, resume_fence};
 use agentfleet_shared::store::transitions::{self, Decision, ResumeError, ResumeInput};
 
 use crate::auth::Caller;
 use crate::error::{ApiError, JsonBody};
-use crate::routes::{parse_id, view};
+use crate::routes::{PathId, view};
 use crate::state::AppState;
+use crate::validate;
 
 /// Exactly one of `input` (answers a question) or `decisions` (settles confirmations).
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -72,33 +73,35 @@ impl From<ResumeError> for ApiError {
     }
 }
 
-#[utoipa::path(post, path = "/v1/runs/{id}/resume", tag = "runs", params(("id" = String, Path)), request_body = ResumeBody,
-    responses((status = 202, description = "The run, queued again", body = Object), (status = 404),
-              (status = 409, description = "Not waiting"), (status = 422, description = "Missing or unknown decisions")),
-    security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/runs/{id}/resume", tag = "runs", operation_id = "resume_run", params(("id" = uuid::Uuid, Path, description = "The run")), request_body = ResumeBody,
+    responses((status = 202, description = "The run, queued again", body = view::Run),
+              (status = 404, description = "No run of this tenant has that id", body = crate::routes::view::ErrorBody),
+              (status = 409, description = "`run_not_waiting`: the run is not waiting", body = crate::routes::view::ErrorBody),
+              (status = 422, description = "`invalid_request`, `missing_decisions` or `unknown_tool_call`", body = crate::routes::view::ErrorBody)))]
 pub async fn resume_run(
     State(state): State<AppState>,
     Caller(caller): Caller,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     JsonBody(body): JsonBody<ResumeBody>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let run_id = parse_id(&id, "id")?;
+) -> Result<(StatusCode, Json<view::Run>), ApiError> {
+    let run_id = id;
     let input = match (body.input, body.decisions) {
         (Some(text), None) => {
-            if text.trim().is_empty() {
-                return Err(ApiError::invalid("input", "must not be empty"));
-            }
-            if text.len() > state.settings.api.max_input_bytes {
-                return Err(ApiError::invalid(
-                    "input",
-                    format!("longer than {} bytes", state.settings.api.max_input_bytes),
-                ));
-            }
+            validate::user_text("input", &text, state.settings.api.max_input_bytes)?;
             ResumeInput::Answer(text)
         }
         (None, Some(decisions)) => {
             if decisions.is_empty() {
                 return Err(ApiError::invalid("decisions", "must not be empty"));
+            }
+            let max = state.settings.api.max_input_bytes;
+            for (i, d) in decisions.iter().enumerate() {
+                if d.reason.as_ref().is_some_and(|r| r.len() > max) {
+                    return Err(ApiError::invalid(
+                        &format!("decisions[{i}].reason"),
+                        format!("longer than {max} bytes"),
+                    ));
+                }
             }
             ResumeInput::Decisions(
                 decisions
@@ -166,7 +169,7 @@ pub async fn resume_run(
     if let Err(e) = state.publisher.publish_run(run_id).await {
         tracing::warn!(%run_id, error = %e, "publish failed; the sweeper will re-enqueue");
     }
-    Ok((StatusCode::ACCEPTED, Json(view::run_json(run))))
+    Ok((StatusCode::ACCEPTED, Json(view::run(run))))
 }
 
 async fn wait_until_len(state: &AppState, run_id: uuid::Uuid, len: u64, timeout: Duration) -> bool {

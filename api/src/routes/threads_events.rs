@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use futures_util::Stream;
@@ -14,24 +14,25 @@ use uuid::Uuid;
 
 use agentfleet_shared::store::runs::{self, ListFilter};
 
-use crate::auth::principal_from;
+use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::routes::parse_id;
+use crate::routes::PathId;
 use crate::routes::runs_events::{channel, last_event_id, sse};
 use crate::state::AppState;
 use crate::stream::{FollowError, Follower, Mode};
+use crate::validate;
 
-#[utoipa::path(get, path = "/v1/threads/{id}/events", tag = "events",
-    params(("id" = String, Path), ("Last-Event-ID" = Option<String>, Header, description = "`<run_id>:<event id>`")),
-    responses((status = 200, description = "text/event-stream of the thread's runs", content_type = "text/event-stream")),
-    security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/threads/{id}/events", tag = "events", operation_id = "thread_events",
+    params(("id" = uuid::Uuid, Path, description = "The thread"), ("Last-Event-ID" = Option<String>, Header, description = "`<run_id>:<event id>`")),
+    responses((status = 200, description = "Server-Sent Events of the thread's runs, one after another", body = String, content_type = "text/event-stream"),
+              (status = 404, description = "No thread of this tenant has that id", body = crate::routes::view::ErrorBody)))]
 pub async fn thread_events(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Caller(caller): Caller,
+    PathId(id): PathId,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let thread = parse_id(&id, "id")?;
-    let caller = principal_from(&headers, &state).await?;
+    let thread = id;
     if !runs::thread_belongs_to(&state.pool, caller.tenant_id, thread)
         .await
         .map_err(ApiError::unexpected)?
@@ -41,9 +42,10 @@ pub async fn thread_events(
     let start = match last_event_id(&headers)? {
         None => None,
         Some(v) => {
-            let parsed = v
-                .split_once(':')
-                .and_then(|(r, n)| Some((Uuid::parse_str(r).ok()?, n.parse::<u64>().ok()?)));
+            let parsed = v.split_once(':').and_then(|(r, n)| {
+                let n = validate::non_negative("Last-Event-ID", Some(n)).ok()??;
+                Some((validate::parse_uuid(r)?, n))
+            });
             Some(parsed.ok_or_else(|| {
                 ApiError::invalid("Last-Event-ID", "must be `<run_id>:<event id>`")
             })?)

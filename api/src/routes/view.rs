@@ -1,29 +1,169 @@
-//! The JSON shape of a run, as every endpoint returns it.
+//! The JSON shapes the API answers with. Every endpoint serializes these types, and the
+//! OpenAPI document is derived from them, so the document and the answers cannot drift apart.
 
-use serde_json::{Value, json};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+use uuid::Uuid;
 
+use agentfleet_shared::domain::{AgentSpec, RunStatus};
+use agentfleet_shared::store::messages::MessageRow;
 use agentfleet_shared::store::runs::RunRow;
 
-pub fn run_json(run: &RunRow) -> Value {
-    json!({
-        "id": run.id,
-        "thread_id": run.thread_id,
-        "status": run.status,
-        "agent": run.agent.0,
-        "metadata": run.metadata.0,
-        "iteration": run.iteration,
-        "max_iterations": run.max_iterations,
-        "attempt": run.attempt,
-        "pending": run.pending.as_ref().map(|p| &p.0),
-        "usage": {
-            "prompt_tokens": run.prompt_tokens,
-            "completion_tokens": run.completion_tokens,
-            "total_tokens": run.prompt_tokens + run.completion_tokens,
-        },
-        "error": run.error.as_ref().map(|e| &e.0),
-        "created_at": run.created_at,
-        "updated_at": run.updated_at,
-        "started_at": run.started_at,
-        "finished_at": run.finished_at,
-    })
+/// A run, as every endpoint returns it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Run {
+    pub id: Uuid,
+    pub thread_id: Uuid,
+    pub status: RunStatus,
+    /// The agent as it was submitted.
+    pub agent: AgentSpec,
+    #[schema(value_type = Object)]
+    pub metadata: Value,
+    /// Model calls made so far.
+    pub iteration: i32,
+    pub max_iterations: i32,
+    /// How many times a worker has claimed the run.
+    pub attempt: i32,
+    /// While the run waits: `{"kind": "input", ...}` (a question) or
+    /// `{"kind": "confirmation", "tool_calls": [...]}`; otherwise null.
+    #[schema(value_type = Option<Object>)]
+    pub pending: Option<Value>,
+    pub usage: Usage,
+    /// Why a failed run failed: `{"code", "message"}`; otherwise null.
+    #[schema(value_type = Option<Object>)]
+    pub error: Option<Value>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// Tokens used by the run's model calls.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Usage {
+    pub prompt_tokens: i64,
+    pub completion_tokens: i64,
+    pub total_tokens: i64,
+}
+
+impl From<&RunRow> for Run {
+    fn from(run: &RunRow) -> Run {
+        Run {
+            id: run.id,
+            thread_id: run.thread_id,
+            status: run.status,
+            agent: run.agent.0.clone(),
+            metadata: run.metadata.0.clone(),
+            iteration: run.iteration,
+            max_iterations: run.max_iterations,
+            attempt: run.attempt,
+            pending: run.pending.as_ref().map(|p| p.0.clone()),
+            usage: Usage {
+                prompt_tokens: run.prompt_tokens,
+                completion_tokens: run.completion_tokens,
+                total_tokens: run.prompt_tokens + run.completion_tokens,
+            },
+            error: run.error.as_ref().map(|e| e.0.clone()),
+            created_at: run.created_at,
+            updated_at: run.updated_at,
+            started_at: run.started_at,
+            finished_at: run.finished_at,
+        }
+    }
+}
+
+pub fn run(run: &RunRow) -> Run {
+    Run::from(run)
+}
+
+/// A page of runs, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunPage {
+    pub data: Vec<Run>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// The runs of a batch, in request order.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchCreated {
+    pub runs: Vec<Run>,
+}
+
+/// One message of a thread.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Message {
+    pub id: i64,
+    /// The run that added it; null for messages from before runs were recorded.
+    pub run_id: Option<Uuid>,
+    /// `user`, `assistant` or `tool`.
+    pub role: String,
+    pub is_llm_message: bool,
+    /// The message as the model sees it.
+    #[schema(value_type = Object)]
+    pub body: Value,
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<&MessageRow> for Message {
+    fn from(m: &MessageRow) -> Message {
+        Message {
+            id: m.id,
+            run_id: m.run_id,
+            role: m.role.clone(),
+            is_llm_message: m.is_llm_message,
+            body: m.body.0.clone(),
+            created_at: m.created_at,
+        }
+    }
+}
+
+/// A page of a thread's messages, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MessagePage {
+    pub data: Vec<Message>,
+    /// Pass as `after` for the next page; null on the last page.
+    pub next_after: Option<i64>,
+}
+
+/// A token for one run's event stream.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StreamToken {
+    pub token: String,
+    pub expires_at: DateTime<Utc>,
+    /// The stream's path with the token, for `new EventSource(url)`.
+    pub url: String,
+}
+
+/// Every failed request: a stable code and a short message naming what was wrong.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable: `invalid_request`, `unauthorized`, `not_found`, `thread_busy`, ...
+    pub code: String,
+    pub message: String,
+}
+
+/// Liveness.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    pub status: String,
+}
+
+/// Readiness: whether each backing service answers.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Readiness {
+    /// `ready` or `not_ready`.
+    pub status: String,
+    pub postgres: bool,
+    pub redis: bool,
+    pub rabbitmq: bool,
+    pub event_hub: bool,
 }

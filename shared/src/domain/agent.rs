@@ -155,12 +155,7 @@ impl AgentSpec {
             }
             match tool.kind {
                 ToolKind::Http => {
-                    let url = &tool.url;
-                    if !(url.starts_with("http://") || url.starts_with("https://"))
-                        || url.len() > 2048
-                    {
-                        return Err(err(field("url"), "must be an http(s) URL"));
-                    }
+                    check_tool_url(&tool.url).map_err(|m| err(field("url"), m))?;
                 }
             }
             if let Some(t) = tool.timeout_ms
@@ -175,6 +170,55 @@ impl AgentSpec {
     pub fn tool(&self, name: &str) -> Option<&ToolSpec> {
         self.tools.iter().find(|t| t.name == name)
     }
+}
+
+/// Longest accepted tool URL.
+pub const MAX_TOOL_URL_BYTES: usize = 2048;
+
+/// The syntax of an `http` tool's URL: absolute `http` or `https` with a host, written as
+/// such (no whitespace or control characters, no `user:password@`, no backslashes or extra
+/// slashes that a lenient parser would repair). Whether the address may be reached is a
+/// separate policy.
+pub fn check_tool_url(raw: &str) -> Result<url::Url, String> {
+    if raw.len() > MAX_TOOL_URL_BYTES {
+        return Err(format!("longer than {MAX_TOOL_URL_BYTES} bytes"));
+    }
+    if raw.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("must not contain spaces or control characters".into());
+    }
+    if raw.contains('\\') {
+        return Err("must not contain backslashes".into());
+    }
+    let lower = raw.to_ascii_lowercase();
+    let Some(rest) = lower
+        .strip_prefix("http://")
+        .or_else(|| lower.strip_prefix("https://"))
+    else {
+        return Err("must be an http:// or https:// URL".into());
+    };
+    // The authority as written: up to the first `/`, `?` or `#`.
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.is_empty() {
+        return Err("must name a host".into());
+    }
+    if authority.contains('@') {
+        return Err("must not carry credentials (user:password@)".into());
+    }
+    let url = url::Url::parse(raw).map_err(|e| {
+        match e {
+            url::ParseError::EmptyHost => "must name a host",
+            url::ParseError::InvalidPort => "has an invalid port",
+            _ => "is not a valid URL",
+        }
+        .to_owned()
+    })?;
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err("must name a host".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("must not carry credentials (user:password@)".into());
+    }
+    Ok(url)
 }
 
 #[cfg(test)]
@@ -232,10 +276,89 @@ mod tests {
             s.validate(|_| true, 8).unwrap_err().field,
             "agent.tools[0].parameters"
         );
+        let s =
+            spec(json!({"model": "m", "tools": [{"name": "t", "kind": "http", "url": "http://"}]}));
+        let e = s.validate(|_| true, 8).unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.message.as_str()),
+            ("agent.tools[0].url", "must name a host")
+        );
         let s = spec(json!({"model": "m", "max_iterations": 0}));
         assert_eq!(
             s.validate(|_| true, 8).unwrap_err().field,
             "agent.max_iterations"
         );
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::check_tool_url;
+
+    #[test]
+    fn tool_urls_are_absolute_http_with_a_host() {
+        for ok in [
+            "http://tools.example/add",
+            "https://tools.example:8443/a/b?x=1#f",
+            "HTTPS://Tools.Example/x",
+            "http://127.0.0.1:9000/t",
+            "http://[::1]:9000/t",
+            "http://xn--nxasmq6b.example/",
+            "http://tools.example",
+        ] {
+            assert!(check_tool_url(ok).is_ok(), "{ok}");
+        }
+        let cases = [
+            ("http://", "must name a host"),
+            ("https://", "must name a host"),
+            ("http:///path", "must name a host"),
+            ("http://?q=1", "must name a host"),
+            ("http://\\\\host/x", "must not contain backslashes"),
+            ("http://host/a\\b", "must not contain backslashes"),
+            ("http://:80/x", "must name a host"),
+            (
+                "http://tools .example/",
+                "must not contain spaces or control characters",
+            ),
+            (
+                "http://tools.example/a b",
+                "must not contain spaces or control characters",
+            ),
+            (
+                " http://tools.example/",
+                "must not contain spaces or control characters",
+            ),
+            (
+                "http://tools.example/\t",
+                "must not contain spaces or control characters",
+            ),
+            (
+                "http://user:pw@tools.example/",
+                "must not carry credentials (user:password@)",
+            ),
+            (
+                "http://user@tools.example/",
+                "must not carry credentials (user:password@)",
+            ),
+            ("ftp://tools.example/", "must be an http:// or https:// URL"),
+            ("file:///etc/passwd", "must be an http:// or https:// URL"),
+            ("javascript:alert(1)", "must be an http:// or https:// URL"),
+            ("http:tools.example", "must be an http:// or https:// URL"),
+            ("tools.example/x", "must be an http:// or https:// URL"),
+            ("", "must be an http:// or https:// URL"),
+            (
+                "http://exa mple.com",
+                "must not contain spaces or control characters",
+            ),
+            ("http://[::1/", "is not a valid URL"),
+            ("http://host:99999/", "has an invalid port"),
+            ("http://host:x/", "has an invalid port"),
+            ("http://exa<mple/", "is not a valid URL"),
+        ];
+        for (bad, why) in cases {
+            assert_eq!(check_tool_url(bad).unwrap_err(), why, "{bad}");
+        }
+        let long = format!("http://tools.example/{}", "a".repeat(2048));
+        assert_eq!(check_tool_url(&long).unwrap_err(), "longer than 2048 bytes");
     }
 }

@@ -4,6 +4,9 @@ mod agent;
 mod run_status;
 mod tool_call_status;
 
-pub use agent::{AgentSpec, AgentSpecError, BUILTIN_TOOLS, Risk, ToolKind, ToolSpec};
+pub use agent::{
+    AgentSpec, AgentSpecError, BUILTIN_TOOLS, MAX_TOOL_URL_BYTES, Risk, ToolKind, ToolSpec,
+    check_tool_url,
+};
 pub use run_status::RunStatus;
 pub use tool_call_status::ToolCallStatus;

@@ -1,5 +1,6 @@
 //! End-to-end tests against real Postgres, RabbitMQ and Redis. One binary, several modules.
 
+mod api_contract;
 mod chaos;
 mod combined;
 mod faults;

@@ -146,7 +146,7 @@ async fn idempotency_key_returns_the_same_run() {
     assert_eq!(first["id"], second["id"]);
     let other = json!({"input": "something else", "agent": {"model": "mock"}});
     let (status, err) = error_of(send(&other).await.unwrap()).await;
-    assert_eq!(status, 422);
+    assert_eq!(status, 409);
     assert_eq!(err["code"], "idempotency_key_reused");
     let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM runs")
         .fetch_one(&env.pool)

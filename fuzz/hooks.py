@@ -1,0 +1,75 @@
+"""Checks of scripts/fuzz beyond schemathesis' own: no answer carries internal detail.
+
+`--checks all` runs every registered check, these included.
+"""
+
+import json
+import re
+
+import schemathesis
+
+# What would betray the internals: a panic or stack trace, SQL or driver text, the address of a
+# backing service, a source location. Matched in error answers, and in a run's `error` field
+# of successful ones (other fields of a run echo what the client sent).
+INTERNAL_DETAIL = re.compile(
+    r"panicked at|stack backtrace|RUST_BACKTRACE|Traceback \(most recent call|"
+    r"\bSQLSTATE\b|syntax error at or near|violates [a-z ]*constraint|duplicate key value|"
+    r"relation \"|column \"|error returned from database|error occurred while|"
+    r"\bsqlx\b|\blapin\b|\bdeadpool\b|\bredis\b.*error|pool timed out|connection refused|"
+    r"\b(SELECT|INSERT INTO|UPDATE|DELETE FROM)\s[\w*\"]|"
+    r"postgres(ql)?://|rediss?://|amqps?://|\bsrc/[\w/]+\.rs\b"
+)
+
+
+@schemathesis.check
+def no_internal_detail(ctx, response, case):
+    """Error answers and failed runs say what went wrong in stable terms, never how."""
+    texts = []
+    if response.status_code >= 400:
+        texts.append(response.text)
+    else:
+        try:
+            body = json.loads(response.text)
+        except ValueError:
+            body = None
+        runs = []
+        if isinstance(body, dict):
+            runs = [body] + [r for key in ("data", "runs") for r in body.get(key) or [] if isinstance(r, dict)]
+        texts.extend(json.dumps(r.get("error")) for r in runs if r.get("error"))
+    for text in texts:
+        found = INTERNAL_DETAIL.search(text)
+        if found:
+            raise AssertionError(f"The answer carries internal detail ({found.group(0)!r}): {text[:500]}")
+
+
+@schemathesis.hook
+def map_case(ctx, case):
+    """Distinct tool names in valid requests.
+
+    JSON Schema cannot say that an agent's tools have distinct names (the document says it in
+    words, and the API answers 422 naming the duplicate). A request generated as valid with two
+    tools of one name is given distinct names, so that it is valid as meant; invalid requests
+    are left as generated.
+    """
+    meta = case.meta
+    if meta is None or not meta.generation.mode.is_positive or not isinstance(case.body, dict):
+        return case
+    agents = [case.body.get("agent")]
+    agents += [run.get("agent") for run in case.body.get("runs") or [] if isinstance(run, dict)]
+    for agent in agents:
+        tools = agent.get("tools") if isinstance(agent, dict) else None
+        if not isinstance(tools, list):
+            continue
+        names = {tool.get("name") for tool in tools if isinstance(tool, dict)}
+        seen = set()
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, dict):
+                continue
+            if tool.get("name") in seen:
+                n = i
+                while f"tool_{n}" in names:
+                    n += 1
+                tool["name"] = f"tool_{n}"
+                names.add(tool["name"])
+            seen.add(tool.get("name"))
+    return case
