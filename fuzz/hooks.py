@@ -42,9 +42,24 @@ def no_internal_detail(ctx, response, case):
             raise AssertionError(f"The answer carries internal detail ({found.group(0)!r}): {text[:500]}")
 
 
+# A literal IP host in a URL (the egress policy judges it at submission).
+LITERAL_HOST = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)(\[[^\]]*\]|[0-9.]+)(?=[:/?#]|$)")
+
+
+def public_host(url):
+    """The URL with a literal IP host replaced by a public name.
+
+    Which literal addresses a tool may name depends on the deployment's egress policy
+    (`egress.allow`): private, loopback, reserved and multicast ones are answered 422 naming
+    the field, which no schema can express. A request generated as valid gets a name instead,
+    so that it is valid as meant; the refusal itself is tested end to end.
+    """
+    return LITERAL_HOST.sub(lambda m: m.group(1) + "tools.example.com", url, count=1)
+
+
 @schemathesis.hook
 def map_case(ctx, case):
-    """Distinct tool names in valid requests.
+    """Distinct tool names and public tool hosts in valid requests.
 
     JSON Schema cannot say that an agent's tools have distinct names (the document says it in
     words, and the API answers 422 naming the duplicate). A request generated as valid with two
@@ -60,6 +75,9 @@ def map_case(ctx, case):
         tools = agent.get("tools") if isinstance(agent, dict) else None
         if not isinstance(tools, list):
             continue
+        for tool in tools:
+            if isinstance(tool, dict) and isinstance(tool.get("url"), str):
+                tool["url"] = public_host(tool["url"])
         names = {tool.get("name") for tool in tools if isinstance(tool, dict)}
         seen = set()
         for i, tool in enumerate(tools):
