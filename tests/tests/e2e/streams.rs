@@ -110,10 +110,14 @@ async fn events_appended_while_clients_connect_are_neither_lost_nor_doubled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_concurrent_clients_on_one_api_process_each_get_every_event() {
-    // The pools keep the suite's size (6 connections): a connect costs one query, and a
-    // burst of them waits for a connection instead of failing with 503.
+    // A connect costs one query (auth misses of one key ask once), and a burst of them
+    // queues for a connection. The API gets the production default pool (20): on the
+    // suite's pool of 6, a thousand queries behind three other tests on two loaded cores
+    // once waited past the 5 s acquire time-out (1 run in 9).
     let env = TestEnv::with(&[("worker.concurrency", "50")]).await;
-    let app = env.spawn_api().await;
+    let app = env
+        .spawn_api_with(&[("database.max_connections", "20")])
+        .await;
     let mut runs = Vec::new();
     for _ in 0..50 {
         let body = scripted_run(
