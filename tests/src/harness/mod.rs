@@ -8,11 +8,13 @@
 //! - `watch`: `Watcher`, a run's event stream followed in the background
 //! - `wait`: `wait_for`, polling with a deadline
 //! - `bodies`: request bodies and assertions on events
+//! - `servers`: stopping and starting the shared servers (outage and chaos tests)
 
 mod app;
 mod bodies;
 mod env;
 mod process;
+pub mod servers;
 mod wait;
 mod watch;
 

@@ -9,7 +9,6 @@
 //! in its serial phase.
 
 use std::collections::{HashMap, HashSet};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,25 +19,6 @@ use agentfleet_tests::harness::*;
 const RUNS: usize = 120;
 const WORKERS: usize = 2;
 const SETTLE: Duration = Duration::from_secs(240);
-
-fn sh(cmd: &str) -> bool {
-    Command::new("bash")
-        .arg("-c")
-        .arg(cmd)
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-async fn until_ok(what: &str, cmd: &'static str) {
-    wait_for(what, Duration::from_secs(120), || async move {
-        sh(cmd).then_some(())
-    })
-    .await;
-}
-
-const PG: &str =
-    "pg_ctlcluster --skip-systemctl-redirect $(pg_lsclusters -h | awk 'NR==1{print $1}') main";
 
 /// What the test inflicts, at which second of the chaos.
 #[derive(Debug, Clone, Copy)]
@@ -63,23 +43,11 @@ const KILL_EVERY: Duration = Duration::from_millis(2500);
 
 async fn inflict(fault: Fault) {
     match fault {
-        Fault::RabbitMqDown => assert!(sh("rabbitmqctl -q stop_app")),
-        Fault::RabbitMqUp => {
-            assert!(sh("rabbitmqctl -q start_app"));
-            until_ok("RabbitMQ back", "rabbitmqctl -q await_startup").await;
-        }
-        Fault::PostgresDown => assert!(sh(&format!("{PG} stop -m fast"))),
-        Fault::PostgresUp => {
-            assert!(sh(&format!("{PG} start")));
-            until_ok("Postgres back", "pg_isready -q -h 127.0.0.1").await;
-        }
-        Fault::RedisRestart => {
-            assert!(sh("redis-cli -h 127.0.0.1 shutdown nosave || true"));
-            assert!(sh(
-                "redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save '' --appendonly no --dir /tmp --logfile /tmp/redis-agentfleet-test.log"
-            ));
-            until_ok("Redis back", "redis-cli -h 127.0.0.1 ping | grep -q PONG").await;
-        }
+        Fault::RabbitMqDown => servers::rabbitmq_stop(),
+        Fault::RabbitMqUp => servers::rabbitmq_start().await,
+        Fault::PostgresDown => servers::postgres_stop(),
+        Fault::PostgresUp => servers::postgres_start().await,
+        Fault::RedisRestart => servers::redis_restart().await,
     }
 }
 

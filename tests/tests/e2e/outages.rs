@@ -4,7 +4,6 @@
 //! after the parallel suite (`cargo test -p agentfleet-tests --test e2e -- --ignored
 //! --test-threads=1`). They need root to restart the services, as CI has.
 
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,19 +12,6 @@ use serde_json::json;
 use agentfleet_tests::harness::*;
 
 const T: Duration = Duration::from_secs(90);
-
-fn sh(cmd: &str) -> bool {
-    Command::new("bash")
-        .arg("-c")
-        .arg(cmd)
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-async fn until(what: &str, cmd: &'static str) {
-    wait_for(what, T, || async move { sh(cmd).then_some(()) }).await;
-}
 
 /// Submits runs in the background, retrying 503s as a client would; collects accepted ids.
 struct Load {
@@ -170,7 +156,7 @@ async fn rabbitmq_restart_under_load() {
         (load.count() >= 15).then_some(())
     })
     .await;
-    assert!(sh("rabbitmqctl -q stop_app"));
+    servers::rabbitmq_stop();
     let http = reqwest::Client::new();
     let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
     assert_eq!(
@@ -178,8 +164,7 @@ async fn rabbitmq_restart_under_load() {
         503,
         "readyz tells the truth during the outage"
     );
-    assert!(sh("rabbitmqctl -q start_app"));
-    until("RabbitMQ back", "rabbitmqctl -q await_startup").await;
+    servers::rabbitmq_start().await;
     wait_for("readyz to recover", T, || {
         let req = http.get(format!("{base}/readyz")).send();
         async move { req.await.ok().filter(|r| r.status() == 200) }
@@ -212,9 +197,7 @@ async fn postgres_restart_under_load() {
         (load.count() >= 15).then_some(())
     })
     .await;
-    assert!(sh(
-        "pg_ctlcluster --skip-systemctl-redirect $(pg_lsclusters -h | awk 'NR==1{print $1}') main stop -m fast"
-    ));
+    servers::postgres_stop();
     let http = reqwest::Client::new();
     wait_for("a 503 while Postgres is down", T, || async {
         (*load.unavailable.lock().unwrap() > 0).then_some(())
@@ -222,10 +205,7 @@ async fn postgres_restart_under_load() {
     .await;
     let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 503);
-    assert!(sh(
-        "pg_ctlcluster --skip-systemctl-redirect $(pg_lsclusters -h | awk 'NR==1{print $1}') main start"
-    ));
-    until("Postgres back", "pg_isready -q -h 127.0.0.1").await;
+    servers::postgres_start().await;
     let ids = load.finish().await;
     assert_eq!(ids.len(), 60);
     // Check through an API in this process (a fresh pool).
@@ -259,11 +239,7 @@ async fn redis_restart_while_runs_stream() {
     }
     let watch = app.watch(&ids[0]);
     watch.wait_type("message_delta", T).await;
-    assert!(sh("redis-cli -h 127.0.0.1 shutdown nosave || true"));
-    assert!(sh(
-        "redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save '' --appendonly no --dir /tmp --logfile /tmp/redis-agentfleet-test.log"
-    ));
-    until("Redis back", "redis-cli -h 127.0.0.1 ping | grep -q PONG").await;
+    servers::redis_restart().await;
     for id in &ids {
         let run = app.wait_status(id, &["completed", "failed"], T).await;
         assert_eq!(run["status"], "completed");

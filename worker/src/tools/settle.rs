@@ -145,16 +145,7 @@ pub async fn settle(ctx: &RunCtx, iteration: i32) -> Result<Settled, RunError> {
                 Ok(Settled::Paused)
             }
             Err(msg) => {
-                let content = json!({"error": msg}).to_string();
-                finish(
-                    ctx,
-                    iteration,
-                    call,
-                    ToolCallStatus::Failed,
-                    json!({"error": msg}),
-                    &content,
-                )
-                .await?;
+                finish_failed(ctx, iteration, call, &msg).await?;
                 Ok(Settled::NextIteration)
             }
         },
@@ -199,21 +190,33 @@ async fn finish(
     Ok(())
 }
 
+/// Records a call that failed before it could run (bad arguments, unknown tool): the model
+/// sees `{"error": msg}`.
+async fn finish_failed(
+    ctx: &RunCtx,
+    iteration: i32,
+    call: &ToolCallRow,
+    msg: &str,
+) -> Result<(), RunError> {
+    let result = json!({"error": msg});
+    let content = result.to_string();
+    finish(
+        ctx,
+        iteration,
+        call,
+        ToolCallStatus::Failed,
+        result,
+        &content,
+    )
+    .await
+}
+
 /// Runs one call: recorded as dispatched before it leaves, and its outcome after.
 #[tracing::instrument(name = "tool_call", skip(ctx, call), fields(tool = %call.name, tool_call_id = %call.tool_call_id))]
 async fn execute(ctx: &RunCtx, iteration: i32, call: &ToolCallRow) -> Result<(), RunError> {
     let fail =
         |msg: String| async move {
-            let content = json!({"error": msg}).to_string();
-            finish(
-                ctx,
-                iteration,
-                call,
-                ToolCallStatus::Failed,
-                json!({"error": msg}),
-                &content,
-            )
-            .await?;
+            finish_failed(ctx, iteration, call, &msg).await?;
             ctx.emitter
             .emit(EventType::ToolCompleted, json!({
                 "tool_call_id": call.tool_call_id, "name": call.name, "ok": false, "error": msg,
