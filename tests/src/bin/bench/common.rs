@@ -3,6 +3,7 @@
 //! workers, and percentiles.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -31,7 +32,15 @@ pub struct Ctx {
     pub base: String,
     pub key: String,
     pub http: reqwest::Client,
-    pub _api: ChildProcess,
+    pub api: ChildProcess,
+}
+
+/// A batch of runs, submitted and completed.
+pub struct Batch {
+    /// From the first POST to the last completion.
+    pub secs: f64,
+    /// Queries the wait for completion sent.
+    pub polls: u64,
 }
 
 impl Ctx {
@@ -85,6 +94,21 @@ impl Ctx {
     /// have completed; returns the seconds from the first POST to the last completion.
     pub async fn run_batch(&self, n: usize, body: &Value, limit: Duration) -> anyhow::Result<f64> {
         let done_before = self.count("completed").await;
+        Ok(self
+            .submit_and_wait(n, body, limit, done_before)
+            .await?
+            .secs)
+    }
+
+    /// `run_batch` after its count of completed runs (`done_before`), so a caller can start
+    /// measuring right before the first POST.
+    pub async fn submit_and_wait(
+        &self,
+        n: usize,
+        body: &Value,
+        limit: Duration,
+        done_before: i64,
+    ) -> anyhow::Result<Batch> {
         let t = Instant::now();
         let sem = Arc::new(Semaphore::new(32));
         let mut tasks = Vec::new();
@@ -105,11 +129,17 @@ impl Ctx {
         for task in tasks {
             anyhow::ensure!(task.await?, "a submission failed");
         }
+        // Counted, because each poll is a query (and a commit) in the database being measured.
+        let polls = AtomicU64::new(0);
         wait_for("all runs to complete", limit, || async {
+            polls.fetch_add(1, Ordering::Relaxed);
             (self.count("completed").await >= done_before + n as i64).then_some(())
         })
         .await;
-        Ok(t.elapsed().as_secs_f64())
+        Ok(Batch {
+            secs: t.elapsed().as_secs_f64(),
+            polls: polls.into_inner(),
+        })
     }
 
     /// Stops everything queued or waiting, so the next section starts clean.

@@ -5,12 +5,17 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use agentfleet_tests::harness::ChildProcess;
 use agentfleet_tests::mock_llm::script;
 
 use crate::Report;
 use crate::common::{Ctx, percentile, sorted};
+use crate::cpu::{CpuSampler, Group};
+use crate::profile::Window;
 
-/// No-op runs (one http tool call, then a final answer) from POST to run_completed.
+/// No-op runs (one http tool call, then a final answer) from POST to run_completed, and
+/// what they cost: CPU per run for the machine and per process group, and the servers'
+/// operations per run, over exactly the batch (first POST to last completion).
 pub async fn end_to_end(
     ctx: &Ctx,
     report: &mut Report,
@@ -20,7 +25,7 @@ pub async fn end_to_end(
         .args
         .runs
         .unwrap_or(if ctx.args.smoke { 20 } else { 3000 });
-    let _workers = ctx.workers(
+    let workers = ctx.workers(
         ctx.args.workers,
         &[
             ("worker.concurrency", "64"),
@@ -39,8 +44,11 @@ pub async fn end_to_end(
     }))
     .await;
     let limit = Duration::from_secs(if ctx.args.smoke { 60 } else { 600 });
-    let elapsed = ctx.run_batch(n, &body, limit).await?;
-    let rate = n as f64 / elapsed;
+    let done_before = ctx.count("completed").await;
+    let window = Window::open(ctx, CpuSampler::new(groups(ctx, &workers))).await?;
+    let batch = ctx.submit_and_wait(n, &body, limit, done_before).await?;
+    let profile = window.close(ctx, n, batch.polls).await?;
+    let rate = n as f64 / batch.secs;
     report.add(
         "e2e",
         "no-op runs/s (POST to run_completed)",
@@ -57,6 +65,7 @@ pub async fn end_to_end(
             None,
         );
     }
+    profile.report("e2e", report);
     let lat: Vec<(f64,)> = sqlx::query_as(
         "SELECT extract(epoch FROM finished_at - created_at)::float8 * 1000 FROM runs WHERE status = 'completed'",
     )
@@ -103,4 +112,17 @@ pub async fn end_to_end(
         None,
     );
     Ok(())
+}
+
+/// Every process a run passes through; the client group is the benchmark process, which also
+/// serves the scripted model and the tool.
+fn groups(ctx: &Ctx, workers: &[ChildProcess]) -> Vec<Group> {
+    vec![
+        Group::postgres(),
+        Group::pids("api", vec![ctx.api.pid()]),
+        Group::pids("workers", workers.iter().map(ChildProcess::pid).collect()),
+        Group::redis(),
+        Group::rabbitmq(),
+        Group::this("client"),
+    ]
 }

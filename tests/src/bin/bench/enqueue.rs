@@ -9,8 +9,10 @@ use tokio::sync::Semaphore;
 
 use crate::Report;
 use crate::common::{Ctx, percentile, sorted};
+use crate::cpu::CpuSampler;
 
-/// Durable `POST /v1/runs` throughput and latency over a concurrency sweep, no workers.
+/// Durable `POST /v1/runs` throughput, latency and machine CPU per run over a concurrency
+/// sweep, no workers.
 pub async fn enqueue(
     ctx: &Ctx,
     report: &mut Report,
@@ -23,8 +25,11 @@ pub async fn enqueue(
     };
     let body = json!({"input": "hello", "agent": {"model": "mock"}});
     let mut best = 0.0f64;
+    // The whole machine only: no workers run here, and the e2e section has the breakdown.
+    let cpu = CpuSampler::new(Vec::new());
     for &c in levels {
         let sem = Arc::new(Semaphore::new(c));
+        let cpu_start = cpu.snapshot()?;
         let t = Instant::now();
         let mut tasks = Vec::with_capacity(n);
         for _ in 0..n {
@@ -51,6 +56,7 @@ pub async fn enqueue(
             lat.push(ms);
         }
         let rate = n as f64 / t.elapsed().as_secs_f64();
+        let used = cpu.usage(&cpu_start, &cpu.snapshot()?);
         let lat = sorted(lat);
         let p99 = percentile(&lat, 0.99);
         best = best.max(rate);
@@ -68,6 +74,13 @@ pub async fn enqueue(
             p99,
             "ms",
             (c >= 32).then_some(("goal p99 <= 20 ms", p99 <= 20.0)),
+        );
+        report.add(
+            "enqueue",
+            &format!("c={c} machine CPU per run"),
+            used.machine_ms / n as f64,
+            "ms",
+            None,
         );
         anyhow::ensure!(failures == 0, "{failures} enqueue requests failed at c={c}");
     }

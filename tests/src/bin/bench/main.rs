@@ -9,6 +9,7 @@
 //! Speed goals are reported, never asserted: the exit code says only whether it ran.
 
 mod common;
+mod cpu;
 mod e2e;
 mod enqueue;
 mod events;
@@ -16,6 +17,8 @@ mod faults;
 mod framework;
 mod limits;
 mod memory;
+mod ops;
+mod profile;
 mod recovery;
 mod redis;
 mod resume;
@@ -129,7 +132,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         base,
         key,
         http: reqwest::Client::new(),
-        _api: api,
+        api,
     };
     let mut report = Report {
         rows: Vec::new(),
