@@ -135,6 +135,11 @@ pub struct WorkerSettings {
     pub model_retry_max_ms: u64,
     /// A model's `Retry-After` sets the delay of a retry, up to this; it never adds retries.
     pub model_retry_after_max_ms: u64,
+    /// Grouped writes (turns, tool outcomes, run ends) of one kind written at once; more wait
+    /// and form the next group (`store::batch`). 1 writes one group at a time.
+    pub write_groups_in_flight: usize,
+    /// Most items in one grouped write.
+    pub max_write_group: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -276,6 +281,8 @@ model_max_retries = 4
 model_retry_base_ms = 200
 model_retry_max_ms = 10000
 model_retry_after_max_ms = 30000
+write_groups_in_flight = 4
+max_write_group = 64
 
 [events]
 retention_secs = 86400

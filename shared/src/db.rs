@@ -17,23 +17,26 @@ fn options(settings: &DatabaseSettings) -> Result<PgConnectOptions, sqlx::Error>
     )]))
 }
 
-pub async fn connect(settings: &DatabaseSettings) -> Result<PgPool, sqlx::Error> {
-    let options = options(settings)?;
+/// No round trip before each use of a pooled connection (sqlx pings by default): a broken
+/// connection fails its statement instead, which every caller handles as a transient error,
+/// and sqlx then closes it. The ping was one more round trip for each statement of the loop.
+fn pool_options(settings: &DatabaseSettings) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(Duration::from_millis(settings.connect_timeout_ms))
-        .connect_with(options)
+        .test_before_acquire(false)
+}
+
+pub async fn connect(settings: &DatabaseSettings) -> Result<PgPool, sqlx::Error> {
+    pool_options(settings)
+        .connect_with(options(settings)?)
         .await
 }
 
 /// Like [`connect`] but returns at once; connections are made on first use. Lets a binary
 /// start (and report not-ready) while Postgres is down.
 pub fn connect_lazy(settings: &DatabaseSettings) -> Result<PgPool, sqlx::Error> {
-    let options = options(settings)?;
-    Ok(PgPoolOptions::new()
-        .max_connections(settings.max_connections)
-        .acquire_timeout(Duration::from_millis(settings.connect_timeout_ms))
-        .connect_lazy_with(options))
+    Ok(pool_options(settings).connect_lazy_with(options(settings)?))
 }
 
 /// Opens and closes one connection: a failure says why the server cannot be reached, where a

@@ -7,9 +7,9 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
-use agentfleet_shared::domain::Risk;
+use agentfleet_shared::domain::{Risk, ToolCallStatus};
 use agentfleet_shared::events::EventType;
-use agentfleet_shared::store::tool_calls::NewToolCall;
+use agentfleet_shared::store::tool_calls::{NewToolCall, ToolCallRow};
 use agentfleet_shared::store::turns::{self, Turn};
 use agentfleet_shared::store::{StoreError, messages};
 
@@ -19,17 +19,10 @@ use crate::run_ctx::{RunCtx, RunError};
 use crate::tools;
 
 #[tracing::instrument(name = "iteration", skip(ctx), fields(run_id = %ctx.run.id, attempt = ctx.fence.attempt))]
-/// Returns whether the model called tools (if not, there is nothing to settle).
-pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<bool, RunError> {
+/// Returns the calls the model made, as recorded (an empty list: there is nothing to settle).
+pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<Vec<ToolCallRow>, RunError> {
     let turn_started = Instant::now();
-    // Announcing the turn and loading the history are independent: one wait, not two.
-    let (announced, history) = tokio::join!(
-        ctx.emitter
-            .emit(EventType::IterationStarted, json!({"iteration": iteration})),
-        messages::llm_history(&ctx.shared.pool, ctx.run.thread_id)
-    );
-    announced?;
-    let history = history?;
+    let history = history(ctx, iteration).await?;
     let taken = tool_call_ids(&history);
     let agent = &ctx.run.agent.0;
     let model = ctx
@@ -71,7 +64,7 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<bool, RunError> 
     ctx.timing.add_model(model_started.elapsed());
     let mut response = response?;
     unique_call_ids(&mut response, taken);
-    persist(ctx, iteration, &response).await?;
+    let recorded = persist(ctx, iteration, &response).await?;
     let calls: Vec<Value> = response
         .tool_calls
         .iter()
@@ -92,7 +85,28 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<bool, RunError> 
         .await?;
     metrics::histogram!("agentfleet_iteration_duration_seconds")
         .record(turn_started.elapsed().as_secs_f64());
-    Ok(!response.tool_calls.is_empty())
+    Ok(recorded)
+}
+
+/// Announces the turn and returns the history the model sees: read from Postgres on the
+/// holding's first turn (both at once: one wait, not two), then kept in memory.
+async fn history(ctx: &RunCtx, iteration: i32) -> Result<Vec<Value>, RunError> {
+    let announce = ctx
+        .emitter
+        .emit(EventType::IterationStarted, json!({"iteration": iteration}));
+    let cached = ctx.history.lock().expect("history lock").clone();
+    if let Some(history) = cached {
+        announce.await?;
+        return Ok(history);
+    }
+    let (announced, loaded) = tokio::join!(
+        announce,
+        messages::llm_history(&ctx.shared.pool, ctx.run.thread_id)
+    );
+    announced?;
+    let loaded = loaded?;
+    *ctx.history.lock().expect("history lock") = Some(loaded.clone());
+    Ok(loaded)
 }
 
 /// The tool call ids the thread's history already holds.
@@ -127,8 +141,14 @@ fn unique_call_ids(response: &mut ModelResponse, mut taken: HashSet<String>) {
     }
 }
 
-/// The assistant message, its tool calls, the iteration counter and usage: one statement.
-async fn persist(ctx: &RunCtx, iteration: i32, response: &ModelResponse) -> Result<(), RunError> {
+/// The assistant message, its tool calls, the iteration counter, usage and the previous
+/// iteration's timing: one statement. Calls that will run at once are recorded as dispatched
+/// by the same statement, so a call still costs no write of its own before it leaves.
+async fn persist(
+    ctx: &RunCtx,
+    iteration: i32,
+    response: &ModelResponse,
+) -> Result<Vec<ToolCallRow>, RunError> {
     if agentfleet_shared::failpoint::error("store:turn") {
         return Err(StoreError::Db(sqlx::Error::PoolTimedOut).into());
     }
@@ -145,49 +165,87 @@ async fn persist(ctx: &RunCtx, iteration: i32, response: &ModelResponse) -> Resu
             .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
             .collect();
     }
-    let agent = &ctx.run.agent.0;
-    let parsed: Vec<Option<Value>> = response
-        .tool_calls
+    let mut rows = new_rows(ctx, iteration, response);
+    tools::settle::mark_dispatchable(ctx, &mut rows);
+    let tool_calls = rows
         .iter()
-        .map(|c| {
-            let mut parsed = serde_json::from_str::<Value>(&c.arguments).ok()?;
-            agentfleet_shared::sanitize::strip_nul_value(&mut parsed);
-            Some(parsed)
+        .map(|row| {
+            NewToolCall {
+                id: row.id,
+                tool_call_id: &row.tool_call_id,
+                position: row.position,
+                name: &row.name,
+                raw_arguments: &row.raw_arguments,
+                arguments: row.arguments.as_ref().map(|a| &a.0),
+                risk: row.risk,
+                status: row.status,
+                dispatch_count: row.dispatch_count,
+            }
+            .row()
         })
         .collect();
-    let calls: Vec<NewToolCall> = response
-        .tool_calls
-        .iter()
-        .zip(&parsed)
-        .enumerate()
-        .map(|(position, (call, parsed))| NewToolCall {
-            tool_call_id: &call.id,
-            position: position as i32,
-            name: &call.name,
-            raw_arguments: &call.arguments,
-            arguments: parsed.as_ref(),
-            risk: agent.tool(&call.name).map(|t| t.risk).unwrap_or(Risk::Low),
-        })
-        .collect();
-    turns::record(
-        &ctx.shared.pool,
-        ctx.fence,
-        &Turn {
-            thread_id: ctx.run.thread_id,
-            iteration,
-            message: &body,
-            tool_calls: &calls,
-            prompt_tokens: response.usage.prompt_tokens,
-            completion_tokens: response.usage.completion_tokens,
-            last_event_id: ctx.emitter.last_id(),
-        },
-    )
-    .await?;
-    Ok(())
+    let turn = Turn {
+        fence: ctx.fence,
+        thread_id: ctx.run.thread_id,
+        iteration,
+        message: body.clone(),
+        tool_calls,
+        prompt_tokens: response.usage.prompt_tokens,
+        completion_tokens: response.usage.completion_tokens,
+        last_event_id: ctx.emitter.last_id(),
+        timing: ctx.take_finished_timing(),
+    };
+    if !ctx.shared.writes.turns.write(turn).await? {
+        return Err(ctx.fence.lost().into());
+    }
+    ctx.remember(body);
+    Ok(rows)
 }
 
-/// Statistics only: a failure here never affects the run.
-pub async fn record_timing(
+/// The response's calls as rows, `pending`, before anything is decided about them.
+fn new_rows(ctx: &RunCtx, iteration: i32, response: &ModelResponse) -> Vec<ToolCallRow> {
+    let agent = &ctx.run.agent.0;
+    let now = Utc::now();
+    response
+        .tool_calls
+        .iter()
+        .enumerate()
+        .map(|(position, call)| {
+            let arguments =
+                serde_json::from_str::<Value>(&call.arguments)
+                    .ok()
+                    .map(|mut parsed| {
+                        agentfleet_shared::sanitize::strip_nul_value(&mut parsed);
+                        sqlx::types::Json(parsed)
+                    });
+            ToolCallRow {
+                id: uuid::Uuid::now_v7(),
+                run_id: ctx.run.id,
+                tool_call_id: call.id.clone(),
+                iteration,
+                position: position as i32,
+                name: call.name.clone(),
+                raw_arguments: call.arguments.clone(),
+                arguments,
+                risk: agent.tool(&call.name).map(|t| t.risk).unwrap_or(Risk::Low),
+                status: ToolCallStatus::Pending,
+                result: None,
+                error: None,
+                dispatch_count: 0,
+                decided_by: None,
+                decided_at: None,
+                decision_reason: None,
+                created_at: now,
+                started_at: None,
+                finished_at: None,
+            }
+        })
+        .collect()
+}
+
+/// Keeps a finished iteration's timing for the next statement the run commits anyway.
+/// Statistics only: a failure to write it never affects the run.
+pub fn finish_timing(
     ctx: &RunCtx,
     iteration: i32,
     started: DateTime<Utc>,
@@ -200,7 +258,7 @@ pub async fn record_timing(
         .max(model_us + tools_us);
     let framework = (total_us - model_us - tools_us).max(0) as f64 / 1e6;
     metrics::histogram!("agentfleet_framework_time_seconds").record(framework);
-    let timing = turns::IterationTiming {
+    *ctx.finished_timing.lock().expect("timing lock") = Some(turns::IterationTiming {
         run_id: ctx.run.id,
         iteration,
         attempt: ctx.fence.attempt,
@@ -209,9 +267,15 @@ pub async fn record_timing(
         model_us,
         tools_us,
         total_us,
+    });
+}
+
+/// Writes a kept timing on its own, when the holding ends without a statement to carry it.
+pub async fn flush_timing(ctx: &RunCtx) {
+    let Some(timing) = ctx.take_finished_timing() else {
+        return;
     };
-    let result = turns::record_timing(&ctx.shared.pool, &timing).await;
-    if let Err(e) = result {
+    if let Err(e) = turns::record_timing(&ctx.shared.pool, &timing).await {
         tracing::debug!(error = %e, "iteration timing not recorded");
     }
 }

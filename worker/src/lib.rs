@@ -106,7 +106,9 @@ impl Worker {
                     })?,
             )
         };
+        let writes = shared::Writes::spawn(&pool, &settings);
         let shared = Arc::new(Shared {
+            writes,
             pool,
             bus,
             publisher,

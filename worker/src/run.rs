@@ -7,10 +7,11 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use agentfleet_shared::domain::RunStatus;
 use agentfleet_shared::events::{EventType, Expiry};
 use agentfleet_shared::report;
 use agentfleet_shared::store::StoreError;
-use agentfleet_shared::store::transitions::{self, Claimed};
+use agentfleet_shared::store::transitions::{self, Claimed, Ending};
 
 use crate::emitter::Emitter;
 use crate::iteration;
@@ -55,6 +56,8 @@ pub async fn execute(
         emitter,
         stop,
         timing: IterationTiming::default(),
+        finished_timing: Default::default(),
+        history: Default::default(),
     };
     let lease = crate::lease::spawn(ctx.shared.clone(), fence, ctx.stop.clone());
     let result = tokio::select! {
@@ -86,16 +89,15 @@ async fn drive(
     ctx.emitter.emit_with(kind, data, Expiry::Persist).await?;
     let mut iteration = ctx.run.iteration;
     let mut started = chrono::Utc::now();
-    // Whether the turn just taken in this loop called tools; unknown (so: look) after a claim.
-    let mut called_tools = true;
+    // The calls of the turn just taken in this loop; unknown (so: read them) after a claim.
+    let mut fresh_calls = None;
     loop {
         if iteration > 0 {
-            let settled = if called_tools {
-                settle(ctx, iteration).await?
-            } else {
-                Settled::Complete
+            let settled = match fresh_calls.take() {
+                Some(calls) if Vec::is_empty(&calls) => Settled::Complete,
+                fresh => settle(ctx, iteration, fresh).await?,
             };
-            iteration::record_timing(ctx, iteration, started, ctx.timing.take()).await;
+            iteration::finish_timing(ctx, iteration, started, ctx.timing.take());
             match settled {
                 Settled::Paused => return Ok(Outcome::Paused),
                 Settled::Complete => return Ok(Outcome::Completed(iteration)),
@@ -110,26 +112,39 @@ async fn drive(
         }
         iteration += 1;
         started = chrono::Utc::now();
-        called_tools = iteration::model_turn(ctx, iteration).await?;
+        fresh_calls = Some(iteration::model_turn(ctx, iteration).await?);
     }
 }
 
 /// Commits the end of this holding and announces it.
 async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
-    let pool = &ctx.shared.pool;
+    if !matches!(result, Ok(Outcome::Completed(_))) {
+        iteration::flush_timing(ctx).await;
+    }
     let next_id = ctx.emitter.last_id() + 1;
     let run_id = ctx.fence.run_id;
     let outcome = match result {
         Ok(Outcome::Paused) => return,
-        Ok(Outcome::Completed(iteration)) => transitions::complete(pool, ctx.fence, next_id)
-            .await
+        Ok(Outcome::Completed(iteration)) => {
+            let ending = Ending {
+                fence: ctx.fence,
+                status: RunStatus::Completed,
+                last_event_id: next_id,
+                timing: ctx.take_finished_timing(),
+            };
+            match ctx.shared.writes.endings.write(ending).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(ctx.fence.lost()),
+                Err(e) => Err(e),
+            }
             .map(|_| {
                 (
                     EventType::RunCompleted,
                     json!({"iteration": iteration}),
                     "completed",
                 )
-            }),
+            })
+        }
         Ok(Outcome::MaxIterations) => {
             let msg = format!(
                 "the run reached max_iterations ({})",

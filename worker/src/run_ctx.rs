@@ -2,11 +2,12 @@
 //! driver (`run`), the model turn (`iteration`), tool settlement (`tools::settle`) and pausing
 //! (`pause`), which therefore depend on this module and not on each other.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentfleet_shared::store::runs::RunRow;
+use agentfleet_shared::store::turns;
 use agentfleet_shared::store::{Fence, StoreError};
 
 use crate::emitter::{Emitter, Fenced};
@@ -22,6 +23,25 @@ pub struct RunCtx {
     pub emitter: Emitter,
     pub stop: StopSignal,
     pub timing: IterationTiming,
+    /// The finished iteration's timing, written by the next statement that commits anyway
+    /// (the next turn, or the run's end) instead of one of its own.
+    pub finished_timing: Mutex<Option<turns::IterationTiming>>,
+    /// The messages the model sees, read once per holding and kept up to date by this
+    /// holder's own writes (it is the only writer while it holds the run).
+    pub history: Mutex<Option<Vec<serde_json::Value>>>,
+}
+
+impl RunCtx {
+    pub fn take_finished_timing(&self) -> Option<turns::IterationTiming> {
+        self.finished_timing.lock().expect("timing lock").take()
+    }
+
+    /// Appends a message this holder has just committed to the thread.
+    pub fn remember(&self, message: serde_json::Value) {
+        if let Some(history) = self.history.lock().expect("history lock").as_mut() {
+            history.push(message);
+        }
+    }
 }
 
 /// Time spent in the model and in tools during the current iteration, so the framework's own

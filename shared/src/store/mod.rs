@@ -20,6 +20,25 @@ macro_rules! fence_cte {
     };
 }
 
+/// The `iterations` rows of grouped writes: each input row `t` (joined with the CTE `held` of
+/// the runs whose fence held) carries `t.timing`, a JSON array of zero or one timing (see
+/// `turns::timing_param`).
+macro_rules! timing_cte {
+    () => {
+        "timing AS (
+            INSERT INTO iterations (run_id, iteration, attempt, started_at, finished_at,
+                                    model_us, tools_us, total_us)
+            SELECT x.run_id, x.iteration, x.attempt, x.started, x.finished, x.model_us,
+                   x.tools_us, x.total_us
+            FROM input t JOIN held ON held.id = t.run_id,
+                 jsonb_to_recordset(t.timing) AS x(run_id uuid, iteration int, attempt int,
+                     started timestamptz, finished timestamptz, model_us bigint,
+                     tools_us bigint, total_us bigint)
+            ON CONFLICT DO NOTHING)"
+    };
+}
+
+pub mod batch;
 pub mod messages;
 pub mod runs;
 pub mod tenants;

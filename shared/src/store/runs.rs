@@ -148,7 +148,7 @@ pub async fn stale_if_elected(
     Ok(ids)
 }
 
-/// Queued runs idle for `requeue_after` (their message may be lost; each is touched so it is
+/// Queued runs published `requeue_after` ago or earlier (their message may be lost; each is touched so it is
 /// not picked again at once) and running runs whose lease expired.
 pub async fn stale(
     conn: &mut sqlx::PgConnection,
@@ -156,10 +156,10 @@ pub async fn stale(
     limit: i64,
 ) -> Result<Vec<Uuid>, StoreError> {
     let mut ids: Vec<(Uuid,)> = sqlx::query_as(
-        "UPDATE runs SET updated_at = now()
+        "UPDATE runs SET enqueued_at = now()
          WHERE id IN (SELECT id FROM runs WHERE status = 'queued'
-                        AND updated_at < now() - make_interval(secs => $1)
-                      ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+                        AND enqueued_at < now() - make_interval(secs => $1)
+                      ORDER BY enqueued_at LIMIT $2 FOR UPDATE SKIP LOCKED)
          RETURNING id",
     )
     .bind(requeue_after.as_secs_f64())

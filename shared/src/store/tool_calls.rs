@@ -1,6 +1,8 @@
 //! Tool-call rows: recorded before dispatch and after completion, so a finished call is never
 //! dispatched again and an interrupted one is dispatched again with the same idempotency key.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;
@@ -33,38 +35,33 @@ pub struct ToolCallRow {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
+/// A call as the turn that made it records it: `pending`, or already `running` (dispatch
+/// count 1) when the worker dispatches it right after the commit.
 pub struct NewToolCall<'a> {
+    pub id: Uuid,
     pub tool_call_id: &'a str,
     pub position: i32,
     pub name: &'a str,
     pub raw_arguments: &'a str,
     pub arguments: Option<&'a Value>,
     pub risk: Risk,
+    pub status: ToolCallStatus,
+    pub dispatch_count: i32,
 }
 
-pub async fn insert(
-    conn: &mut PgConnection,
-    run: Uuid,
-    iteration: i32,
-    call: &NewToolCall<'_>,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO tool_calls (id, run_id, tool_call_id, iteration, position, name,
-                                 raw_arguments, arguments, risk, status)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending')",
-    )
-    .bind(Uuid::now_v7())
-    .bind(run)
-    .bind(call.tool_call_id)
-    .bind(iteration)
-    .bind(call.position)
-    .bind(call.name)
-    .bind(call.raw_arguments)
-    .bind(call.arguments.map(Json))
-    .bind(call.risk)
-    .execute(conn)
-    .await?;
-    Ok(())
+impl NewToolCall<'_> {
+    /// The call as a row of the turn's statement (`turns::record_many`).
+    pub fn row(&self) -> Value {
+        let mut row = serde_json::json!({
+            "id": self.id, "tool_call_id": self.tool_call_id, "position": self.position,
+            "name": self.name, "raw_arguments": self.raw_arguments, "risk": self.risk,
+            "status": self.status, "dispatch_count": self.dispatch_count,
+        });
+        if let Some(args) = self.arguments {
+            row["arguments"] = args.clone();
+        }
+        row
+    }
 }
 
 /// The calls of one iteration, in the order the model made them.
@@ -131,50 +128,99 @@ pub async fn mark_dispatched(
     count.map(|(c,)| c).ok_or(fence.lost())
 }
 
-/// Records a call's outcome and the tool message the model will see, atomically (fenced), in
-/// one statement.
-#[allow(clippy::too_many_arguments)]
-pub async fn finish(
-    pool: &PgPool,
-    fence: Fence,
-    thread: Uuid,
-    iteration: i32,
-    tool_call_id: &str,
-    status: ToolCallStatus,
-    result: Option<&Value>,
-    error: Option<&str>,
-    model_content: &str,
-) -> Result<(), StoreError> {
-    let (held,): (i64,) = sqlx::query_as(concat!(
-        "WITH ",
-        fence_cte!(),
-        ",
-         call AS (
-            UPDATE tool_calls SET status = $4, result = $5, error = $6, finished_at = now()
-            WHERE run_id = (SELECT id FROM fence) AND tool_call_id = $3),
-         message AS (
-            INSERT INTO messages (thread_id, run_id, role, is_llm_message, body, iteration)
-            SELECT $7, id, 'tool', true, $8, $9 FROM fence)
-         SELECT count(*) FROM fence",
-    ))
-    .bind(fence.run_id)
-    .bind(fence.attempt)
-    .bind(tool_call_id)
-    .bind(status.as_str())
-    .bind(result.map(Json))
-    .bind(error)
-    .bind(thread)
-    .bind(Json(super::messages::tool_result_body(
-        tool_call_id,
-        model_content,
-    )))
-    .bind(iteration)
-    .fetch_one(pool)
-    .await?;
-    if held == 0 {
+/// A call's outcome and the tool message the model will see. Owned: it may wait to be
+/// written with other calls' outcomes (see [`super::batch`]).
+pub struct Outcome {
+    pub fence: Fence,
+    pub thread_id: Uuid,
+    pub iteration: i32,
+    pub tool_call_id: String,
+    pub status: ToolCallStatus,
+    pub result: Option<Value>,
+    pub error: Option<String>,
+    /// The tool message's body (`messages::tool_result_body`).
+    pub message: Value,
+}
+
+/// Records one outcome (see [`finish_many`]).
+pub async fn finish(pool: &PgPool, outcome: Outcome) -> Result<(), StoreError> {
+    let fence = outcome.fence;
+    let held = finish_many(pool.clone(), Arc::new(vec![outcome])).await?;
+    if held.first() != Some(&true) {
         return Err(fence.lost());
     }
     Ok(())
+}
+
+/// Records the outcomes of calls of several runs, each with its tool message, in one
+/// statement (fenced per run: the held runs' rows are locked first, and the writes join
+/// them); per outcome, whether its run's fence held.
+pub async fn finish_many(
+    pool: PgPool,
+    outcomes: Arc<Vec<Outcome>>,
+) -> Result<Vec<bool>, StoreError> {
+    let held: Vec<(Uuid,)> = sqlx::query_as(
+        "WITH input AS (
+            SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::uuid[], $4::int[], $5::text[],
+                                 $6::text[], $7::jsonb[], $8::text[], $9::jsonb[])
+                AS t(run_id, attempt, thread_id, iteration, tool_call_id, status, result,
+                     error, message)),
+         held AS (
+            SELECT r.id FROM runs r
+            WHERE (r.id, r.attempt) IN (SELECT run_id, attempt FROM input)
+              AND r.status = 'running'
+            FOR UPDATE),
+         call AS (
+            UPDATE tool_calls c SET status = t.status, result = t.result, error = t.error,
+                                    finished_at = now()
+            FROM input t JOIN held ON held.id = t.run_id
+            WHERE c.run_id = t.run_id AND c.tool_call_id = t.tool_call_id),
+         message AS (
+            INSERT INTO messages (thread_id, run_id, role, is_llm_message, body, iteration)
+            SELECT t.thread_id, t.run_id, 'tool', true, t.message, t.iteration
+            FROM input t JOIN held ON held.id = t.run_id)
+         SELECT id FROM held",
+    )
+    .bind(outcomes.iter().map(|o| o.fence.run_id).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.fence.attempt).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.thread_id).collect::<Vec<_>>())
+    .bind(outcomes.iter().map(|o| o.iteration).collect::<Vec<_>>())
+    .bind(
+        outcomes
+            .iter()
+            .map(|o| o.tool_call_id.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        outcomes
+            .iter()
+            .map(|o| o.status.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        outcomes
+            .iter()
+            .map(|o| o.result.as_ref().map(Json))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        outcomes
+            .iter()
+            .map(|o| o.error.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        outcomes
+            .iter()
+            .map(|o| Json(&o.message))
+            .collect::<Vec<_>>(),
+    )
+    .fetch_all(&pool)
+    .await?;
+    Ok(super::turns::held_flags(
+        outcomes.iter().map(|o| o.fence.run_id),
+        &held,
+    ))
 }
 
 /// As [`finish`], inside a transaction the caller holds (and has fenced or locked).

@@ -9,6 +9,7 @@
 //! ```
 //! Worker-side transitions take a [`Fence`] and succeed only while that attempt holds the run.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -17,6 +18,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::runs::RunRow;
+use super::turns::{IterationTiming, held_flags, timing_param};
 use super::{Fence, StoreError, is_unique_violation, lock_fenced, messages};
 use crate::domain::{AgentSpec, RunStatus};
 
@@ -236,37 +238,83 @@ pub async fn renew_lease(
     }
 }
 
-async fn finish_running(
-    pool: &PgPool,
-    fence: Fence,
-    status: RunStatus,
-    error: Option<Value>,
-    last_event_id: u64,
-) -> Result<(), StoreError> {
-    let done = sqlx::query(
-        concat!(
-        "UPDATE runs SET status = $3, error = $4, lease_owner = NULL, lease_expires_at = NULL,
-                         finished_at = now(), updated_at = now(), last_event_id = GREATEST(last_event_id, $5)
-         WHERE ",
-        held!(),
-    ),
+/// The end of a holding that needs no other write: `running -> completed | cancelled`, with
+/// the last iteration's timing. Owned: it may wait to be written with other runs' ends (see
+/// [`super::batch`]).
+pub struct Ending {
+    pub fence: Fence,
+    pub status: RunStatus,
+    pub last_event_id: u64,
+    pub timing: Option<IterationTiming>,
+}
+
+/// Ends holdings of several runs in one statement; per ending, whether its fence held.
+pub async fn end_many(pool: PgPool, endings: Arc<Vec<Ending>>) -> Result<Vec<bool>, StoreError> {
+    let held: Vec<(Uuid,)> = sqlx::query_as(concat!(
+        "WITH input AS (
+            SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::text[], $4::int8[], $5::jsonb[])
+                AS t(run_id, attempt, status, last_event_id, timing)),
+         held AS (
+            UPDATE runs r SET status = t.status, error = NULL, lease_owner = NULL,
+                              lease_expires_at = NULL, finished_at = now(), updated_at = now(),
+                              last_event_id = GREATEST(r.last_event_id, t.last_event_id)
+            FROM input t
+            WHERE r.id = t.run_id AND r.attempt = t.attempt AND r.status = 'running'
+            RETURNING r.id),
+         ",
+        timing_cte!(),
+        "
+         SELECT id FROM held",
+    ))
+    .bind(endings.iter().map(|e| e.fence.run_id).collect::<Vec<_>>())
+    .bind(endings.iter().map(|e| e.fence.attempt).collect::<Vec<_>>())
+    .bind(
+        endings
+            .iter()
+            .map(|e| e.status.as_str())
+            .collect::<Vec<_>>(),
     )
-    .bind(fence.run_id)
-    .bind(fence.attempt)
-    .bind(status.as_str())
-    .bind(error.map(Json))
-    .bind(last_event_id as i64)
-    .execute(pool)
+    .bind(
+        endings
+            .iter()
+            .map(|e| e.last_event_id as i64)
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        endings
+            .iter()
+            .map(|e| timing_param(e.timing.as_ref()))
+            .collect::<Vec<_>>(),
+    )
+    .fetch_all(&pool)
     .await?;
-    if done.rows_affected() == 0 {
-        return Err(fence.lost());
-    }
-    Ok(())
+    Ok(held_flags(endings.iter().map(|e| e.fence.run_id), &held))
 }
 
 /// `running -> completed`.
 pub async fn complete(pool: &PgPool, fence: Fence, last_event_id: u64) -> Result<(), StoreError> {
-    finish_running(pool, fence, RunStatus::Completed, None, last_event_id).await
+    let status = RunStatus::Completed;
+    let timing = None;
+    end(
+        pool,
+        Ending {
+            fence,
+            status,
+            last_event_id,
+            timing,
+        },
+    )
+    .await
+}
+
+/// Ends one holding (see [`end_many`]).
+pub async fn end(pool: &PgPool, ending: Ending) -> Result<(), StoreError> {
+    let fence = ending.fence;
+    let held = end_many(pool.clone(), Arc::new(vec![ending])).await?;
+    if held.first() != Some(&true) {
+        return Err(fence.lost());
+    }
+    Ok(())
 }
 
 /// `running -> failed`, with a machine-readable code and a message. Calls of the run left
@@ -342,7 +390,16 @@ pub async fn acknowledge_cancel(
     fence: Fence,
     last_event_id: u64,
 ) -> Result<(), StoreError> {
-    finish_running(pool, fence, RunStatus::Cancelled, None, last_event_id).await
+    end(
+        pool,
+        Ending {
+            fence,
+            status: RunStatus::Cancelled,
+            last_event_id,
+            timing: None,
+        },
+    )
+    .await
 }
 
 /// `running -> waiting_for_input | waiting_for_confirmation`, releasing the lease. The pending
@@ -402,7 +459,7 @@ async fn release_counted(
 ) -> Result<i32, StoreError> {
     let row: Option<(i32,)> = sqlx::query_as(concat!(
         "UPDATE runs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL,
-                         interrupted = $3, updated_at = now(), last_event_id = GREATEST(last_event_id, $4),
+                         interrupted = $3, updated_at = now(), enqueued_at = now(), last_event_id = GREATEST(last_event_id, $4),
                          handbacks = handbacks + $5::int
          WHERE ",
         held!(),
@@ -673,7 +730,8 @@ pub async fn resume(
         (status, _) => return Err(ResumeError::NotWaiting(status)),
     }
     let resumed = sqlx::query_as::<_, RunRow>(
-        "UPDATE runs SET status = 'queued', pending = NULL, updated_at = now() WHERE id = $1 RETURNING *",
+        "UPDATE runs SET status = 'queued', pending = NULL, updated_at = now(), enqueued_at = now()
+         WHERE id = $1 RETURNING *",
     )
     .bind(run_id)
     .fetch_one(&mut *tx)
@@ -761,6 +819,117 @@ mod tests {
         assert_eq!(done.status, RunStatus::Completed);
         assert_eq!(done.last_event_id, 3);
         assert!(done.lease_owner.is_none());
+    }
+
+    fn timing(run: &RunRow, iteration: i32) -> IterationTiming {
+        let now = chrono::Utc::now();
+        IterationTiming {
+            run_id: run.id,
+            iteration,
+            attempt: 1,
+            started: now,
+            finished: now,
+            model_us: 1,
+            tools_us: 2,
+            total_us: 5,
+        }
+    }
+
+    async fn count(pool: &PgPool, sql: &str, run: Uuid) -> i64 {
+        let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(sql.to_owned()))
+            .bind(run)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        n
+    }
+
+    /// Grouped writes (`store::batch`): each item is fenced on its own, so a stale holder's
+    /// item writes nothing while the others in its group commit.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_group_writes_only_the_items_whose_fence_holds(pool: PgPool) {
+        use crate::store::turns::{Turn, record_many};
+        let (a, b) = (new_run(&pool).await, new_run(&pool).await);
+        let held_a = claim(&pool, a.id, "w", LEASE).await.unwrap().unwrap().run;
+        let held_b = claim(&pool, b.id, "w", LEASE).await.unwrap().unwrap().run;
+        let stale_b = Fence {
+            run_id: b.id,
+            attempt: held_b.attempt + 1,
+        };
+        let turn = |run: &RunRow, fence: Fence| Turn {
+            fence,
+            thread_id: run.thread_id,
+            iteration: 1,
+            message: serde_json::json!({"role": "assistant", "content": null}),
+            tool_calls: vec![serde_json::json!({
+                "id": Uuid::now_v7(), "tool_call_id": "call_1", "position": 0, "name": "t",
+                "raw_arguments": "{}", "arguments": {}, "risk": "low", "status": "running",
+                "dispatch_count": 1})],
+            prompt_tokens: 3,
+            completion_tokens: 4,
+            last_event_id: 7,
+            timing: Some(timing(run, 1)),
+        };
+        let fence_a = Fence {
+            run_id: a.id,
+            attempt: held_a.attempt,
+        };
+        let turns = vec![turn(&held_a, fence_a), turn(&held_b, stale_b)];
+        let held = record_many(pool.clone(), Arc::new(turns)).await.unwrap();
+        assert_eq!(held, [true, false]);
+        for (run, expected) in [(a.id, 1), (b.id, 0)] {
+            let q = "SELECT count(*) FROM messages WHERE run_id = $1 AND role = 'assistant'";
+            assert_eq!(
+                count(&pool, q, run).await,
+                expected,
+                "assistant message of {run}"
+            );
+            let q = "SELECT count(*) FROM tool_calls WHERE run_id = $1 AND dispatch_count = 1 AND started_at IS NOT NULL";
+            assert_eq!(
+                count(&pool, q, run).await,
+                expected,
+                "dispatched call of {run}"
+            );
+            let q = "SELECT count(*) FROM iterations WHERE run_id = $1";
+            assert_eq!(count(&pool, q, run).await, expected, "timing of {run}");
+        }
+        let a_now = runs::get(&pool, a.id).await.unwrap();
+        assert_eq!(
+            (a_now.iteration, a_now.prompt_tokens, a_now.last_event_id),
+            (1, 3, 7)
+        );
+        assert_eq!(runs::get(&pool, b.id).await.unwrap().iteration, 0);
+
+        let endings = vec![
+            Ending {
+                fence: stale_b,
+                status: RunStatus::Completed,
+                last_event_id: 9,
+                timing: None,
+            },
+            Ending {
+                fence: fence_a,
+                status: RunStatus::Completed,
+                last_event_id: 9,
+                timing: Some(timing(&held_a, 2)),
+            },
+        ];
+        let held = end_many(pool.clone(), Arc::new(endings)).await.unwrap();
+        assert_eq!(held, [false, true]);
+        assert_eq!(
+            runs::get(&pool, a.id).await.unwrap().status,
+            RunStatus::Completed
+        );
+        assert_eq!(
+            runs::get(&pool, b.id).await.unwrap().status,
+            RunStatus::Running
+        );
+        let q = "SELECT count(*) FROM iterations WHERE run_id = $1";
+        assert_eq!(
+            count(&pool, q, a.id).await,
+            2,
+            "the ending carried the last timing"
+        );
     }
 
     #[sqlx::test(migrations = "../migrations")]

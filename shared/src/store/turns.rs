@@ -6,82 +6,131 @@
 //! is locked first (`FOR UPDATE`); every other part selects from it, so a stale holder writes
 //! nothing at all.
 
-use serde_json::{Value, json};
+use std::sync::Arc;
+
+use serde_json::Value;
 use sqlx::PgPool;
 use sqlx::types::Json;
 use uuid::Uuid;
 
+#[cfg(doc)]
 use super::tool_calls::NewToolCall;
 use super::{Fence, StoreError};
 
-pub struct Turn<'a> {
+/// A model turn to commit. Owned: it may wait to be written with other runs' turns (see
+/// [`super::batch`]).
+pub struct Turn {
+    pub fence: Fence,
     pub thread_id: Uuid,
     pub iteration: i32,
     /// The assistant message as the OpenAI chat message object.
-    pub message: &'a Value,
-    pub tool_calls: &'a [NewToolCall<'a>],
+    pub message: Value,
+    /// The calls, as [`NewToolCall::row`] makes them.
+    pub tool_calls: Vec<Value>,
     pub prompt_tokens: i64,
     pub completion_tokens: i64,
     /// The last event id the holder has appended: recorded so that ids continue past it if
     /// Redis loses the run's list and the holder dies.
     pub last_event_id: u64,
+    /// The previous iteration's timing, written by this statement instead of one of its own.
+    pub timing: Option<IterationTiming>,
 }
 
-pub async fn record(pool: &PgPool, fence: Fence, turn: &Turn<'_>) -> Result<(), StoreError> {
-    let calls: Vec<Value> = turn
-        .tool_calls
-        .iter()
-        .map(|c| {
-            let mut row = json!({
-                "id": Uuid::now_v7(), "tool_call_id": c.tool_call_id, "position": c.position,
-                "name": c.name, "raw_arguments": c.raw_arguments, "risk": c.risk,
-            });
-            if let Some(args) = c.arguments {
-                row["arguments"] = args.clone();
-            }
-            row
-        })
-        .collect();
-    let (held,): (i64,) = sqlx::query_as(concat!(
-        "WITH ",
-        fence_cte!(),
-        ",
-         message AS (
-            INSERT INTO messages (thread_id, run_id, role, is_llm_message, body, iteration)
-            SELECT $3, id, 'assistant', true, $4, $5 FROM fence),
-         calls AS (
-            INSERT INTO tool_calls (id, run_id, tool_call_id, iteration, position, name,
-                                    raw_arguments, arguments, risk, status)
-            SELECT c.id, fence.id, c.tool_call_id, $5, c.position, c.name, c.raw_arguments,
-                   c.arguments, c.risk, 'pending'
-            FROM fence, jsonb_to_recordset($6) AS c(id uuid, tool_call_id text, position int,
-                 name text, raw_arguments text, arguments jsonb, risk text)),
-         counters AS (
-            UPDATE runs SET iteration = $5, prompt_tokens = prompt_tokens + $7,
-                            completion_tokens = completion_tokens + $8, updated_at = now(),
-                            last_event_id = GREATEST(last_event_id, $9),
-                            handbacks = 0
-            WHERE id IN (SELECT id FROM fence))
-         SELECT count(*) FROM fence",
-    ))
-    .bind(fence.run_id)
-    .bind(fence.attempt)
-    .bind(turn.thread_id)
-    .bind(Json(turn.message))
-    .bind(turn.iteration)
-    .bind(Json(&calls))
-    .bind(turn.prompt_tokens)
-    .bind(turn.completion_tokens)
-    .bind(turn.last_event_id as i64)
-    .fetch_one(pool)
-    .await?;
-    if held == 0 {
+/// Commits one turn (see [`record_many`]).
+pub async fn record(pool: &PgPool, turn: Turn) -> Result<(), StoreError> {
+    let fence = turn.fence;
+    let held = record_many(pool.clone(), Arc::new(vec![turn])).await?;
+    if held.first() != Some(&true) {
         return Err(fence.lost());
     }
     Ok(())
 }
 
+/// Commits turns of several runs in one statement; per turn, whether its fence held. The
+/// fence is the `UPDATE runs` itself: it locks each run's row (a concurrent claim waits, or
+/// has already bumped `attempt` and the update skips the row), and every insert joins what it
+/// returned, so a stale holder writes nothing at all. The update changes no indexed column,
+/// so it is a HOT update (see migration 0003).
+pub async fn record_many(pool: PgPool, turns: Arc<Vec<Turn>>) -> Result<Vec<bool>, StoreError> {
+    let held: Vec<(Uuid,)> = sqlx::query_as(concat!(
+        "WITH input AS (
+            SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::uuid[], $4::int[], $5::jsonb[],
+                                 $6::jsonb[], $7::int8[], $8::int8[], $9::int8[], $10::jsonb[])
+                AS t(run_id, attempt, thread_id, iteration, message, calls, prompt_tokens,
+                     completion_tokens, last_event_id, timing)),
+         held AS (
+            UPDATE runs r SET iteration = t.iteration,
+                              prompt_tokens = r.prompt_tokens + t.prompt_tokens,
+                              completion_tokens = r.completion_tokens + t.completion_tokens,
+                              updated_at = now(),
+                              last_event_id = GREATEST(r.last_event_id, t.last_event_id),
+                              handbacks = 0
+            FROM input t
+            WHERE r.id = t.run_id AND r.attempt = t.attempt AND r.status = 'running'
+            RETURNING r.id),
+         message AS (
+            INSERT INTO messages (thread_id, run_id, role, is_llm_message, body, iteration)
+            SELECT t.thread_id, t.run_id, 'assistant', true, t.message, t.iteration
+            FROM input t JOIN held ON held.id = t.run_id),
+         calls AS (
+            INSERT INTO tool_calls (id, run_id, tool_call_id, iteration, position, name,
+                                    raw_arguments, arguments, risk, status, dispatch_count,
+                                    started_at)
+            SELECT c.id, t.run_id, c.tool_call_id, t.iteration, c.position, c.name,
+                   c.raw_arguments, c.arguments, c.risk, c.status, c.dispatch_count,
+                   CASE WHEN c.dispatch_count > 0 THEN now() END
+            FROM input t JOIN held ON held.id = t.run_id,
+                 jsonb_to_recordset(t.calls) AS c(id uuid, tool_call_id text, position int,
+                     name text, raw_arguments text, arguments jsonb, risk text, status text,
+                     dispatch_count int)),
+         ",
+        timing_cte!(),
+        "
+         SELECT id FROM held",
+    ))
+    .bind(turns.iter().map(|t| t.fence.run_id).collect::<Vec<_>>())
+    .bind(turns.iter().map(|t| t.fence.attempt).collect::<Vec<_>>())
+    .bind(turns.iter().map(|t| t.thread_id).collect::<Vec<_>>())
+    .bind(turns.iter().map(|t| t.iteration).collect::<Vec<_>>())
+    .bind(turns.iter().map(|t| Json(&t.message)).collect::<Vec<_>>())
+    .bind(
+        turns
+            .iter()
+            .map(|t| Json(&t.tool_calls))
+            .collect::<Vec<_>>(),
+    )
+    .bind(turns.iter().map(|t| t.prompt_tokens).collect::<Vec<_>>())
+    .bind(
+        turns
+            .iter()
+            .map(|t| t.completion_tokens)
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        turns
+            .iter()
+            .map(|t| t.last_event_id as i64)
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        turns
+            .iter()
+            .map(|t| timing_param(t.timing.as_ref()))
+            .collect::<Vec<_>>(),
+    )
+    .fetch_all(&pool)
+    .await?;
+    Ok(held_flags(turns.iter().map(|t| t.fence.run_id), &held))
+}
+
+/// Per item (by run id), whether the statement returned its run as held.
+pub(crate) fn held_flags(runs: impl Iterator<Item = Uuid>, held: &[(Uuid,)]) -> Vec<bool> {
+    runs.map(|run| held.iter().any(|(id,)| *id == run))
+        .collect()
+}
+
 /// What one iteration cost, for the framework-time statistics (`iterations`).
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct IterationTiming {
     pub run_id: Uuid,
     pub iteration: i32,
@@ -110,4 +159,9 @@ pub async fn record_timing(pool: &PgPool, t: &IterationTiming) -> Result<(), Sto
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// The parameter [`timing_cte`] reads.
+pub(crate) fn timing_param(timing: Option<&IterationTiming>) -> Json<Vec<&IterationTiming>> {
+    Json(timing.into_iter().collect())
 }

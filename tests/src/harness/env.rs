@@ -251,9 +251,14 @@ async fn delete_redis_keys(prefix: &str) -> redis::RedisResult<()> {
     Ok(())
 }
 
+/// The same server URL naming database `db`; a query (`?sslmode=...`) is kept.
 fn replace_db(url: &str, db: &str) -> String {
+    let (url, query) = match url.split_once('?') {
+        Some((url, query)) => (url, format!("?{query}")),
+        None => (url, String::new()),
+    };
     match url.rsplit_once('/') {
-        Some((base, _)) => format!("{base}/{db}"),
-        None => format!("{url}/{db}"),
+        Some((base, _)) => format!("{base}/{db}{query}"),
+        None => format!("{url}/{db}{query}"),
     }
 }

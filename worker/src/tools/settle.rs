@@ -12,6 +12,7 @@ use serde_json::json;
 
 use agentfleet_shared::domain::{Risk, ToolCallStatus};
 use agentfleet_shared::events::EventType;
+use agentfleet_shared::store::messages;
 use agentfleet_shared::store::tool_calls::{self, ToolCallRow};
 
 use super::{builtin, check_arguments, http};
@@ -105,8 +106,44 @@ fn plan(calls: &[ToolCallRow]) -> Plan<'_> {
     }
 }
 
-pub async fn settle(ctx: &RunCtx, iteration: i32) -> Result<Settled, RunError> {
-    let calls = tool_calls::of_iteration(&ctx.shared.pool, ctx.fence.run_id, iteration).await?;
+/// Marks the calls that settling will run at once (their tool exists, their arguments are
+/// valid) as dispatched, with their checked arguments, before the turn that made them is
+/// committed: that commit then records the dispatch too (`running`, dispatch count 1).
+pub fn mark_dispatchable(ctx: &RunCtx, rows: &mut [ToolCallRow]) {
+    let Step::Run { calls, .. } = plan(rows).step else {
+        return;
+    };
+    let ready: Vec<(usize, serde_json::Value)> = calls
+        .iter()
+        .filter_map(|c| {
+            let spec = ctx.run.agent.tool(&c.name)?;
+            let args = check_arguments(&c.raw_arguments, &spec.parameters).ok()?;
+            Some((c.position as usize, args))
+        })
+        .collect();
+    let now = chrono::Utc::now();
+    for (position, args) in ready {
+        let row = &mut rows[position];
+        row.status = ToolCallStatus::Running;
+        row.dispatch_count = 1;
+        row.started_at = Some(now);
+        row.arguments = Some(sqlx::types::Json(args));
+    }
+}
+
+/// Settles the calls of `iteration`: `fresh` are the rows the holder's own turn has just
+/// recorded (see [`mark_dispatchable`]); without them they are read from Postgres (a resumed
+/// or recovered run), and a `running` call there was interrupted and is dispatched again.
+pub async fn settle(
+    ctx: &RunCtx,
+    iteration: i32,
+    fresh: Option<Vec<ToolCallRow>>,
+) -> Result<Settled, RunError> {
+    let is_fresh = fresh.is_some();
+    let calls = match fresh {
+        Some(rows) => rows,
+        None => tool_calls::of_iteration(&ctx.shared.pool, ctx.fence.run_id, iteration).await?,
+    };
     if calls.is_empty() {
         return Ok(Settled::Complete);
     }
@@ -132,7 +169,12 @@ pub async fn settle(ctx: &RunCtx, iteration: i32) -> Result<Settled, RunError> {
     };
     if !runnable.is_empty() {
         let started = std::time::Instant::now();
-        let results = join_all(runnable.into_iter().map(|c| execute(ctx, iteration, c))).await;
+        let results = join_all(
+            runnable
+                .into_iter()
+                .map(|c| execute(ctx, iteration, c, is_fresh)),
+        )
+        .await;
         ctx.timing.add_tools(started.elapsed());
         results.into_iter().collect::<Result<Vec<()>, RunError>>()?;
     }
@@ -175,18 +217,23 @@ async fn finish(
     model_content: &str,
 ) -> Result<(), RunError> {
     let error = (status == ToolCallStatus::Failed).then_some(model_content);
-    tool_calls::finish(
-        &ctx.shared.pool,
-        ctx.fence,
-        ctx.run.thread_id,
+    let outcome = tool_calls::Outcome {
+        fence: ctx.fence,
+        thread_id: ctx.run.thread_id,
         iteration,
-        &call.tool_call_id,
+        tool_call_id: call.tool_call_id.clone(),
         status,
-        Some(&result),
-        error,
+        result: Some(result),
+        error: error.map(str::to_owned),
+        message: messages::tool_result_body(&call.tool_call_id, model_content),
+    };
+    if !ctx.shared.writes.outcomes.write(outcome).await? {
+        return Err(ctx.fence.lost().into());
+    }
+    ctx.remember(messages::tool_result_body(
+        &call.tool_call_id,
         model_content,
-    )
-    .await?;
+    ));
     Ok(())
 }
 
@@ -211,9 +258,15 @@ async fn finish_failed(
     .await
 }
 
-/// Runs one call: recorded as dispatched before it leaves, and its outcome after.
+/// Runs one call: recorded as dispatched before it leaves (by the turn's commit when `fresh`
+/// and already `running`), and its outcome after.
 #[tracing::instrument(name = "tool_call", skip(ctx, call), fields(tool = %call.name, tool_call_id = %call.tool_call_id))]
-async fn execute(ctx: &RunCtx, iteration: i32, call: &ToolCallRow) -> Result<(), RunError> {
+async fn execute(
+    ctx: &RunCtx,
+    iteration: i32,
+    call: &ToolCallRow,
+    fresh: bool,
+) -> Result<(), RunError> {
     let fail =
         |msg: String| async move {
             finish_failed(ctx, iteration, call, &msg).await?;
@@ -229,12 +282,20 @@ async fn execute(ctx: &RunCtx, iteration: i32, call: &ToolCallRow) -> Result<(),
     let Some(spec) = ctx.run.agent.tool(&call.name) else {
         return fail(format!("unknown tool `{}`", call.name)).await;
     };
-    let args = match check_arguments(&call.raw_arguments, &spec.parameters) {
-        Ok(a) => a,
-        Err(msg) => return fail(msg).await,
+    let (args, dispatch) = match &call.arguments {
+        Some(checked) if fresh && call.status == ToolCallStatus::Running => {
+            (checked.0.clone(), call.dispatch_count)
+        }
+        _ => match check_arguments(&call.raw_arguments, &spec.parameters) {
+            Ok(args) => {
+                let dispatch =
+                    tool_calls::mark_dispatched(&ctx.shared.pool, ctx.fence, &call.tool_call_id)
+                        .await?;
+                (args, dispatch)
+            }
+            Err(msg) => return fail(msg).await,
+        },
     };
-    let dispatch =
-        tool_calls::mark_dispatched(&ctx.shared.pool, ctx.fence, &call.tool_call_id).await?;
     agentfleet_shared::failpoint::hit(&format!("tool:{}", call.name));
     ctx.emitter
         .emit(EventType::ToolStarted, json!({

@@ -25,6 +25,8 @@ pub enum Members {
     Pids(Vec<u32>),
     /// The benchmark process itself.
     This,
+    /// A process and its children (a postmaster and its backends).
+    Tree(u32),
 }
 
 /// A named set of processes whose CPU is reported together.
@@ -60,9 +62,16 @@ impl Group {
     // Postgres backends serving other databases: on a machine shared with other work, that
     // work lands in these groups too.
 
-    /// The postmaster, its auxiliary processes and every backend.
-    pub fn postgres() -> Group {
-        Group::named("postgres", &["postgres"])
+    /// The postmaster, its auxiliary processes and every backend; of the server whose
+    /// postmaster is `postmaster` when known (another cluster on the machine is left out).
+    pub fn postgres(postmaster: Option<u32>) -> Group {
+        match postmaster {
+            Some(pid) => Group {
+                name: "postgres",
+                members: Members::Tree(pid),
+            },
+            None => Group::named("postgres", &["postgres"]),
+        }
     }
 
     pub fn redis() -> Group {
@@ -201,6 +210,7 @@ fn machine_busy_ticks(proc_stat: &str) -> anyhow::Result<u64> {
 #[derive(Debug, PartialEq)]
 struct ProcStat {
     comm: String,
+    ppid: u32,
     ticks: u64,
 }
 
@@ -212,10 +222,12 @@ fn parse_proc_stat(text: &str) -> Option<ProcStat> {
     let close = text.rfind(')')?;
     let comm = text.get(open + 1..close)?.to_string();
     let rest: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
+    let ppid: u32 = rest.get(1)?.parse().ok()?;
     let utime: u64 = rest.get(11)?.parse().ok()?;
     let stime: u64 = rest.get(12)?.parse().ok()?;
     Some(ProcStat {
         comm,
+        ppid,
         ticks: utime + stime,
     })
 }
@@ -239,11 +251,18 @@ fn members_of(members: &Members, all: &HashMap<u32, ProcStat>, this: u32) -> Has
         Members::Named(prefixes) => prefixes.iter().any(|n| p.comm.starts_with(n)),
         Members::Pids(pids) => pids.contains(pid),
         Members::This => *pid == this,
+        Members::Tree(root) => *pid == *root || p.ppid == *root,
     };
     all.iter()
         .filter(|(pid, p)| keep(pid, p))
         .map(|(pid, p)| (*pid, p.ticks))
         .collect()
+}
+
+/// The parent of process `pid` (a Postgres backend's parent is its postmaster).
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(parse_proc_stat(&text)?.ppid)
 }
 
 #[cfg(test)]
@@ -258,6 +277,7 @@ mod tests {
             parse_proc_stat(line),
             Some(ProcStat {
                 comm: "a (weird) name".into(),
+                ppid: 1,
                 ticks: 42
             })
         );

@@ -45,7 +45,15 @@ pub async fn end_to_end(
     .await;
     let limit = Duration::from_secs(if ctx.args.smoke { 60 } else { 600 });
     let done_before = ctx.count("completed").await;
-    let window = Window::open(ctx, CpuSampler::new(groups(ctx, &workers))).await?;
+    // The postmaster of the server this benchmark uses: the parent of one of its backends.
+    let backend: Option<(i32,)> = sqlx::query_as("SELECT pg_backend_pid()")
+        .fetch_optional(&ctx.env.pool)
+        .await
+        .ok()
+        .flatten();
+    let postmaster = backend.and_then(|(pid,)| crate::cpu::parent_of(pid as u32));
+    let sampler = CpuSampler::new(groups(ctx, &workers, postmaster));
+    let window = Window::open(ctx, sampler).await?;
     let batch = ctx.submit_and_wait(n, &body, limit, done_before).await?;
     let profile = window.close(ctx, n, batch.polls).await?;
     let rate = n as f64 / batch.secs;
@@ -116,9 +124,9 @@ pub async fn end_to_end(
 
 /// Every process a run passes through; the client group is the benchmark process, which also
 /// serves the scripted model and the tool.
-fn groups(ctx: &Ctx, workers: &[ChildProcess]) -> Vec<Group> {
+fn groups(ctx: &Ctx, workers: &[ChildProcess], postmaster: Option<u32>) -> Vec<Group> {
     vec![
-        Group::postgres(),
+        Group::postgres(postmaster),
         Group::pids("api", vec![ctx.api.pid()]),
         Group::pids("workers", workers.iter().map(ChildProcess::pid).collect()),
         Group::redis(),
