@@ -20,6 +20,7 @@ macro_rules! fence_cte {
     };
 }
 
+pub mod create_many;
 pub mod messages;
 pub mod runs;
 pub mod tenants;
