@@ -363,6 +363,69 @@ impl EventBus {
         expiry: Expiry,
         unless_ended: bool,
     ) -> Result<Option<Appended>, AppendError> {
+        let (invocation, at) = self.invocation(&event, fence, floor, expiry, unless_ended);
+        let mut conn = self.pool.get().await?;
+        let reply: (i64, i64) = invocation.invoke_async(&mut conn).await?;
+        Self::outcome(&event, reply, at)
+    }
+
+    /// Appends one event to each of many runs in one round trip: a pipeline of the same
+    /// fenced script `append` runs, one invocation per event, so each event gets exactly the
+    /// id, shape and list side effects `append` would give it. The script is loaded at the
+    /// pipeline's head, so no invocation meets an empty script cache. Returns one outcome per
+    /// event, in order; the outer error means the round trip itself failed.
+    pub async fn append_many(
+        &self,
+        events: &[NewEvent<'_>],
+        fence: i64,
+        floor: Floor,
+        expiry: Expiry,
+    ) -> Result<Vec<Result<Appended, AppendError>>, AppendError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.cmd("SCRIPT").arg("LOAD").arg(APPEND_LUA).ignore();
+        let mut ats = Vec::with_capacity(events.len());
+        for event in events {
+            let (invocation, at) = self.invocation(event, fence, floor, expiry, false);
+            pipe.invoke_script(&invocation);
+            ats.push(at);
+        }
+        let mut conn = self.pool.get().await?;
+        let replies: Vec<redis::RedisResult<(i64, i64)>> = pipe.query_async(&mut conn).await?;
+        if replies.len() != events.len() {
+            return Err(AppendError::Redis(redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "pipeline answered a different number of replies",
+            ))));
+        }
+        Ok(events
+            .iter()
+            .zip(replies)
+            .zip(ats)
+            .map(|((event, reply), at)| {
+                let run_id = event.run_id;
+                match Self::outcome(event, reply?, at) {
+                    Ok(Some(appended)) => Ok(appended),
+                    Ok(None) => Err(AppendError::Fenced { run_id, current: 0 }),
+                    Err(e) => Err(e),
+                }
+            })
+            .collect())
+    }
+
+    /// The append script's invocation for `event` (see `APPEND_LUA` for its keys and
+    /// arguments), and the envelope's time.
+    fn invocation(
+        &self,
+        event: &NewEvent<'_>,
+        fence: i64,
+        floor: Floor,
+        expiry: Expiry,
+        unless_ended: bool,
+    ) -> (redis::ScriptInvocation<'_>, DateTime<Utc>) {
         let (floor, margin) = match floor {
             Floor::Exact(id) => (id, 0),
             Floor::Recorded(id) => (id, self.lost_id_margin),
@@ -381,9 +444,8 @@ impl EventBus {
             Expiry::Expire => "1",
             Expiry::Persist => "2",
         };
-        let mut conn = self.pool.get().await?;
-        let (id, current): (i64, i64) = self
-            .script
+        let mut invocation = self.script.prepare_invoke();
+        invocation
             .key(self.keys.events(event.run_id))
             .key(self.keys.fence(event.run_id))
             .key(self.keys.base(event.run_id))
@@ -394,9 +456,17 @@ impl EventBus {
             .arg(self.retention_secs)
             .arg(floor)
             .arg(margin)
-            .arg(if unless_ended { "1" } else { "0" })
-            .invoke_async(&mut conn)
-            .await?;
+            .arg(if unless_ended { "1" } else { "0" });
+        (invocation, at)
+    }
+
+    /// What the script's reply `(id, current fence)` means: appended, declined (`None`, the
+    /// list already ended), or refused by a newer fence.
+    fn outcome(
+        event: &NewEvent<'_>,
+        (id, current): (i64, i64),
+        at: DateTime<Utc>,
+    ) -> Result<Option<Appended>, AppendError> {
         if id == -2 {
             return Ok(None);
         }

@@ -107,6 +107,29 @@ pub struct RunMessage {
     pub run_id: Uuid,
 }
 
+/// Persistent JSON with the trace-context headers.
+fn run_message_properties(headers: HashMap<String, String>) -> BasicProperties {
+    let mut table = FieldTable::default();
+    for (k, v) in headers {
+        table.insert(ShortString::from(k), AMQPValue::LongString(v.into()));
+    }
+    BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_content_type("application/json".into())
+        .with_headers(table)
+}
+
+/// Run messages of a burst that the broker did not confirm (`Publisher::publish_runs`).
+#[derive(Debug, thiserror::Error)]
+#[error("{} of {total} run messages not confirmed: {first}", failed.len())]
+pub struct PublishRunsError {
+    pub total: usize,
+    /// The runs whose messages may not have reached the queue.
+    pub failed: Vec<Uuid>,
+    /// The first failure.
+    pub first: PublishError,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
     #[error("amqp: {0}")]
@@ -192,6 +215,90 @@ impl Publisher {
         Ok(())
     }
 
+    /// Publishes "run has work" for every run as one burst on the confirm channel, then waits
+    /// for all the confirms together: one wait for the broker instead of one per message.
+    /// Whatever the broker did not confirm is returned (the caller logs it; the sweeper
+    /// re-publishes queued runs it finds idle).
+    pub async fn publish_runs(&self, ids: &[Uuid]) -> Result<(), PublishRunsError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let unconfirmed = |first: PublishError, failed: Vec<Uuid>| PublishRunsError {
+            total: ids.len(),
+            failed,
+            first,
+        };
+        let channel = match self.channel().await {
+            Ok(ch) => ch,
+            Err(e) => return Err(unconfirmed(e.into(), ids.to_vec())),
+        };
+        let props = run_message_properties(crate::telemetry::current_trace_headers());
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..Default::default()
+        };
+        // All sends are polled in order before any completes, so every frame is queued for the
+        // connection's writer at once instead of one hand-off to it per message.
+        let sends = ids.iter().map(|&run_id| {
+            let (channel, props) = (&channel, props.clone());
+            async move {
+                let body = serde_json::to_vec(&RunMessage { run_id }).expect("serializes");
+                let sent = channel
+                    .basic_publish(
+                        self.topology.exchange.as_str().into(),
+                        self.topology.queue.as_str().into(),
+                        options,
+                        &body,
+                        props,
+                    )
+                    .await;
+                (run_id, sent)
+            }
+        });
+        let mut confirms = Vec::with_capacity(ids.len());
+        let mut failed = Vec::new();
+        let mut first: Option<PublishError> = None;
+        for (run_id, sent) in futures_util::future::join_all(sends).await {
+            match sent {
+                Ok(confirm) => confirms.push((run_id, confirm)),
+                Err(e) => {
+                    failed.push(run_id);
+                    first.get_or_insert(e.into());
+                }
+            }
+        }
+        let outcomes = futures_util::future::join_all(confirms.into_iter().map(
+            |(run_id, confirm)| async move {
+                let result = match confirm.await {
+                    Ok(c) if c.is_nack() => Err(PublishError::Nacked),
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(PublishError::Amqp(e)),
+                };
+                (run_id, result)
+            },
+        ))
+        .await;
+        let mut confirmed = 0u64;
+        for (run_id, result) in outcomes {
+            match result {
+                Ok(()) => confirmed += 1,
+                Err(e) => {
+                    failed.push(run_id);
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        metrics::counter!("agentfleet_queue_publishes_total").increment(confirmed);
+        match first {
+            None => Ok(()),
+            Some(first) => {
+                // Drop the channel so the next publish makes a fresh one.
+                self.channel.lock().await.take();
+                Err(unconfirmed(first, failed))
+            }
+        }
+    }
+
     pub async fn close(&self) {
         if let Some((conn, _)) = self.channel.lock().await.take() {
             let _ = conn.close(200, "closing".into()).await;
@@ -205,14 +312,7 @@ impl Publisher {
         body: &[u8],
         headers: HashMap<String, String>,
     ) -> Result<(), PublishError> {
-        let mut table = FieldTable::default();
-        for (k, v) in headers {
-            table.insert(ShortString::from(k), AMQPValue::LongString(v.into()));
-        }
-        let props = BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_content_type("application/json".into())
-            .with_headers(table);
+        let props = run_message_properties(headers);
         let confirm = self
             .channel()
             .await?

@@ -1,22 +1,25 @@
 //! `POST /v1/runs/batch`: many runs in one request, for teams that submit thousands. The batch
 //! is all or nothing: every run is validated first (errors name `runs[i].field`), then all are
-//! committed in one transaction, then announced and published with bounded concurrency.
+//! committed at once (the runs on new threads as one multi-row statement, see
+//! `store::create_many`), then announced in bulk: one Redis round trip for every
+//! `run_queued`, one burst of publishes whose confirms are awaited together.
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use agentfleet_shared::store::StoreError;
+use agentfleet_shared::events::{EventType, Expiry, Floor, NewEvent};
+use agentfleet_shared::store::runs::RunRow;
 use agentfleet_shared::store::transitions::{self, NewRun};
+use agentfleet_shared::store::{StoreError, create_many};
 
 use crate::auth::Caller;
 use crate::error::{ApiError, JsonBody};
-use crate::routes::runs_create::{CreateRun, announce, validate};
+use crate::routes::runs_create::{CreateRun, PUBLISH_TIMEOUT, queued_data, validate};
 use crate::routes::view;
 use crate::state::AppState;
 
@@ -46,8 +49,8 @@ pub async fn create_batch(
     for (i, run) in body.runs.iter().enumerate() {
         validate(&state, run, &format!("runs[{i}]."))?;
     }
-    let mut tx = state.pool.begin().await.map_err(ApiError::unexpected)?;
-    let mut created = Vec::with_capacity(body.runs.len());
+    let mut on_threads = Vec::new();
+    let mut on_new_threads = Vec::with_capacity(body.runs.len());
     for (i, run) in body.runs.into_iter().enumerate() {
         let hash = Sha256::digest(serde_json::to_vec(&run).expect("serializes")).to_vec();
         let new = NewRun {
@@ -64,31 +67,111 @@ pub async fn create_batch(
             input: run.input,
             agent: run.agent,
         };
-        match transitions::create(&mut tx, new).await {
-            Ok(row) => created.push(row),
-            Err(StoreError::NotFound) => {
-                // As for a single run: 404, naming the run.
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "not_found",
-                    format!("runs[{i}].thread_id: thread not found"),
-                ));
-            }
-            Err(StoreError::ThreadBusy { thread_id, run_id }) => {
-                return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    "thread_busy",
-                    format!("runs[{i}]: thread {thread_id} already has an active run {run_id}"),
-                ));
-            }
-            Err(e) => return Err(ApiError::unexpected(e)),
+        if new.thread_id.is_some() {
+            on_threads.push((i, new));
+        } else {
+            on_new_threads.push((i, new));
         }
     }
-    tx.commit().await.map_err(ApiError::unexpected)?;
+    let created = commit(&state, on_threads, on_new_threads).await?;
     metrics::counter!("agentfleet_runs_created_total").increment(created.len() as u64);
-    futures_util::stream::iter(created.iter())
-        .for_each_concurrent(32, |run| announce(&state, run))
-        .await;
+    announce_all(&state, &created).await;
     let runs = created.iter().map(view::run).collect();
     Ok((StatusCode::ACCEPTED, Json(view::BatchCreated { runs })))
+}
+
+/// Commits every run, all or nothing, and returns them in request order (`i` is a run's index
+/// in the request). Runs on existing threads go first, one by one through
+/// `transitions::create` (each locks its thread and checks it has no active run, so the first
+/// refusal is the lowest such index, as before); the runs on new threads are then one
+/// statement. A batch of only new threads needs no transaction: its one statement is atomic.
+async fn commit(
+    state: &AppState,
+    on_threads: Vec<(usize, NewRun)>,
+    on_new_threads: Vec<(usize, NewRun)>,
+) -> Result<Vec<RunRow>, ApiError> {
+    let (new_at, new_runs): (Vec<usize>, Vec<NewRun>) = on_new_threads.into_iter().unzip();
+    let mut created: Vec<(usize, RunRow)> = Vec::with_capacity(new_runs.len() + on_threads.len());
+    if on_threads.is_empty() {
+        let rows = create_many::create_on_new_threads(&state.pool, &new_runs)
+            .await
+            .map_err(ApiError::unexpected)?;
+        created.extend(new_at.into_iter().zip(rows));
+    } else {
+        let mut tx = state.pool.begin().await.map_err(ApiError::unexpected)?;
+        for (i, new) in on_threads {
+            match transitions::create(&mut tx, new).await {
+                Ok(row) => created.push((i, row)),
+                Err(StoreError::NotFound) => {
+                    // As for a single run: 404, naming the run.
+                    return Err(ApiError::new(
+                        StatusCode::NOT_FOUND,
+                        "not_found",
+                        format!("runs[{i}].thread_id: thread not found"),
+                    ));
+                }
+                Err(StoreError::ThreadBusy { thread_id, run_id }) => {
+                    return Err(ApiError::new(
+                        StatusCode::CONFLICT,
+                        "thread_busy",
+                        format!("runs[{i}]: thread {thread_id} already has an active run {run_id}"),
+                    ));
+                }
+                Err(e) => return Err(ApiError::unexpected(e)),
+            }
+        }
+        let rows = create_many::create_on_new_threads(&mut *tx, &new_runs)
+            .await
+            .map_err(ApiError::unexpected)?;
+        created.extend(new_at.into_iter().zip(rows));
+        tx.commit().await.map_err(ApiError::unexpected)?;
+    }
+    created.sort_unstable_by_key(|(i, _)| *i);
+    Ok(created.into_iter().map(|(_, row)| row).collect())
+}
+
+/// `announce` for a whole batch: every `run_queued` (event 1 of each run) in one Redis round
+/// trip, then every message as one burst on the confirm channel, the confirms awaited
+/// together, within the same bound as one run's publish. The runs are already durable, so
+/// failures are logged, not returned: the sweeper re-publishes queued runs it finds idle.
+async fn announce_all(state: &AppState, runs: &[RunRow]) {
+    let data = queued_data();
+    let events: Vec<NewEvent<'_>> = runs
+        .iter()
+        .map(|run| NewEvent {
+            run_id: run.id,
+            thread_id: run.thread_id,
+            kind: EventType::RunQueued,
+            data: &data,
+        })
+        .collect();
+    match state
+        .bus
+        .append_many(&events, 0, Floor::Exact(0), Expiry::Persist)
+        .await
+    {
+        Ok(outcomes) => {
+            for (run, outcome) in runs.iter().zip(outcomes) {
+                if let Err(e) = outcome {
+                    tracing::warn!(run_id = %run.id, error = %e, "could not append run_queued");
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(runs = runs.len(), error = %e, "could not append run_queued for a batch");
+        }
+    }
+    let ids: Vec<Uuid> = runs.iter().map(|r| r.id).collect();
+    match tokio::time::timeout(PUBLISH_TIMEOUT, state.publisher.publish_runs(&ids)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(run_ids = ?e.failed, error = %e, "publish failed; the sweeper will re-enqueue");
+        }
+        Err(_) => {
+            tracing::warn!(
+                runs = ids.len(),
+                "publish timed out; the sweeper will re-enqueue"
+            );
+        }
+    }
 }

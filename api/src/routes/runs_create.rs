@@ -227,7 +227,7 @@ fn is_idempotency_race(e: &sqlx::Error) -> bool {
 /// not returned: the sweeper re-publishes queued runs it finds idle. The publish is bounded
 /// so a stalled broker cannot hold the request.
 pub async fn announce(state: &AppState, run: &RunRow) {
-    let data = json!({"status": "queued"});
+    let data = queued_data();
     let event = NewEvent {
         run_id: run.id,
         thread_id: run.thread_id,
@@ -252,4 +252,9 @@ pub async fn announce(state: &AppState, run: &RunRow) {
     }
 }
 
-const PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// The data of a run's `run_queued` event (shared with the batch's bulk announce).
+pub fn queued_data() -> Value {
+    json!({"status": "queued"})
+}
+
+pub const PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);

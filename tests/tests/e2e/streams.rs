@@ -461,3 +461,76 @@ where
         }
     }
 }
+
+/// `append_many` (one pipelined round trip, used for a batch's `run_queued`) gives each event
+/// what `append` would: the next id of its own list, and a refusal where a newer holder fenced
+/// the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_append_numbers_each_list_as_single_appends_would() {
+    use agentfleet_shared::events::{
+        AppendError, EventBus, EventType, Expiry, Floor, NewEvent, redis_pool,
+    };
+    let env = TestEnv::new().await;
+    let settings = env.settings();
+    let bus = EventBus::new(
+        redis_pool(&settings.redis).unwrap(),
+        &settings.redis.prefix,
+        60,
+    );
+    let thread = uuid::Uuid::now_v7();
+    let data = json!({"status": "queued"});
+    let event = |run_id| NewEvent {
+        run_id,
+        thread_id: thread,
+        kind: EventType::RunQueued,
+        data: &data,
+    };
+    let (fresh, longer, fenced) = (
+        uuid::Uuid::now_v7(),
+        uuid::Uuid::now_v7(),
+        uuid::Uuid::now_v7(),
+    );
+    for _ in 0..2 {
+        bus.append(event(longer), 0, Floor::Exact(0), Expiry::Keep)
+            .await
+            .unwrap();
+    }
+    bus.append(event(fenced), 10, Floor::Exact(0), Expiry::Keep)
+        .await
+        .unwrap();
+    let out = bus
+        .append_many(
+            &[event(fresh), event(longer), event(fenced)],
+            0,
+            Floor::Exact(0),
+            Expiry::Persist,
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.len(), 3);
+    assert_eq!(out[0].as_ref().unwrap().id, 1);
+    assert_eq!(out[1].as_ref().unwrap().id, 3);
+    assert!(
+        matches!(out[2], Err(AppendError::Fenced { current: 10, .. })),
+        "{:?}",
+        out[2]
+    );
+    let ids = |raw: Vec<String>| -> Vec<u64> {
+        raw.iter()
+            .map(|e| {
+                serde_json::from_str::<Value>(e).unwrap()["id"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    assert_eq!(ids(env.raw_events(&fresh.to_string()).await), [1]);
+    assert_eq!(ids(env.raw_events(&longer.to_string()).await), [1, 2, 3]);
+    assert_eq!(ids(env.raw_events(&fenced.to_string()).await), [1]);
+    assert!(
+        bus.append_many(&[], 0, Floor::Exact(0), Expiry::Persist)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

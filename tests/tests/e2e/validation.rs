@@ -249,3 +249,217 @@ async fn a_batch_is_all_or_nothing_and_its_runs_complete() {
         assert_eq!(run["status"], "completed");
     }
 }
+
+/// The largest batch: every run is queued with its own thread and user message, has exactly
+/// one event (`run_queued`, id 1, the shape a single run's has), and its message is on the
+/// queue when the answer comes (the sweeper is held off, so completing proves the publish).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_1000_is_committed_announced_and_published_and_completes() {
+    let env = TestEnv::with(&[("worker.requeue_after_ms", "600000")]).await;
+    let app = env.spawn_api().await;
+    let single = app
+        .start_run(&json!({"input": "single", "agent": {"model": "mock"}}))
+        .await;
+    let single_id = single["id"].as_str().unwrap().to_string();
+    let n = 1000;
+    let runs: Vec<Value> = (0..n)
+        .map(|i| {
+            json!({"input": format!("run {i}"), "agent": {"model": "mock", "max_iterations": 3},
+                        "metadata": {"i": i}})
+        })
+        .collect();
+    let resp = app.post("/v1/runs/batch", &json!({"runs": runs})).await;
+    assert_eq!(resp.status(), 202);
+    let body: Value = resp.json().await.unwrap();
+    let created = body["runs"].as_array().unwrap();
+    assert_eq!(created.len(), n);
+    let ids: Vec<uuid::Uuid> = created
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert!(created.iter().all(|r| r["status"] == "queued"));
+
+    // Postgres: each run queued, in request order, on a thread of its own with its message.
+    let rows: Vec<(uuid::Uuid, String, i32, Value, uuid::Uuid, Value, i64)> = sqlx::query_as(
+        "SELECT r.id, r.status, r.max_iterations, r.metadata, t.tenant_id, m.body,
+                (SELECT count(*) FROM runs o WHERE o.thread_id = r.thread_id)
+         FROM runs r JOIN threads t ON t.id = r.thread_id
+         JOIN messages m ON m.run_id = r.id AND m.thread_id = r.thread_id
+         WHERE r.id = ANY($1)",
+    )
+    .bind(&ids)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), n, "one run, thread and message per run");
+    let by_id: std::collections::HashMap<_, _> = rows.into_iter().map(|r| (r.0, r)).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let (_, status, max_iterations, metadata, tenant, message, on_thread) = &by_id[id];
+        assert_eq!(status, "queued");
+        assert_eq!(*max_iterations, 3);
+        assert_eq!(metadata, &json!({"i": i}));
+        assert_eq!(*tenant, app.tenant_id);
+        assert_eq!(
+            message,
+            &json!({"role": "user", "content": format!("run {i}")})
+        );
+        assert_eq!(*on_thread, 1, "a new thread per run");
+    }
+    let (threads,): (i64,) = sqlx::query_as("SELECT count(DISTINCT thread_id) FROM runs")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(threads, n as i64 + 1);
+
+    // Redis: exactly one event per run, `run_queued` with id 1, shaped as a single run's.
+    let shape = |raw: &str| {
+        let mut v: Value = serde_json::from_str(raw).unwrap();
+        let obj = v.as_object_mut().unwrap();
+        for k in ["run_id", "thread_id", "at"] {
+            assert!(obj.remove(k).is_some(), "{raw} lacks {k}");
+        }
+        v
+    };
+    let single_events = env.raw_events(&single_id).await;
+    assert_eq!(single_events.len(), 1);
+    let expected = shape(&single_events[0]);
+    assert_eq!(expected["id"], 1);
+    assert_eq!(expected["type"], "run_queued");
+    let client = deadpool_redis::redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut pipe = deadpool_redis::redis::pipe();
+    for id in &ids {
+        pipe.cmd("LRANGE")
+            .arg(format!("{}:run:{id}:events", env.prefix))
+            .arg(0)
+            .arg(-1);
+    }
+    let lists: Vec<Vec<String>> = pipe.query_async(&mut conn).await.unwrap();
+    for ((id, events), run) in ids.iter().zip(&lists).zip(created) {
+        assert_eq!(events.len(), 1, "run {id}: {events:?}");
+        let event: Value = serde_json::from_str(&events[0]).unwrap();
+        assert_eq!(event["run_id"], id.to_string());
+        assert_eq!(event["thread_id"], run["thread_id"]);
+        assert_eq!(shape(&events[0]), expected);
+    }
+
+    // RabbitMQ: every message confirmed before the answer; a worker completes them all.
+    let queue = format!("{}.runs", env.prefix);
+    assert_eq!(env.queue_depth(&queue).await, n as u32 + 1);
+    let _worker = env.spawn_worker_with(&[("worker.concurrency", "64")]).await;
+    wait_for(
+        "every run of the batch to complete",
+        std::time::Duration::from_secs(300),
+        || async {
+            let (done,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM runs WHERE id = ANY($1) AND status = 'completed'",
+            )
+            .bind(&ids)
+            .fetch_one(&env.pool)
+            .await
+            .ok()?;
+            (done == n as i64).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Runs on existing threads keep their checks inside the batch's one transaction: a busy or
+/// unknown thread refuses the whole batch naming the run, and nothing of the new-thread runs
+/// is written, announced or published; a free thread takes its run beside new-thread runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_mixing_new_and_existing_threads_is_all_or_nothing() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let first = app
+        .start_run(&json!({"input": "first", "agent": {"model": "mock"}}))
+        .await;
+    let busy = first["thread_id"].as_str().unwrap().to_string();
+    let new = |i: usize| json!({"input": format!("new {i}"), "agent": {"model": "mock"}});
+    let on =
+        |thread: &str| json!({"input": "more", "thread_id": thread, "agent": {"model": "mock"}});
+    let counts = || async {
+        let (threads, runs, messages): (i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM threads), (SELECT count(*) FROM runs),
+                    (SELECT count(*) FROM messages)",
+        )
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+        [threads, runs, messages]
+    };
+    let before = counts().await;
+    assert_eq!(before, [1, 1, 1]);
+    let queue = format!("{}.runs", env.prefix);
+
+    let runs = vec![new(0), new(1), on(&busy), new(3)];
+    let (status, err) = error_of(app.post("/v1/runs/batch", &json!({"runs": runs})).await).await;
+    assert_eq!(status, 409, "{err}");
+    assert_eq!(err["code"], "thread_busy");
+    let message = err["message"].as_str().unwrap();
+    assert!(message.starts_with("runs[2]: thread "), "{message}");
+    assert!(message.contains(first["id"].as_str().unwrap()), "{message}");
+    assert_eq!(counts().await, before, "nothing written");
+    assert_eq!(env.queue_depth(&queue).await, 1, "nothing published");
+
+    let unknown = uuid::Uuid::new_v4().to_string();
+    let runs = vec![new(0), on(&unknown), new(2)];
+    let (status, err) = error_of(app.post("/v1/runs/batch", &json!({"runs": runs})).await).await;
+    assert_eq!(status, 404, "{err}");
+    assert_eq!(err["message"], "runs[1].thread_id: thread not found");
+    assert_eq!(counts().await, before, "nothing written");
+
+    // Two runs on one free thread: the second finds the first active.
+    let cancel = app
+        .post(
+            &format!("/v1/runs/{}/cancel", first["id"].as_str().unwrap()),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(cancel.status(), 200);
+    let runs = vec![new(0), on(&busy), new(2), on(&busy)];
+    let (status, err) = error_of(app.post("/v1/runs/batch", &json!({"runs": runs})).await).await;
+    assert_eq!(status, 409, "{err}");
+    assert!(
+        err["message"].as_str().unwrap().starts_with("runs[3]: "),
+        "{err}"
+    );
+    assert_eq!(counts().await, before, "nothing written");
+
+    // A free thread beside new ones: accepted, in request order.
+    let runs = vec![new(0), on(&busy), new(2)];
+    let resp = app.post("/v1/runs/batch", &json!({"runs": runs})).await;
+    assert_eq!(resp.status(), 202);
+    let body: Value = resp.json().await.unwrap();
+    let created = body["runs"].as_array().unwrap();
+    assert_eq!(created.len(), 3);
+    assert_eq!(created[1]["thread_id"], busy.as_str());
+    assert_ne!(created[0]["thread_id"], busy.as_str());
+    assert_ne!(created[0]["thread_id"], created[2]["thread_id"]);
+    assert_eq!(counts().await, [3, 4, 4]);
+    for (i, run) in created.iter().enumerate() {
+        let id = run["id"].as_str().unwrap();
+        let events = env.raw_events(id).await;
+        assert_eq!(events.len(), 1, "{events:?}");
+        let event: Value = serde_json::from_str(&events[0]).unwrap();
+        assert_eq!(
+            (&event["id"], &event["type"]),
+            (&json!(1), &json!("run_queued"))
+        );
+        let (input,): (String,) =
+            sqlx::query_as("SELECT body->>'content' FROM messages WHERE run_id = $1::uuid")
+                .bind(id)
+                .fetch_one(&env.pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            input,
+            if i == 1 {
+                "more".to_string()
+            } else {
+                format!("new {i}")
+            }
+        );
+    }
+    assert_eq!(env.queue_depth(&queue).await, 4);
+}

@@ -8,6 +8,7 @@
 //!
 //! Speed goals are reported, never asserted: the exit code says only whether it ran.
 
+mod batch;
 mod common;
 mod cpu;
 mod e2e;
@@ -47,8 +48,8 @@ struct Args {
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench.json")]
     out: String,
-    /// Run only these sections (limits, enqueue, framework, e2e, faults, events, resume,
-    /// recovery, memory, redis).
+    /// Run only these sections (limits, enqueue, batch, framework, e2e, faults, events,
+    /// resume, recovery, memory, redis).
     #[arg(long)]
     only: Vec<String>,
 }
@@ -145,6 +146,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     if ctx.wants("enqueue") {
         enqueue::enqueue(&ctx, &mut report, &limits).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("batch") {
+        batch::batch(&ctx, &mut report).await?;
         ctx.settle().await;
     }
     if ctx.wants("framework") {
