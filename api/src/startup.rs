@@ -17,6 +17,9 @@ use agentfleet_shared::config::Settings;
 use agentfleet_shared::events::{EventBus, Keys};
 use agentfleet_shared::infra;
 use agentfleet_shared::queue::Topology;
+use agentfleet_shared::store::batch::Batcher;
+use agentfleet_shared::store::create_many;
+use agentfleet_shared::store::transitions::NewRun;
 use agentfleet_shared::{db, telemetry};
 
 use crate::hub::Hub;
@@ -68,7 +71,16 @@ impl Application {
             Duration::from_millis(settings.api.auth_cache_ttl_ms),
             settings.api.auth_cache_max_keys,
         ));
+        let creates = Batcher::spawn(
+            pool.clone(),
+            settings.api.create_groups_in_flight,
+            settings.api.max_create_group,
+            Arc::new(|pool, runs: Arc<Vec<NewRun>>| {
+                Box::pin(async move { create_many::create_on_new_threads(&pool, &runs).await })
+            }),
+        );
         let state = AppState {
+            creates,
             tokens,
             auth_cache,
             pool,

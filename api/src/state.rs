@@ -3,6 +3,9 @@ use std::sync::Arc;
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::events::EventBus;
 use agentfleet_shared::queue::Publisher;
+use agentfleet_shared::store::batch::Batcher;
+use agentfleet_shared::store::runs::RunRow;
+use agentfleet_shared::store::transitions::NewRun;
 use sqlx::PgPool;
 
 use crate::hub::Hub;
@@ -10,6 +13,8 @@ use crate::hub::Hub;
 #[derive(Clone)]
 pub struct AppState {
     pub pool: PgPool,
+    /// Run creations on new threads, written together when they arrive at once.
+    pub creates: Batcher<NewRun, RunRow>,
     pub bus: EventBus,
     pub publisher: Publisher,
     pub hub: Hub,

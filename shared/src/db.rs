@@ -11,10 +11,14 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
 fn options(settings: &DatabaseSettings) -> Result<PgConnectOptions, sqlx::Error> {
     let options: PgConnectOptions = settings.url.parse()?;
-    Ok(options.options([(
+    let options = options.options([(
         "idle_in_transaction_session_timeout",
         settings.idle_in_transaction_timeout_ms.to_string(),
-    )]))
+    )]);
+    if settings.generic_plans {
+        return Ok(options.options([("plan_cache_mode", "force_generic_plan")]));
+    }
+    Ok(options)
 }
 
 /// No round trip before each use of a pooled connection (sqlx pings by default): a broken

@@ -176,7 +176,12 @@ pub async fn submit(
         agent: body.agent,
     };
     let created = if new.thread_id.is_none() {
-        transitions::create_on_new_thread(&state.pool, new).await
+        if new.idempotency_key.is_none() {
+            // Grouped with other creations arriving at once (one statement, one commit).
+            state.creates.write(new).await
+        } else {
+            transitions::create_on_new_thread(&state.pool, new).await
+        }
     } else {
         create_in_transaction(state, new).await
     };

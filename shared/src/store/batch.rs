@@ -8,9 +8,10 @@
 //! idle worker writes at once and a busy one writes larger groups — no timer, no added
 //! latency when there is nothing to group with.
 //!
-//! Each item still carries its own fence, and the statement reports which items' fences held.
-//! If the group's statement fails, every item is written again on its own, so one item's bad
-//! data (a constraint) fails only that item, with its own error.
+//! Each item still carries its own fence, and the statement reports which items' fences held
+//! (or, for a write that answers with rows, the row of each item). If the group's statement
+//! fails, every item is written again on its own, so one item's bad data (a constraint) fails
+//! only that item, with its own error.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,24 +22,22 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::StoreError;
 
-type Reply = oneshot::Sender<Result<bool, StoreError>>;
+type Reply<R> = oneshot::Sender<Result<R, StoreError>>;
 
-/// Writes `items` in one statement; per item, whether its fence held.
-pub type WriteFn<T> = Arc<
-    dyn Fn(
-            PgPool,
-            Arc<Vec<T>>,
-        ) -> Pin<Box<dyn Future<Output = Result<Vec<bool>, StoreError>> + Send>>
+/// Writes `items` in one statement; per item, in order, what it answers (for a fenced write:
+/// whether its fence held).
+pub type WriteFn<T, R = bool> = Arc<
+    dyn Fn(PgPool, Arc<Vec<T>>) -> Pin<Box<dyn Future<Output = Result<Vec<R>, StoreError>> + Send>>
         + Send
         + Sync,
 >;
 
 /// A handle to one kind of grouped write; cheap to clone.
-pub struct Batcher<T> {
-    tx: mpsc::UnboundedSender<(T, Reply)>,
+pub struct Batcher<T, R = bool> {
+    tx: mpsc::UnboundedSender<(T, Reply<R>)>,
 }
 
-impl<T> Clone for Batcher<T> {
+impl<T, R> Clone for Batcher<T, R> {
     fn clone(&self) -> Self {
         Batcher {
             tx: self.tx.clone(),
@@ -46,17 +45,18 @@ impl<T> Clone for Batcher<T> {
     }
 }
 
-impl<T: Send + Sync + 'static> Batcher<T> {
+impl<T: Send + Sync + 'static, R: Send + 'static> Batcher<T, R> {
     /// Starts the grouping task; it ends when the last handle is dropped. At most `in_flight`
     /// groups are written at once, each of at most `max_items`.
-    pub fn spawn(pool: PgPool, in_flight: usize, max_items: usize, write: WriteFn<T>) -> Self {
+    pub fn spawn(pool: PgPool, in_flight: usize, max_items: usize, write: WriteFn<T, R>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(group(rx, pool, in_flight.max(1), max_items.max(1), write));
         Batcher { tx }
     }
 
-    /// Writes `item` with whatever else is waiting; `Ok(false)`: its fence did not hold.
-    pub async fn write(&self, item: T) -> Result<bool, StoreError> {
+    /// Writes `item` with whatever else is waiting (for a fenced write, `Ok(false)`: its fence
+    /// did not hold).
+    pub async fn write(&self, item: T) -> Result<R, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.tx
             .send((item, reply))
@@ -67,12 +67,12 @@ impl<T: Send + Sync + 'static> Batcher<T> {
     }
 }
 
-async fn group<T: Send + Sync + 'static>(
-    mut rx: mpsc::UnboundedReceiver<(T, Reply)>,
+async fn group<T: Send + Sync + 'static, R: Send + 'static>(
+    mut rx: mpsc::UnboundedReceiver<(T, Reply<R>)>,
     pool: PgPool,
     in_flight: usize,
     max_items: usize,
-    write: WriteFn<T>,
+    write: WriteFn<T, R>,
 ) {
     let slots = Arc::new(Semaphore::new(in_flight));
     loop {
@@ -98,14 +98,15 @@ async fn group<T: Send + Sync + 'static>(
     }
 }
 
-async fn write_group<T>(pool: &PgPool, write: &WriteFn<T>, items: Vec<(T, Reply)>) {
+async fn write_group<T, R>(pool: &PgPool, write: &WriteFn<T, R>, items: Vec<(T, Reply<R>)>) {
     metrics::histogram!("agentfleet_store_group_size").record(items.len() as f64);
-    let (items, replies): (Vec<T>, Vec<Reply>) = items.into_iter().unzip();
+    let (items, replies): (Vec<T>, Vec<Reply<R>>) = items.into_iter().unzip();
     let items = Arc::new(items);
     match write(pool.clone(), items.clone()).await {
-        Ok(held) => {
-            for (reply, held) in replies.into_iter().zip(held) {
-                let _ = reply.send(Ok(held));
+        Ok(answers) => {
+            debug_assert_eq!(answers.len(), replies.len(), "one answer per item");
+            for (reply, answer) in replies.into_iter().zip(answers) {
+                let _ = reply.send(Ok(answer));
             }
         }
         Err(e) if replies.len() == 1 => {
@@ -123,7 +124,11 @@ async fn write_group<T>(pool: &PgPool, write: &WriteFn<T>, items: Vec<(T, Reply)
             for (item, reply) in items.into_iter().zip(replies) {
                 let result = write(pool.clone(), Arc::new(vec![item]))
                     .await
-                    .map(|held| held.first().copied().unwrap_or(false));
+                    .and_then(|a| {
+                        a.into_iter()
+                            .next()
+                            .ok_or(StoreError::Db(sqlx::Error::RowNotFound))
+                    });
                 let _ = reply.send(result);
             }
         }
