@@ -77,7 +77,9 @@ fn is_transient(err: &anyhow::Error) -> bool {
         if let Some(StoreError::Db(e)) = cause.downcast_ref::<StoreError>() {
             return matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed);
         }
-        cause.downcast_ref::<deadpool_redis::PoolError>().is_some()
+        cause
+            .downcast_ref::<agentfleet_shared::events::AppendError>()
+            .is_some_and(|e| e.is_unavailable())
     })
 }
 

@@ -51,7 +51,8 @@ impl Application {
             &settings.redis.prefix,
             settings.events.retention_secs,
         )
-        .with_lost_id_margin(settings.events.lost_id_margin);
+        .with_lost_id_margin(settings.events.lost_id_margin)
+        .with_timeout(settings.redis.timeout());
         let publisher = infra::rabbitmq(
             &settings.amqp.url,
             "agentfleet-api",

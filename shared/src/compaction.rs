@@ -11,7 +11,6 @@
 //! still equals what a live client saw. Live clients are unaffected: pub/sub carries each
 //! event in full when it is appended.
 
-use deadpool_redis::redis;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use uuid::Uuid;
@@ -183,16 +182,22 @@ impl EventBus {
         header: &Header,
     ) -> Result<bool, AppendError> {
         let raw = serde_json::to_string(header).expect("header serializes");
-        let mut conn = self.pool().get().await?;
-        let done: i64 = SCRIPT
-            .key(self.keys().events(run))
-            .key(self.keys().fence(run))
-            .key(self.keys().base(run))
-            .arg(fence)
-            .arg(header.id)
-            .arg(header.to)
-            .arg(raw)
-            .invoke_async(&mut conn)
+        let keys = self.keys();
+        let (events, fence_key, base) = (keys.events(run), keys.fence(run), keys.base(run));
+        // Repeating it is harmless: a range already rewritten no longer holds its deltas.
+        let done: i64 = self
+            .call(|mut conn, _| {
+                let mut invocation = SCRIPT.prepare_invoke();
+                invocation
+                    .key(&events)
+                    .key(&fence_key)
+                    .key(&base)
+                    .arg(fence)
+                    .arg(header.id)
+                    .arg(header.to)
+                    .arg(&raw);
+                async move { invocation.invoke_async(&mut conn).await }
+            })
             .await?;
         if done < 0 {
             return Err(AppendError::Fenced {

@@ -63,7 +63,29 @@ pub struct RedisSettings {
     pub url: String,
     /// Prefix of every key and channel, e.g. `agentfleet:run:{id}:events`.
     pub prefix: String,
-    pub pool_size: usize,
+    /// The longest one event-bus call (an append, a read) may take, waiting for a reconnect
+    /// included: past it the call fails like an unreachable Redis (an append is logged and
+    /// dropped, the run goes on).
+    pub timeout_ms: u64,
+    /// One connection attempt.
+    pub connect_timeout_ms: u64,
+    /// One command's answer on an established connection.
+    pub response_timeout_ms: u64,
+    /// How often a failed attempt to re-make the shared connection is repeated; calls made
+    /// meanwhile wait for it. Once they are used up, the next call starts over.
+    pub reconnect_retries: usize,
+    /// The first delay before such a repeat, doubled (with jitter) each time, at most
+    /// [`RedisSettings::RECONNECT_MAX_BACKOFF`].
+    pub reconnect_backoff_ms: u64,
+}
+
+impl RedisSettings {
+    /// The cap of the reconnect back-off.
+    pub const RECONNECT_MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -246,7 +268,11 @@ generic_plans = true
 [redis]
 url = "redis://127.0.0.1:6379"
 prefix = "agentfleet"
-pool_size = 32
+timeout_ms = 2000
+connect_timeout_ms = 1000
+response_timeout_ms = 500
+reconnect_retries = 2
+reconnect_backoff_ms = 100
 
 [amqp]
 url = "amqp://guest:guest@127.0.0.1:5672/%2f"
@@ -385,6 +411,15 @@ impl Settings {
                 && s.chars()
                     .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         };
+        for (key, ms) in [
+            ("redis.timeout_ms", self.redis.timeout_ms),
+            ("redis.connect_timeout_ms", self.redis.connect_timeout_ms),
+            ("redis.response_timeout_ms", self.redis.response_timeout_ms),
+        ] {
+            if ms == 0 {
+                return Err(invalid(key, "must be positive"));
+            }
+        }
         if !name_ok(&self.redis.prefix) {
             return Err(invalid("redis.prefix", "must be non-empty [A-Za-z0-9._-]"));
         }

@@ -4,9 +4,16 @@
 //! it, appends and publishes atomically, so ids are gap-free whatever the number of writers, and
 //! it refuses writers whose fencing token is older than the newest one seen for the run: a worker
 //! that lost its lease cannot slip events into a stream another worker now owns.
+//!
+//! Every call goes over one shared connection per process ([`redis_connection`]): a multiplexed
+//! connection pipelines the commands of all tasks, so an append is one round trip, and it is
+//! re-made in the background when it breaks. Each call is bounded by `redis.timeout_ms`.
+
+use std::future::Future;
+use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use deadpool_redis::redis;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
@@ -132,12 +139,26 @@ pub enum AppendError {
     Fenced { run_id: Uuid, current: i64 },
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
-    #[error("redis pool: {0}")]
-    Pool(#[from] deadpool_redis::PoolError),
+    #[error("redis: no answer within {} ms", .0.as_millis())]
+    Timeout(Duration),
+}
+
+impl AppendError {
+    /// Redis could not be reached or did not answer in time (as opposed to refusing the
+    /// command): what a caller reports as a dependency being unavailable.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            AppendError::Fenced { .. } => false,
+            AppendError::Timeout(_) => true,
+            AppendError::Redis(e) => e.is_io_error() || e.is_timeout(),
+        }
+    }
 }
 
 /// KEYS: list, fence, base. ARGV: token, envelope-without-id (starting after its `{`), channel,
-/// expiry mode (0 keep, 1 expire, 2 persist), ttl seconds, floor, margin.
+/// expiry mode (0 keep, 1 expire, 2 persist), ttl seconds, floor, margin, unless-ended (`1`:
+/// decline, returning -2, when the list ends with a terminal event), again (`1`: this very
+/// envelope may have been appended by an attempt whose answer was lost).
 ///
 /// An event's id is `base + its position` (1-based); `base` is 0 until Redis loses a list.
 /// `floor` is the last id a client may have seen, as far as the writer knows (its own last
@@ -150,6 +171,19 @@ const APPEND_LUA: &str = r#"
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 local token = tonumber(ARGV[1])
 if token < fence then return {-1, fence} end
+if ARGV[9] == '1' then
+  -- A retry after the connection broke: the first attempt may have landed, followed at most
+  -- by the run's other appends of the moment (parallel tool calls; other writers fence the
+  -- holder out; 512 is far more than that). Then it must not be appended twice: its id is the
+  -- answer. (Envelopes differ in type, data or millisecond; two deltas of the same text in
+  -- one millisecond could be mistaken for each other, losing one, as a failed append would.)
+  local first = tonumber(redis.call('GET', KEYS[3]) or '0') + redis.call('LLEN', KEYS[1])
+  local recent = redis.call('LRANGE', KEYS[1], -512, -1)
+  first = first - #recent
+  for i = #recent, 1, -1 do
+    if recent[i] == '{"id":' .. (first + i) .. ',' .. ARGV[2] then return {first + i, fence} end
+  end
+end
 if ARGV[8] == '1' then
   local tail = redis.call('LINDEX', KEYS[1], -1)
   if tail and (string.find(tail, '"type":"run_completed"', 1, true)
@@ -218,13 +252,54 @@ pub fn lost_placeholder(id: u64) -> String {
     format!(r#"{{"id":{id},"type":"lost"}}"#)
 }
 
-/// A Redis connection pool sized by `redis.pool_size`.
-pub fn redis_pool(
+/// Data sent on a Redis connection and unacknowledged this long means the peer is gone (a
+/// failed-over host, a NAT that forgot the connection), not slow: a stalled server's kernel
+/// still acknowledges. The kernel then drops the connection, and the shared one is re-made;
+/// without it a half-open connection would only time out command after command.
+#[cfg(target_os = "linux")]
+const DEAD_CONNECTION_AFTER: Duration = Duration::from_secs(10);
+
+/// The client for `redis.url`. `TCP_NODELAY`: many tasks' small commands share one
+/// connection, and none should wait for the acknowledgement of another's.
+pub fn redis_client(settings: &crate::config::RedisSettings) -> redis::RedisResult<redis::Client> {
+    use redis::IntoConnectionInfo;
+    let info = settings.url.as_str().into_connection_info()?;
+    let tcp = info.tcp_settings().clone().set_nodelay(true);
+    #[cfg(target_os = "linux")]
+    let tcp = tcp.set_user_timeout(DEAD_CONNECTION_AFTER);
+    redis::Client::open(info.set_tcp_settings(tcp))
+}
+
+/// The per-command bounds of `settings` for a connection made outside the shared one.
+pub fn connection_config(settings: &crate::config::RedisSettings) -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_millis(settings.connect_timeout_ms)))
+        .set_response_timeout(Some(Duration::from_millis(settings.response_timeout_ms)))
+}
+
+/// The process's shared connection to Redis: one multiplexed connection, connected on first
+/// use. When it breaks, the call that finds out fails, and the connection is re-made in the
+/// background: `redis.reconnect_retries` attempts, backing off from
+/// `redis.reconnect_backoff_ms`; calls made meanwhile wait for it (within `redis.timeout_ms`).
+pub fn redis_connection(
     settings: &crate::config::RedisSettings,
-) -> Result<deadpool_redis::Pool, deadpool_redis::CreatePoolError> {
-    let mut cfg = deadpool_redis::Config::from_url(settings.url.clone());
-    cfg.pool = Some(deadpool_redis::PoolConfig::new(settings.pool_size));
-    cfg.create_pool(Some(deadpool_redis::Runtime::Tokio1))
+) -> redis::RedisResult<ConnectionManager> {
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_millis(settings.connect_timeout_ms)))
+        .set_response_timeout(Some(Duration::from_millis(settings.response_timeout_ms)))
+        .set_number_of_retries(settings.reconnect_retries)
+        .set_min_delay(Duration::from_millis(settings.reconnect_backoff_ms))
+        .set_max_delay(crate::config::RedisSettings::RECONNECT_MAX_BACKOFF);
+    ConnectionManager::new_lazy_with_config(redis_client(settings)?, config)
+}
+
+/// Whether a failed command is worth sending again: when the connection broke or could not be
+/// made (the manager is re-making it, and a second attempt waits for the new one; a server
+/// that is back after a restart answers it). Not after a time-out: the server may still be
+/// executing the first attempt. The command must be safe to repeat (see `again` in
+/// `APPEND_LUA`).
+fn worth_retrying(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped()
 }
 
 /// Names of a run's Redis keys and channels.
@@ -270,10 +345,12 @@ impl Keys {
     }
 }
 
-/// The event bus over a Redis pool.
+/// The event bus over the process's shared Redis connection.
 #[derive(Clone)]
 pub struct EventBus {
-    pool: deadpool_redis::Pool,
+    conn: ConnectionManager,
+    /// Bound of one call, reconnecting and retrying included (`redis.timeout_ms`).
+    timeout: Duration,
     keys: Keys,
     retention_secs: u64,
     /// How far ids jump past the last recorded one when a list is found lost.
@@ -284,6 +361,9 @@ pub struct EventBus {
 
 /// Default of `events.lost_id_margin`.
 pub const DEFAULT_LOST_ID_MARGIN: u64 = 100_000;
+
+/// Default of `redis.timeout_ms`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// An appended event: its id and the JSON as stored.
 #[derive(Debug, Clone)]
@@ -301,9 +381,10 @@ pub struct NewEvent<'a> {
 }
 
 impl EventBus {
-    pub fn new(pool: deadpool_redis::Pool, prefix: &str, retention_secs: u64) -> EventBus {
+    pub fn new(conn: ConnectionManager, prefix: &str, retention_secs: u64) -> EventBus {
         EventBus {
-            pool,
+            conn,
+            timeout: DEFAULT_TIMEOUT,
             keys: Keys::new(prefix),
             retention_secs,
             lost_id_margin: DEFAULT_LOST_ID_MARGIN,
@@ -318,12 +399,46 @@ impl EventBus {
         self
     }
 
+    /// Sets `redis.timeout_ms`.
+    pub fn with_timeout(mut self, timeout: Duration) -> EventBus {
+        self.timeout = timeout;
+        self
+    }
+
     pub fn keys(&self) -> &Keys {
         &self.keys
     }
 
-    pub fn pool(&self) -> &deadpool_redis::Pool {
-        &self.pool
+    /// Runs `command` on the shared connection within the bus's time-out; once more, on a
+    /// fresh connection, if the connection broke under the first attempt (`command` is told
+    /// whether it is that second attempt, and must be safe to repeat).
+    pub(crate) async fn call<T, F, Fut>(&self, command: F) -> Result<T, AppendError>
+    where
+        F: Fn(ConnectionManager, bool) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let attempts = async {
+            match command(self.conn.clone(), false).await {
+                Err(e) if worth_retrying(&e) => {
+                    tracing::debug!(error = %e, "the Redis connection broke; trying once more");
+                    command(self.conn.clone(), true).await
+                }
+                done => done,
+            }
+        };
+        match tokio::time::timeout(self.timeout, attempts).await {
+            Ok(done) => Ok(done?),
+            Err(_) => Err(AppendError::Timeout(self.timeout)),
+        }
+    }
+
+    /// Whether Redis answers on the shared connection (readiness).
+    pub async fn ping(&self) -> Result<(), AppendError> {
+        self.call(
+            |mut conn, _| async move { redis::cmd("PING").query_async::<String>(&mut conn).await },
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Appends one event with fencing token `fence`; `floor` is the last id a client may have
@@ -363,9 +478,25 @@ impl EventBus {
         expiry: Expiry,
         unless_ended: bool,
     ) -> Result<Option<Appended>, AppendError> {
-        let (invocation, at) = self.invocation(&event, fence, floor, expiry, unless_ended);
-        let mut conn = self.pool.get().await?;
-        let reply: (i64, i64) = invocation.invoke_async(&mut conn).await?;
+        // Serialized once: a repeat after a broken connection must carry the same envelope,
+        // so the script can recognise an append that did land (ARGV[9]).
+        let (body, at) = envelope(&event);
+        let reply: (i64, i64) = self
+            .call(|mut conn, again| {
+                let invocation = self.invocation(
+                    &event,
+                    &body,
+                    Args {
+                        fence,
+                        floor,
+                        expiry,
+                        unless_ended,
+                        again,
+                    },
+                );
+                async move { invocation.invoke_async(&mut conn).await }
+            })
+            .await?;
         Self::outcome(&event, reply, at)
     }
 
@@ -384,17 +515,25 @@ impl EventBus {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        pipe.cmd("SCRIPT").arg("LOAD").arg(APPEND_LUA).ignore();
-        let mut ats = Vec::with_capacity(events.len());
-        for event in events {
-            let (invocation, at) = self.invocation(event, fence, floor, expiry, false);
-            pipe.invoke_script(&invocation);
-            ats.push(at);
-        }
-        let mut conn = self.pool.get().await?;
-        let replies: Vec<redis::RedisResult<(i64, i64)>> = pipe.query_async(&mut conn).await?;
+        let envelopes: Vec<(String, DateTime<Utc>)> = events.iter().map(envelope).collect();
+        let replies: Vec<redis::RedisResult<(i64, i64)>> = self
+            .call(|mut conn, again| {
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                pipe.cmd("SCRIPT").arg("LOAD").arg(APPEND_LUA).ignore();
+                for (event, (body, _)) in events.iter().zip(&envelopes) {
+                    let args = Args {
+                        fence,
+                        floor,
+                        expiry,
+                        unless_ended: false,
+                        again,
+                    };
+                    pipe.invoke_script(&self.invocation(event, body, args));
+                }
+                async move { pipe.query_async(&mut conn).await }
+            })
+            .await?;
         if replies.len() != events.len() {
             return Err(AppendError::Redis(redis::RedisError::from((
                 redis::ErrorKind::Parse,
@@ -404,8 +543,8 @@ impl EventBus {
         Ok(events
             .iter()
             .zip(replies)
-            .zip(ats)
-            .map(|((event, reply), at)| {
+            .zip(envelopes)
+            .map(|((event, reply), (_, at))| {
                 let run_id = event.run_id;
                 match Self::outcome(event, reply?, at) {
                     Ok(Some(appended)) => Ok(appended),
@@ -416,30 +555,19 @@ impl EventBus {
             .collect())
     }
 
-    /// The append script's invocation for `event` (see `APPEND_LUA` for its keys and
-    /// arguments), and the envelope's time.
+    /// The append script's invocation for `event` with its serialized envelope `body` (see
+    /// `APPEND_LUA` for its keys and arguments).
     fn invocation(
         &self,
         event: &NewEvent<'_>,
-        fence: i64,
-        floor: Floor,
-        expiry: Expiry,
-        unless_ended: bool,
-    ) -> (redis::ScriptInvocation<'_>, DateTime<Utc>) {
-        let (floor, margin) = match floor {
+        body: &str,
+        args: Args,
+    ) -> redis::ScriptInvocation<'_> {
+        let (floor, margin) = match args.floor {
             Floor::Exact(id) => (id, 0),
             Floor::Recorded(id) => (id, self.lost_id_margin),
         };
-        let at = Utc::now();
-        let body = serde_json::to_string(&Unnumbered {
-            run_id: event.run_id,
-            thread_id: event.thread_id,
-            kind: event.kind,
-            at: timestamp(at),
-            data: event.data,
-        })
-        .expect("event serializes");
-        let mode = match expiry {
+        let mode = match args.expiry {
             Expiry::Keep => "0",
             Expiry::Expire => "1",
             Expiry::Persist => "2",
@@ -449,15 +577,16 @@ impl EventBus {
             .key(self.keys.events(event.run_id))
             .key(self.keys.fence(event.run_id))
             .key(self.keys.base(event.run_id))
-            .arg(fence)
+            .arg(args.fence)
             .arg(&body[1..])
             .arg(self.keys.live(event.run_id))
             .arg(mode)
             .arg(self.retention_secs)
             .arg(floor)
             .arg(margin)
-            .arg(if unless_ended { "1" } else { "0" });
-        (invocation, at)
+            .arg(if args.unless_ended { "1" } else { "0" })
+            .arg(if args.again { "1" } else { "0" });
+        invocation
     }
 
     /// What the script's reply `(id, current fence)` means: appended, declined (`None`, the
@@ -498,7 +627,6 @@ impl EventBus {
         from_id: u64,
         to_id: u64,
     ) -> Result<Vec<String>, AppendError> {
-        let mut conn = self.pool.get().await?;
         // Lua numbers are doubles: ids stay far below 2^53, anything above is "the end".
         let clamp = |id: u64| id.min(1 << 53);
         let to = if to_id == u64::MAX {
@@ -506,13 +634,17 @@ impl EventBus {
         } else {
             clamp(to_id).to_string()
         };
+        let (events, base) = (self.keys.events(run), self.keys.base(run));
         let (base, mut items): (u64, Vec<String>) = self
-            .read_script
-            .key(self.keys.events(run))
-            .key(self.keys.base(run))
-            .arg(clamp(from_id))
-            .arg(to)
-            .invoke_async(&mut conn)
+            .call(|mut conn, _| {
+                let mut invocation = self.read_script.prepare_invoke();
+                invocation
+                    .key(&events)
+                    .key(&base)
+                    .arg(clamp(from_id))
+                    .arg(&to);
+                async move { invocation.invoke_async(&mut conn).await }
+            })
             .await?;
         if base > 0 && from_id <= base && base <= to_id {
             items.insert(0, lost_placeholder(base));
@@ -522,12 +654,15 @@ impl EventBus {
 
     /// The last id handed out for the run (0 when the list is gone).
     pub async fn len(&self, run: Uuid) -> Result<u64, AppendError> {
-        let mut conn = self.pool.get().await?;
-        let (base, n): (Option<u64>, u64) = redis::pipe()
-            .atomic()
+        let mut pipe = redis::pipe();
+        pipe.atomic()
             .get(self.keys.base(run))
-            .llen(self.keys.events(run))
-            .query_async(&mut conn)
+            .llen(self.keys.events(run));
+        let (base, n): (Option<u64>, u64) = self
+            .call(|mut conn, _| {
+                let pipe = &pipe;
+                async move { pipe.query_async(&mut conn).await }
+            })
             .await?;
         // A base without a list: the list is gone again; only the base survived.
         Ok(if n == 0 { 0 } else { base.unwrap_or(0) + n })
@@ -535,14 +670,41 @@ impl EventBus {
 
     /// Hints the worker that owns the run (the decision itself is in Postgres).
     pub async fn send_control(&self, run: Uuid, message: &str) -> Result<(), AppendError> {
-        let mut conn = self.pool.get().await?;
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg(self.keys.control(run))
-            .arg(message)
-            .query_async(&mut conn)
-            .await?;
-        Ok(())
+        // A hint repeated after a broken connection is harmless: stopping is idempotent.
+        let mut publish = redis::cmd("PUBLISH");
+        publish.arg(self.keys.control(run)).arg(message);
+        self.call(|mut conn, _| {
+            let publish = &publish;
+            async move { publish.query_async::<i64>(&mut conn).await }
+        })
+        .await
+        .map(|_| ())
     }
+}
+
+/// The arguments of one append besides the event itself.
+#[derive(Clone, Copy)]
+struct Args {
+    fence: i64,
+    floor: Floor,
+    expiry: Expiry,
+    unless_ended: bool,
+    /// A repeat after a broken connection: the script first looks for this very envelope.
+    again: bool,
+}
+
+/// The event's JSON envelope without its id (the script numbers it), and its time.
+fn envelope(event: &NewEvent<'_>) -> (String, DateTime<Utc>) {
+    let at = Utc::now();
+    let body = serde_json::to_string(&Unnumbered {
+        run_id: event.run_id,
+        thread_id: event.thread_id,
+        kind: event.kind,
+        at: timestamp(at),
+        data: event.data,
+    })
+    .expect("event serializes");
+    (body, at)
 }
 
 /// Reads the `id` and `type` of a stored event without parsing all of it.
@@ -598,6 +760,77 @@ mod tests {
         assert_eq!(k.control(id), format!("agentfleet:run:{id}:control"));
         assert_eq!(k.run_of_channel(&k.live(id)), Some(id));
         assert_eq!(k.run_of_channel("other:run:x:live"), None);
+    }
+
+    fn bus_at(url: String, timeout_ms: u64) -> EventBus {
+        let settings = crate::config::Settings::load_with(
+            None,
+            [
+                ("redis.url".to_owned(), url),
+                ("redis.timeout_ms".to_owned(), timeout_ms.to_string()),
+            ],
+            false,
+        )
+        .unwrap();
+        let conn = redis_connection(&settings.redis).unwrap();
+        EventBus::new(conn, "t", 60).with_timeout(settings.redis.timeout())
+    }
+
+    async fn append_one(bus: &EventBus) -> Result<Appended, AppendError> {
+        let data = serde_json::json!({});
+        let event = NewEvent {
+            run_id: Uuid::new_v4(),
+            thread_id: Uuid::new_v4(),
+            kind: EventType::RunStarted,
+            data: &data,
+        };
+        bus.append(event, 2, Floor::Exact(0), Expiry::Keep).await
+    }
+
+    /// Appends are best-effort: with nobody listening, an append fails (as unavailable), and
+    /// soon, however the reconnect policy goes.
+    #[tokio::test]
+    async fn an_append_to_a_closed_port_fails_within_the_timeout() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let bus = bus_at(format!("redis://127.0.0.1:{port}"), 400);
+        for _ in 0..3 {
+            let began = std::time::Instant::now();
+            let err = append_one(&bus).await.unwrap_err();
+            assert!(err.is_unavailable(), "{err}");
+            assert!(
+                began.elapsed() < Duration::from_millis(900),
+                "{:?}",
+                began.elapsed()
+            );
+        }
+    }
+
+    /// A server that accepts and never answers (a stalled Redis) holds an append for at most
+    /// `redis.timeout_ms`.
+    #[tokio::test]
+    async fn an_append_to_a_silent_server_times_out() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                open.push(socket);
+            }
+        });
+        let bus = bus_at(format!("redis://127.0.0.1:{port}"), 300);
+        let began = std::time::Instant::now();
+        let err = append_one(&bus).await.unwrap_err();
+        assert!(matches!(err, AppendError::Timeout(_)), "{err}");
+        assert!(err.is_unavailable());
+        assert!(
+            began.elapsed() < Duration::from_millis(800),
+            "{:?}",
+            began.elapsed()
+        );
+        held.abort();
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use backon::BackoffBuilder;
-use deadpool_redis::redis;
+use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -131,29 +131,29 @@ pub async fn postgres(
     .await
 }
 
-/// A Redis pool, once the server answers `PING`.
+/// The process's shared Redis connection (`events::redis_connection`), once the server answers
+/// `PING`. Each attempt makes one connection of its own, so a failure says why (refused,
+/// unknown host, authentication) rather than after the shared connection's reconnect policy.
 pub async fn redis(
     settings: &RedisSettings,
     budget: Duration,
-) -> Result<deadpool_redis::Pool, Unreachable> {
-    let pool = match crate::events::redis_pool(settings) {
-        Ok(pool) => pool,
-        Err(e) => {
-            return Err(Unreachable {
-                server: Server::Redis,
-                address: address(&settings.url),
-                waited_secs: 0,
-                cause: report::error_line(&e),
-            });
-        }
+) -> Result<ConnectionManager, Unreachable> {
+    let invalid = |e: redis::RedisError| Unreachable {
+        server: Server::Redis,
+        address: address(&settings.url),
+        waited_secs: 0,
+        cause: report::error_line(&e),
     };
+    let client = crate::events::redis_client(settings).map_err(invalid)?;
+    let config = crate::events::connection_config(settings);
     wait_for(Server::Redis, &settings.url, budget, || async {
-        let mut conn = pool.get().await?;
-        redis::cmd("PING").query_async::<String>(&mut conn).await?;
-        Ok::<_, anyhow::Error>(())
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        redis::cmd("PING").query_async::<String>(&mut conn).await
     })
     .await?;
-    Ok(pool)
+    crate::events::redis_connection(settings).map_err(invalid)
 }
 
 /// A confirming publisher with the queue topology declared, once RabbitMQ answers.

@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use deadpool_redis::redis;
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;

@@ -63,7 +63,8 @@ impl Worker {
             &settings.redis.prefix,
             settings.events.retention_secs,
         )
-        .with_lost_id_margin(settings.events.lost_id_margin);
+        .with_lost_id_margin(settings.events.lost_id_margin)
+        .with_timeout(settings.redis.timeout());
         let worker_id = format!(
             "{}-{}-{}",
             std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()),

@@ -38,7 +38,9 @@ pub async fn execute(
     let fence = claimed.fence();
     let run = claimed.run;
     // Ids continue past every event a client could have seen: the durable floor, or the
-    // list as it stands (the API may have appended `run_resumed` after the pause).
+    // list as it stands (the API may have appended `run_resumed` after the pause). Read here
+    // rather than taken from the first append's answer: should every append of this holding
+    // fail, the ids it records in Postgres (pause, end, hand-back) must still pass the list's.
     let listed = shared.bus.len(run.id).await.unwrap_or(0);
     let floor = (run.last_event_id as u64).max(listed);
     let emitter = Emitter::new(

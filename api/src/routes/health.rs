@@ -5,7 +5,6 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use deadpool_redis::redis;
 
 use crate::state::AppState;
 
@@ -27,17 +26,10 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     let postgres = tokio::time::timeout(timeout, agentfleet_shared::db::ping(&state.pool))
         .await
         .unwrap_or(false);
-    let redis = tokio::time::timeout(timeout, async {
-        let mut conn = state.bus.pool().get().await.ok()?;
-        redis::cmd("PING")
-            .query_async::<String>(&mut conn)
-            .await
-            .ok()
-    })
-    .await
-    .ok()
-    .flatten()
-    .is_some();
+    // On the connection the API's appends and reads use (the bus bounds it itself too).
+    let redis = tokio::time::timeout(timeout, state.bus.ping())
+        .await
+        .is_ok_and(|answered| answered.is_ok());
     let rabbitmq = tokio::time::timeout(timeout, state.publisher.check())
         .await
         .unwrap_or(false);

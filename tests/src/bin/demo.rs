@@ -90,18 +90,15 @@ async fn cleanup(admin: &str) -> anyhow::Result<()> {
     let _ = broker.close(200, "demo cleanup".into()).await;
     let redis_url =
         std::env::var("AGENTFLEET__REDIS__URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let mut redis = deadpool_redis::redis::Client::open(redis_url)?
+    let mut redis = redis::Client::open(redis_url)?
         .get_multiplexed_async_connection()
         .await?;
-    let keys: Vec<String> = deadpool_redis::redis::cmd("KEYS")
+    let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{PREFIX}:*"))
         .query_async(&mut redis)
         .await?;
     if !keys.is_empty() {
-        let _: i64 = deadpool_redis::redis::cmd("DEL")
-            .arg(&keys)
-            .query_async(&mut redis)
-            .await?;
+        let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut redis).await?;
     }
     println!(
         "  removed database {DB}, {} Redis key(s) and the demo's queues",

@@ -6,7 +6,6 @@ use uuid::Uuid;
 
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::store::tenants;
-use deadpool_redis::redis;
 
 use crate::mock_llm::MockLlm;
 use crate::tool_server::ToolServer;
@@ -179,12 +178,12 @@ impl TestEnv {
 
     /// A run's Redis event list exactly as stored (compacted ranges included).
     pub async fn raw_events(&self, run_id: &str) -> Vec<String> {
-        let client = deadpool_redis::redis::Client::open(redis_url()).expect("redis url");
+        let client = redis::Client::open(redis_url()).expect("redis url");
         let mut conn = client
             .get_multiplexed_async_connection()
             .await
             .expect("redis");
-        deadpool_redis::redis::cmd("LRANGE")
+        redis::cmd("LRANGE")
             .arg(format!("{}:run:{run_id}:events", self.prefix))
             .arg(0)
             .arg(-1)

@@ -357,9 +357,9 @@ async fn one_active_run_per_thread() {
 }
 
 async fn redis_ttl(key: &str) -> i64 {
-    let client = deadpool_redis::redis::Client::open(redis_url()).unwrap();
+    let client = redis::Client::open(redis_url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    deadpool_redis::redis::cmd("TTL")
+    redis::cmd("TTL")
         .arg(key)
         .query_async(&mut conn)
         .await

@@ -1,12 +1,17 @@
 //! The stream contract: gap-free, resumable, browser-ready, survives Redis loss.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
+use agentfleet_shared::events::{self, EventBus, EventType, Expiry, Floor, NewEvent};
 use agentfleet_tests::harness::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -255,9 +260,9 @@ async fn a_final_event_missing_from_the_list_is_served_from_postgres() {
     let last = original.last().unwrap().clone();
     assert_eq!(last["type"], "run_completed");
     // As if the worker had died between its commit and its append.
-    let client = deadpool_redis::redis::Client::open(redis_url()).unwrap();
+    let client = redis::Client::open(redis_url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let _: String = deadpool_redis::redis::cmd("RPOP")
+    let _: String = redis::cmd("RPOP")
         .arg(format!("{}:run:{id}:events", env.prefix))
         .query_async(&mut conn)
         .await
@@ -468,12 +473,12 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipelined_append_numbers_each_list_as_single_appends_would() {
     use agentfleet_shared::events::{
-        AppendError, EventBus, EventType, Expiry, Floor, NewEvent, redis_pool,
+        AppendError, EventBus, EventType, Expiry, Floor, NewEvent, redis_connection,
     };
     let env = TestEnv::new().await;
     let settings = env.settings();
     let bus = EventBus::new(
-        redis_pool(&settings.redis).unwrap(),
+        redis_connection(&settings.redis).unwrap(),
         &settings.redis.prefix,
         60,
     );
@@ -533,4 +538,125 @@ async fn a_pipelined_append_numbers_each_list_as_single_appends_would() {
             .unwrap()
             .is_empty()
     );
+}
+
+/// A proxy to Redis whose first connection runs the first script call (`EVALSHA`) it carries,
+/// then closes without passing its answer on: the command ran, its answer was lost. Before it
+/// closes, it hands the test a sender and waits for it to be used (or dropped), so the test can
+/// act in between. Later connections are plain.
+async fn answer_losing_proxy() -> (u16, mpsc::Receiver<oneshot::Sender<()>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let target = agentfleet_shared::infra::address(&redis_url());
+    let (lost_tx, lost_rx) = mpsc::channel(1);
+    tokio::spawn(async move {
+        let mut first = true;
+        while let Ok((mut client, _)) = listener.accept().await {
+            let lossy = std::mem::take(&mut first);
+            let (target, lost_tx) = (target.clone(), lost_tx.clone());
+            tokio::spawn(async move {
+                let Ok(mut server) = tokio::net::TcpStream::connect(&target).await else {
+                    return;
+                };
+                if !lossy {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    return;
+                }
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_server, mut to_server) = server.into_split();
+                let sent = Arc::new(AtomicBool::new(false));
+                let up = async {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = from_client.read(&mut buf).await {
+                        if buf[..n].windows(7).any(|w| w == b"EVALSHA") {
+                            sent.store(true, Ordering::SeqCst);
+                        }
+                        if to_server.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                };
+                let down = async {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = from_server.read(&mut buf).await {
+                        if sent.load(Ordering::SeqCst) {
+                            let (release, released) = oneshot::channel();
+                            let _ = lost_tx.send(release).await;
+                            let _ = released.await;
+                            return; // the answer is dropped with both connections
+                        }
+                        if to_client.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                };
+                tokio::select! {
+                    _ = up => {}
+                    _ = down => {}
+                }
+            });
+        }
+    });
+    (port, lost_rx)
+}
+
+/// An append whose connection breaks after Redis ran it is sent once more on a new
+/// connection, and that second attempt finds the event already there, also behind another
+/// event of the run appended meanwhile (parallel tool calls do that): the event is in the
+/// stream once, with the id the first attempt gave it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_whose_answer_was_lost_is_not_appended_twice() {
+    let env = TestEnv::new().await;
+    let settings = env.settings();
+    let bus = |url: String| {
+        let redis = agentfleet_shared::config::RedisSettings {
+            url,
+            ..settings.redis.clone()
+        };
+        EventBus::new(events::redis_connection(&redis).unwrap(), &env.prefix, 60)
+    };
+    let direct = bus(redis_url());
+    let (run_id, thread_id) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let started = |call: &str| {
+        let data = json!({"tool_call_id": call, "name": "echo", "arguments": {}, "dispatch": 1});
+        (run_id, thread_id, data)
+    };
+    let append = |bus: EventBus, (run_id, thread_id, data): (uuid::Uuid, uuid::Uuid, Value)| async move {
+        let event = NewEvent {
+            run_id,
+            thread_id,
+            kind: EventType::ToolStarted,
+            data: &data,
+        };
+        bus.append(event, 2, Floor::Exact(0), Expiry::Keep).await
+    };
+    // Loads the script into Redis, so the proxied call is the one that runs it.
+    let (_, _, warm_up) = started("warm-up");
+    append(direct.clone(), (uuid::Uuid::new_v4(), thread_id, warm_up))
+        .await
+        .unwrap();
+    let (port, mut lost) = answer_losing_proxy().await;
+    let proxied = bus(format!("redis://127.0.0.1:{port}"));
+    let first = tokio::spawn(append(proxied, started("call_a")));
+    let release = lost.recv().await.expect("the proxy lost an answer");
+    let other = append(direct.clone(), started("call_b")).await.unwrap();
+    assert_eq!(other.id, 2, "call_a landed first");
+    release.send(()).unwrap();
+    let appended = first
+        .await
+        .unwrap()
+        .expect("appended on the second attempt");
+    assert_eq!(appended.id, 1);
+    let stored = direct.read_after(run_id, 0).await.unwrap();
+    let calls: Vec<(u64, String)> = stored
+        .iter()
+        .map(|raw| {
+            let v: Value = serde_json::from_str(raw).unwrap();
+            (
+                v["id"].as_u64().unwrap(),
+                v["data"]["tool_call_id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(calls, [(1, "call_a".to_owned()), (2, "call_b".to_owned())]);
 }

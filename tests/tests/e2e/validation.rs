@@ -325,9 +325,9 @@ async fn a_batch_of_1000_is_committed_announced_and_published_and_completes() {
     let expected = shape(&single_events[0]);
     assert_eq!(expected["id"], 1);
     assert_eq!(expected["type"], "run_queued");
-    let client = deadpool_redis::redis::Client::open(redis_url()).unwrap();
+    let client = redis::Client::open(redis_url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let mut pipe = deadpool_redis::redis::pipe();
+    let mut pipe = redis::pipe();
     for id in &ids {
         pipe.cmd("LRANGE")
             .arg(format!("{}:run:{id}:events", env.prefix))

@@ -101,7 +101,7 @@ pub async fn machine_limits(
     }
     // Redis: RPUSH from 16 concurrent connections (round trip each).
     {
-        let client = deadpool_redis::redis::Client::open(redis_url())?;
+        let client = redis::Client::open(redis_url())?;
         let key = format!("{}:scratch", ctx.env.prefix);
         let t = Instant::now();
         let per = n / 16;
@@ -111,7 +111,7 @@ pub async fn machine_limits(
             let key = key.clone();
             tasks.push(tokio::spawn(async move {
                 for _ in 0..per {
-                    let _: i64 = deadpool_redis::redis::cmd("RPUSH")
+                    let _: i64 = redis::cmd("RPUSH")
                         .arg(&key)
                         .arg("x")
                         .query_async(&mut conn)
@@ -133,10 +133,7 @@ pub async fn machine_limits(
         );
         out.insert("redis", rate);
         let mut conn = client.get_multiplexed_async_connection().await?;
-        let _: i64 = deadpool_redis::redis::cmd("DEL")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await?;
+        let _: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
     }
     Ok(out)
 }

@@ -119,7 +119,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ("worker.requeue_after_ms", "15000"),
         ("worker.sweep_interval_ms", "2000"),
         ("database.idle_in_transaction_timeout_ms", "5000"),
-        ("redis.pool_size", "64"),
         ("telemetry.log_format", "json"),
     ])
     .await;

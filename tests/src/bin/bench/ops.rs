@@ -216,9 +216,9 @@ fn one_line(text: &str, max: usize) -> String {
 // ---------------------------------------------------------------------------- Redis
 
 async fn redis_commandstats() -> anyhow::Result<HashMap<String, u64>> {
-    let client = deadpool_redis::redis::Client::open(redis_url())?;
+    let client = redis::Client::open(redis_url())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
-    let info: String = deadpool_redis::redis::cmd("INFO")
+    let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut conn)
         .await?;

@@ -52,7 +52,7 @@ async fn redis_bytes_at(
         .await?;
     let id = run["id"].as_str().unwrap().to_string();
     ctx.wait_completed(&id, Duration::from_secs(120)).await;
-    let client = deadpool_redis::redis::Client::open(redis_url())?;
+    let client = redis::Client::open(redis_url())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let key = format!("{}:run:{id}:events", ctx.env.prefix);
     // Compaction runs right after `message_completed`; wait for both messages' headers.
@@ -60,7 +60,7 @@ async fn redis_bytes_at(
         let mut conn = conn.clone();
         let key = key.clone();
         async move {
-            let items: Vec<String> = deadpool_redis::redis::cmd("LRANGE")
+            let items: Vec<String> = redis::cmd("LRANGE")
                 .arg(&key)
                 .arg(0)
                 .arg(-1)
@@ -75,7 +75,7 @@ async fn redis_bytes_at(
         }
     })
     .await;
-    let memory: i64 = deadpool_redis::redis::cmd("MEMORY")
+    let memory: i64 = redis::cmd("MEMORY")
         .arg("USAGE")
         .arg(&key)
         .arg("SAMPLES")
