@@ -1,0 +1,57 @@
+"""Creating runs: the thread, the run and the user message in one transaction per batch, then each
+run's `run_queued` event, then one confirmed Dramatiq message per run. Batches go out from a
+few threads at once (each has its own Postgres connection and RabbitMQ channel)."""
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+import redis
+
+from . import config
+from .worker import event_json, events_key, live_channel, run_agent
+
+
+def agent_spec(tool_url: str) -> dict:
+    return {"model": config.LLM_MODEL, "max_iterations": 10,
+            "tools": [{"name": "echo", "url": tool_url, "description": "", "parameters": {"type": "object"}}]}
+
+
+def create_batch(pool: ConnectionPool, r: redis.Redis, agent: dict, user_text: str, n: int) -> list:
+    runs = [(str(uuid.uuid4()), str(uuid.uuid4())) for _ in range(n)]  # (thread, run)
+    message = Jsonb({"role": "user", "content": user_text})
+    with pool.connection() as conn, conn.cursor() as cur:
+        cur.executemany("INSERT INTO threads (id) VALUES (%s)", [(t,) for t, _ in runs])
+        cur.executemany(
+            "INSERT INTO runs (id, thread_id, status, agent, max_iterations) VALUES (%s, %s, 'queued', %s, %s)",
+            [(run, t, Jsonb(agent), agent["max_iterations"]) for t, run in runs])
+        cur.executemany(
+            "INSERT INTO messages (thread_id, run_id, role, body) VALUES (%s, %s, 'user', %s)",
+            [(t, run, message) for t, run in runs])
+    # After the commit (a worker that gets the message finds the run): first each run's
+    # `run_queued`, event 1 (one pipelined round trip for the batch), then the messages.
+    pipe = r.pipeline(transaction=False)
+    for thread, run in runs:
+        ev = event_json(1, run, thread, "run_queued", {"status": "queued"})
+        pipe.rpush(events_key(run), ev)
+        pipe.publish(live_channel(run), ev)
+    pipe.execute()
+    for _, run in runs:
+        run_agent.send(run)
+    return [run for _, run in runs]
+
+
+def submit(n: int, tool_url: str, user_text: str, batch: int = 250, threads: int = 4) -> list:
+    """Creates and enqueues `n` runs as fast as it can; returns their ids."""
+    agent = agent_spec(tool_url)
+    sizes = [min(batch, n - i) for i in range(0, n, batch)]
+    pool = ConnectionPool(config.DATABASE_URL, min_size=threads, max_size=threads, open=True, name="producer")
+    r = redis.Redis.from_url(config.REDIS_URL)
+    try:
+        with ThreadPoolExecutor(threads) as ex:
+            ids = [run for part in ex.map(lambda k: create_batch(pool, r, agent, user_text, k), sizes) for run in part]
+    finally:
+        pool.close()
+        r.close()
+    return ids
