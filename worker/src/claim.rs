@@ -33,9 +33,7 @@ pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<
             .await?;
         return Ok(ClaimOutcome::Skipped);
     };
-    let lease = shared.settings.worker.lease();
-    let claimed =
-        transitions::claim(&shared.pool, message.run_id, &shared.worker_id, lease).await?;
+    let claimed = shared.writes.claims.write(message.run_id).await?;
     let Some(claimed) = claimed else {
         delivery.acker.ack(BasicAckOptions::default()).await?;
         metrics::counter!("agentfleet_stale_messages_total").increment(1);

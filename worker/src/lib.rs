@@ -107,7 +107,7 @@ impl Worker {
                     })?,
             )
         };
-        let writes = shared::Writes::spawn(&pool, &settings);
+        let writes = shared::Writes::spawn(&pool, &settings, &worker_id);
         let shared = Arc::new(Shared {
             writes,
             pool,

@@ -8,9 +8,10 @@ use agentfleet_shared::events::EventBus;
 use agentfleet_shared::queue::Publisher;
 use agentfleet_shared::store::batch::Batcher;
 use agentfleet_shared::store::tool_calls::{self, Outcome};
-use agentfleet_shared::store::transitions::{self, Ending};
+use agentfleet_shared::store::transitions::{self, Claimed, Ending};
 use agentfleet_shared::store::turns::{self, Turn};
 use sqlx::PgPool;
+use uuid::Uuid;
 
 use crate::control::Registry;
 
@@ -33,18 +34,32 @@ pub struct Shared {
 
 /// The writes every run makes, grouped across this worker's runs (`store::batch`).
 pub struct Writes {
+    /// Claims by this worker, with its lease (slots that free up together claim together).
+    pub claims: Batcher<Uuid, Option<Claimed>>,
     pub turns: Batcher<Turn>,
     pub outcomes: Batcher<Outcome>,
     pub endings: Batcher<Ending>,
 }
 
 impl Writes {
-    pub fn spawn(pool: &PgPool, settings: &Settings) -> Writes {
+    pub fn spawn(pool: &PgPool, settings: &Settings, worker_id: &str) -> Writes {
         let (n, max) = (
             settings.worker.write_groups_in_flight,
             settings.worker.max_write_group,
         );
+        let (owner, lease) = (Arc::new(worker_id.to_owned()), settings.worker.lease());
         Writes {
+            claims: Batcher::spawn(
+                pool.clone(),
+                n,
+                max,
+                Arc::new(move |pool, ids: Arc<Vec<Uuid>>| {
+                    let owner = owner.clone();
+                    Box::pin(
+                        async move { transitions::claim_many(&pool, &ids, &owner, lease).await },
+                    )
+                }),
+            ),
             turns: Batcher::spawn(
                 pool.clone(),
                 n,

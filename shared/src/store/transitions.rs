@@ -171,8 +171,22 @@ pub async fn claim(
     owner: &str,
     lease: Duration,
 ) -> Result<Option<Claimed>, StoreError> {
-    let row = sqlx::query_as::<_, ClaimRow>(
-        "WITH prev AS (SELECT id, status, interrupted FROM runs WHERE id = $1 FOR UPDATE)
+    let mut claimed = claim_many(pool, &[run_id], owner, lease).await?;
+    Ok(claimed.pop().flatten())
+}
+
+/// [`claim`] for several runs in one statement (a worker whose slots free up together);
+/// per run, in order, its claim. The rows are locked in id order, so two groups that share a
+/// run (a duplicate message) wait for each other instead of deadlocking.
+pub async fn claim_many(
+    pool: &PgPool,
+    run_ids: &[Uuid],
+    owner: &str,
+    lease: Duration,
+) -> Result<Vec<Option<Claimed>>, StoreError> {
+    let rows = sqlx::query_as::<_, ClaimRow>(
+        "WITH prev AS (
+            SELECT id, status, interrupted FROM runs WHERE id = ANY($1) ORDER BY id FOR UPDATE)
          UPDATE runs r SET
              status = 'running',
              attempt = r.attempt + 1,
@@ -187,15 +201,22 @@ pub async fn claim(
            AND (prev.status = 'queued' OR (prev.status = 'running' AND r.lease_expires_at < now()))
          RETURNING r.*, (prev.status = 'running' OR prev.interrupted) AS recovered",
     )
-    .bind(run_id)
+    .bind(run_ids)
     .bind(owner)
     .bind(lease.as_secs_f64())
-    .fetch_optional(pool)
+    .fetch_all(pool)
     .await?;
-    Ok(row.map(|r| Claimed {
-        recovered: r.recovered,
-        run: r.run,
-    }))
+    let mut by_id: std::collections::HashMap<Uuid, ClaimRow> =
+        rows.into_iter().map(|r| (r.run.id, r)).collect();
+    Ok(run_ids
+        .iter()
+        .map(|id| {
+            by_id.remove(id).map(|r| Claimed {
+                recovered: r.recovered,
+                run: r.run,
+            })
+        })
+        .collect())
 }
 
 #[derive(sqlx::FromRow)]
@@ -787,6 +808,26 @@ mod tests {
         assert!(
             claim(&pool, run.id, "w2", LEASE).await.unwrap().is_none(),
             "a duplicate message claims nothing"
+        );
+    }
+
+    /// A group of claims answers each message on its own: a queued run is taken once (a
+    /// duplicate in the same group gets nothing), a run another worker holds is left alone.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_claim_group_answers_each_message(pool: PgPool) {
+        let (queued, held) = (new_run(&pool).await, new_run(&pool).await);
+        claim(&pool, held.id, "w1", LEASE).await.unwrap().unwrap();
+        let ids = [queued.id, held.id, queued.id, Uuid::now_v7()];
+        let claims = claim_many(&pool, &ids, "w2", LEASE).await.unwrap();
+        let taken: Vec<Option<(Uuid, i32)>> = claims
+            .iter()
+            .map(|c| c.as_ref().map(|c| (c.run.id, c.run.attempt)))
+            .collect();
+        assert_eq!(taken, [Some((queued.id, 1)), None, None, None]);
+        let held_now = runs::get(&pool, held.id).await.unwrap();
+        assert_eq!(
+            (held_now.attempt, held_now.lease_owner.as_deref()),
+            (1, Some("w1"))
         );
     }
 
