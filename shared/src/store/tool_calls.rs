@@ -142,16 +142,6 @@ pub struct Outcome {
     pub message: Value,
 }
 
-/// Records one outcome (see [`finish_many`]).
-pub async fn finish(pool: &PgPool, outcome: Outcome) -> Result<(), StoreError> {
-    let fence = outcome.fence;
-    let held = finish_many(pool.clone(), Arc::new(vec![outcome])).await?;
-    if held.first() != Some(&true) {
-        return Err(fence.lost());
-    }
-    Ok(())
-}
-
 /// Records the outcomes of calls of several runs, each with its tool message, in one
 /// statement (fenced per run: the held runs' rows are locked first, and the writes join
 /// them); per outcome, whether its run's fence held.

@@ -36,16 +36,6 @@ pub struct Turn {
     pub timing: Option<IterationTiming>,
 }
 
-/// Commits one turn (see [`record_many`]).
-pub async fn record(pool: &PgPool, turn: Turn) -> Result<(), StoreError> {
-    let fence = turn.fence;
-    let held = record_many(pool.clone(), Arc::new(vec![turn])).await?;
-    if held.first() != Some(&true) {
-        return Err(fence.lost());
-    }
-    Ok(())
-}
-
 /// Commits turns of several runs in one statement; per turn, whether its fence held. The
 /// fence is the `UPDATE runs` itself: it locks each run's row (a concurrent claim waits, or
 /// has already bumped `attempt` and the update skips the row), and every insert joins what it
