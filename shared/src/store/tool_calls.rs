@@ -213,7 +213,7 @@ pub async fn finish_many(
     ))
 }
 
-/// As [`finish`], inside a transaction the caller holds (and has fenced or locked).
+/// As [`finish_many`] for one call, inside a transaction the caller holds (and has fenced or locked).
 #[allow(clippy::too_many_arguments)]
 pub async fn finish_in(
     conn: &mut PgConnection,
