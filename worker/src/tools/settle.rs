@@ -217,6 +217,7 @@ async fn finish(
     model_content: &str,
 ) -> Result<(), RunError> {
     let error = (status == ToolCallStatus::Failed).then_some(model_content);
+    let message = messages::tool_result_body(&call.tool_call_id, model_content);
     let outcome = tool_calls::Outcome {
         fence: ctx.fence,
         thread_id: ctx.run.thread_id,
@@ -225,15 +226,12 @@ async fn finish(
         status,
         result: Some(result),
         error: error.map(str::to_owned),
-        message: messages::tool_result_body(&call.tool_call_id, model_content),
+        message: message.clone(),
     };
     if !ctx.shared.writes.outcomes.write(outcome).await? {
         return Err(ctx.fence.lost().into());
     }
-    ctx.remember(messages::tool_result_body(
-        &call.tool_call_id,
-        model_content,
-    ));
+    ctx.remember(message);
     Ok(())
 }
 
