@@ -106,6 +106,8 @@ mod tests {
         Principal {
             tenant_id: Uuid::now_v7(),
             key_id: Uuid::now_v7(),
+            limits: Default::default(),
+            suspended: false,
         }
     }
 

@@ -34,6 +34,8 @@ pub struct Settings {
     pub telemetry: TelemetrySettings,
     pub startup: StartupSettings,
     pub egress: EgressSettings,
+    /// Every tenant's default limits; a tenant's own values (admin API) override them.
+    pub limits: crate::domain::Limits,
     /// Models an agent may name, by the name clients use.
     #[serde(default)]
     pub models: BTreeMap<String, ModelSettings>,
@@ -345,6 +347,14 @@ dependency_wait_ms = 60000
 [egress]
 allow = ""
 max_redirects = 0
+
+[limits]
+requests_per_second = 0
+request_burst = 0
+max_active_runs = 0
+max_running_runs = 0
+max_batch_size = 0
+tokens_per_day = 0
 "#;
 
 impl Settings {

@@ -1,6 +1,7 @@
 //! Domain types shared by the API and the workers.
 
 mod agent;
+mod limits;
 mod run_status;
 mod tool_call_status;
 
@@ -8,5 +9,6 @@ pub use agent::{
     AgentSpec, AgentSpecError, BUILTIN_TOOLS, MAX_TOOL_URL_BYTES, Risk, ToolKind, ToolSpec,
     check_tool_url,
 };
+pub use limits::{LimitOverrides, Limits};
 pub use run_status::RunStatus;
 pub use tool_call_status::ToolCallStatus;

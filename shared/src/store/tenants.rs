@@ -6,6 +6,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::StoreError;
+use crate::domain::LimitOverrides;
 
 pub const KEY_PREFIX: &str = "af_";
 
@@ -61,11 +62,15 @@ async fn insert_key(
     Ok((id, key))
 }
 
-/// The caller behind a key.
+/// The caller behind a key, with what its tenant may do (cached with the key, so a change of
+/// limits or a suspension reaches every API replica within `api.auth_cache_ttl_ms`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Principal {
     pub tenant_id: Uuid,
     pub key_id: Uuid,
+    /// The tenant's own limits; [`LimitOverrides::over`] the configured defaults.
+    pub limits: LimitOverrides,
+    pub suspended: bool,
 }
 
 pub async fn authenticate(pool: &PgPool, key: &str) -> Result<Option<Principal>, StoreError> {
@@ -77,11 +82,18 @@ pub async fn authenticate_hash(
     pool: &PgPool,
     key_hash: &[u8],
 ) -> Result<Option<Principal>, StoreError> {
-    let row: Option<(Uuid, Uuid)> = sqlx::query_as(
-        "SELECT tenant_id, id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+    let row: Option<(Uuid, Uuid, sqlx::types::Json<LimitOverrides>, bool)> = sqlx::query_as(
+        "SELECT k.tenant_id, k.id, t.limits, t.suspended_at IS NOT NULL \
+         FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
+         WHERE k.key_hash = $1 AND k.revoked_at IS NULL",
     )
     .bind(key_hash)
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|(tenant_id, key_id)| Principal { tenant_id, key_id }))
+    Ok(row.map(|(tenant_id, key_id, limits, suspended)| Principal {
+        tenant_id,
+        key_id,
+        limits: limits.0,
+        suspended,
+    }))
 }
