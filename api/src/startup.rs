@@ -18,8 +18,8 @@ use agentfleet_shared::events::{EventBus, Keys};
 use agentfleet_shared::infra;
 use agentfleet_shared::queue::Topology;
 use agentfleet_shared::store::batch::Batcher;
-use agentfleet_shared::store::create_many;
 use agentfleet_shared::store::transitions::NewRun;
+use agentfleet_shared::store::{create_many, dispatch};
 use agentfleet_shared::{db, telemetry};
 
 use crate::hub::Hub;
@@ -80,8 +80,10 @@ impl Application {
                 Box::pin(async move { create_many::create_on_new_threads(&pool, &runs).await })
             }),
         );
+        let dispatches = dispatch::grouped(pool.clone(), settings.limits.max_running_runs);
         let state = AppState {
             creates,
+            dispatches,
             tokens,
             auth_cache,
             pool,

@@ -15,6 +15,9 @@ pub struct AppState {
     pub pool: PgPool,
     /// Run creations on new threads, written together when they arrive at once.
     pub creates: Batcher<NewRun, RunRow>,
+    /// Fair dispatch of limited tenants' held runs (`crate::dispatch`): per tenant, the runs
+    /// to publish.
+    pub dispatches: Batcher<uuid::Uuid, Vec<uuid::Uuid>>,
     pub bus: EventBus,
     pub publisher: Publisher,
     pub hub: Hub,

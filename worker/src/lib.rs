@@ -9,6 +9,7 @@ pub mod bounded;
 pub mod claim;
 pub mod context_window;
 pub mod control;
+pub mod dispatch;
 pub mod drain;
 pub mod emitter;
 pub mod health;

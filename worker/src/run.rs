@@ -69,6 +69,10 @@ pub async fn execute(
     };
     lease.abort();
     finish(&ctx, result).await;
+    if ctx.run.fair {
+        // Its slot of the tenant's running limit may be free now (ended, paused, cancelled).
+        crate::dispatch::after_holding(ctx.shared.clone(), ctx.run.tenant_id);
+    }
 }
 
 async fn drive(

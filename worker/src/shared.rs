@@ -7,6 +7,7 @@ use agentfleet_shared::egress::EgressPolicy;
 use agentfleet_shared::events::EventBus;
 use agentfleet_shared::queue::Publisher;
 use agentfleet_shared::store::batch::Batcher;
+use agentfleet_shared::store::dispatch;
 use agentfleet_shared::store::tool_calls::{self, Outcome};
 use agentfleet_shared::store::transitions::{self, Claimed, Ending};
 use agentfleet_shared::store::turns::{self, Turn};
@@ -39,6 +40,9 @@ pub struct Writes {
     pub turns: Batcher<Turn>,
     pub outcomes: Batcher<Outcome>,
     pub endings: Batcher<Ending>,
+    /// Fair dispatch after a limited tenant's run ends or pauses (`store::dispatch`): per
+    /// tenant, the runs to publish.
+    pub dispatches: Batcher<Uuid, Vec<Uuid>>,
 }
 
 impl Writes {
@@ -78,6 +82,7 @@ impl Writes {
                 max,
                 Arc::new(|pool, items| Box::pin(transitions::end_many(pool, items))),
             ),
+            dispatches: dispatch::grouped(pool.clone(), settings.limits.max_running_runs),
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The sweeper: in every worker, one active at a time. Each tick, whoever takes a
 //! transaction-scoped Postgres advisory lock sweeps; the lock is never held between ticks, so
 //! a worker that is stopped or partitioned cannot block sweeping. It re-enqueues runs whose
-//! lease expired and queued runs whose message seems lost.
+//! lease expired and queued runs whose message seems lost, and dispatches held runs of
+//! tenants with room in their running limit (`crate::dispatch`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,8 +37,12 @@ async fn sweep_if_elected(shared: &Shared) -> anyhow::Result<()> {
     // Publishing happens after the election's transaction (two sweepers publishing the same
     // run is harmless: claims are idempotent).
     let requeue_after = Duration::from_millis(shared.settings.worker.requeue_after_ms);
-    let ids = runs::stale_if_elected(&shared.pool, requeue_after, SWEEP_LIMIT).await?;
-    publish(shared, &ids.unwrap_or_default()).await
+    let Some(ids) = runs::stale_if_elected(&shared.pool, requeue_after, SWEEP_LIMIT).await? else {
+        return Ok(());
+    };
+    publish(shared, &ids).await?;
+    crate::dispatch::heal(shared).await?;
+    Ok(())
 }
 
 async fn publish(shared: &Shared, ids: &[uuid::Uuid]) -> anyhow::Result<()> {
@@ -58,5 +63,6 @@ pub async fn sweep_once(shared: &Shared) -> anyhow::Result<usize> {
     let ids = runs::stale(&mut conn, requeue_after, SWEEP_LIMIT).await?;
     drop(conn);
     publish(shared, &ids).await?;
-    Ok(ids.len())
+    let dispatched = crate::dispatch::heal(shared).await?;
+    Ok(ids.len() + dispatched)
 }

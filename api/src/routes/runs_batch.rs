@@ -49,6 +49,7 @@ pub async fn create_batch(
     for (i, run) in body.runs.iter().enumerate() {
         validate(&state, run, &format!("runs[{i}]."))?;
     }
+    let fair = crate::dispatch::is_fair(&state.settings, &caller);
     let mut on_threads = Vec::new();
     let mut on_new_threads = Vec::with_capacity(body.runs.len());
     for (i, run) in body.runs.into_iter().enumerate() {
@@ -66,6 +67,7 @@ pub async fn create_batch(
             request_hash: Some(hash),
             input: run.input,
             agent: run.agent,
+            fair,
         };
         if new.thread_id.is_some() {
             on_threads.push((i, new));
@@ -160,6 +162,11 @@ async fn announce_all(state: &AppState, runs: &[RunRow]) {
         Err(e) => {
             tracing::warn!(runs = runs.len(), error = %e, "could not append run_queued for a batch");
         }
+    }
+    if let Some(held) = runs.iter().find(|r| r.held) {
+        // The tenant has a running limit: what fits its window is dispatched, oldest first.
+        crate::dispatch::dispatch_and_publish(state, held.tenant_id).await;
+        return;
     }
     let ids: Vec<Uuid> = runs.iter().map(|r| r.id).collect();
     match tokio::time::timeout(PUBLISH_TIMEOUT, state.publisher.publish_runs(&ids)).await {

@@ -96,5 +96,9 @@ pub async fn cancel_run(
     let run = runs::get_for_tenant(&state.pool, caller.tenant_id, id)
         .await
         .map_err(ApiError::unexpected)?;
+    if run.fair {
+        // Its slot of the tenant's running limit is free: the next held run goes.
+        crate::dispatch::dispatch_and_publish(&state, run.tenant_id).await;
+    }
     Ok(Json(view::run(&run)))
 }

@@ -90,7 +90,8 @@ pub async fn create_run(
     JsonBody(body): JsonBody<CreateRun>,
 ) -> Result<(StatusCode, Json<view::Run>), ApiError> {
     let key = idempotency_key(&headers)?;
-    let run = submit(&state, caller.tenant_id, body, key).await?;
+    let fair = crate::dispatch::is_fair(&state.settings, &caller);
+    let run = submit(&state, caller.tenant_id, fair, body, key).await?;
     Ok((StatusCode::ACCEPTED, Json(view::run(&run))))
 }
 
@@ -148,6 +149,7 @@ pub fn validate(state: &AppState, body: &CreateRun, field_prefix: &str) -> Resul
 pub async fn submit(
     state: &AppState,
     tenant: Uuid,
+    fair: bool,
     body: CreateRun,
     key: Option<String>,
 ) -> Result<RunRow, CreateRunError> {
@@ -174,6 +176,7 @@ pub async fn submit(
         request_hash: Some(hash.clone()),
         input: body.input,
         agent: body.agent,
+        fair,
     };
     let created = if new.thread_id.is_none() {
         if new.idempotency_key.is_none() {
@@ -230,7 +233,8 @@ fn is_idempotency_race(e: &sqlx::Error) -> bool {
 /// Appends the run's `run_queued` event, then publishes its message (in that order, so
 /// `run_queued` is always event 1). The run is already durable, so a failure here is logged,
 /// not returned: the sweeper re-publishes queued runs it finds idle. The publish is bounded
-/// so a stalled broker cannot hold the request.
+/// so a stalled broker cannot hold the request. A held run (its tenant has a running limit)
+/// is not published: its tenant's runs are dispatched in turn instead (`crate::dispatch`).
 pub async fn announce(state: &AppState, run: &RunRow) {
     let data = queued_data();
     let event = NewEvent {
@@ -245,6 +249,10 @@ pub async fn announce(state: &AppState, run: &RunRow) {
         .await
     {
         tracing::warn!(run_id = %run.id, error = %e, "could not append run_queued");
+    }
+    if run.held {
+        crate::dispatch::dispatch_and_publish(state, run.tenant_id).await;
+        return;
     }
     match tokio::time::timeout(PUBLISH_TIMEOUT, state.publisher.publish_run(run.id)).await {
         Ok(Ok(())) => {}

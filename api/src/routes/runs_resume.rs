@@ -166,7 +166,10 @@ pub async fn resume_run(
     {
         tracing::warn!(%run_id, error = %e, "could not append run_resumed");
     }
-    if let Err(e) = state.publisher.publish_run(run_id).await {
+    if run.held {
+        // Its tenant has a running limit: the run waits its turn like a new one.
+        crate::dispatch::dispatch_and_publish(&state, run.tenant_id).await;
+    } else if let Err(e) = state.publisher.publish_run(run_id).await {
         tracing::warn!(%run_id, error = %e, "publish failed; the sweeper will re-enqueue");
     }
     Ok((StatusCode::ACCEPTED, Json(view::run(run))))

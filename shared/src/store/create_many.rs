@@ -22,16 +22,16 @@ use super::transitions::NewRun;
 const RUNS_ON_NEW_THREADS: &str = "
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::jsonb[], $5::jsonb[],
-                         $6::text[], $7::bytea[], $8::int4[], $9::jsonb[])
+                         $6::text[], $7::bytea[], $8::int4[], $9::jsonb[], $10::bool[])
         AS t(id, tenant_id, thread_id, agent, metadata, idempotency_key, request_hash,
-             max_iterations, body)),
+             max_iterations, body, fair)),
  thread AS (
     INSERT INTO threads (id, tenant_id) SELECT thread_id, tenant_id FROM input),
  run AS (
     INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata,
-                      idempotency_key, request_hash, max_iterations)
+                      idempotency_key, request_hash, max_iterations, held, fair)
     SELECT id, tenant_id, thread_id, 'queued', agent, metadata,
-           idempotency_key, request_hash, max_iterations FROM input
+           idempotency_key, request_hash, max_iterations, fair, fair FROM input
     RETURNING *),
  message AS (
     INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
@@ -60,6 +60,7 @@ pub async fn create_on_new_threads<'e>(
     let mut hashes = Vec::with_capacity(n);
     let mut max_iterations = Vec::with_capacity(n);
     let mut bodies = Vec::with_capacity(n);
+    let mut fair = Vec::with_capacity(n);
     for run in runs {
         ids.push(run.id);
         tenants.push(run.tenant_id);
@@ -70,6 +71,7 @@ pub async fn create_on_new_threads<'e>(
         hashes.push(run.request_hash.as_deref());
         max_iterations.push(run.max_iterations);
         bodies.push(Json(messages::user_body(&run.input)));
+        fair.push(run.fair);
     }
     let rows = sqlx::query_as::<_, RunRow>(RUNS_ON_NEW_THREADS)
         .bind(&ids)
@@ -81,6 +83,7 @@ pub async fn create_on_new_threads<'e>(
         .bind(&hashes)
         .bind(&max_iterations)
         .bind(&bodies)
+        .bind(&fair)
         .fetch_all(executor)
         .await?;
     in_order(&ids, rows)
@@ -128,6 +131,7 @@ mod tests {
             idempotency_key: None,
             request_hash: Some(vec![i as u8; 32]),
             input: format!("hello {i}"),
+            fair: false,
         }
     }
 

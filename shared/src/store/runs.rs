@@ -25,6 +25,10 @@ pub struct RunRow {
     pub recoveries: i32,
     /// Hand-backs after failures so far (see `transitions::hand_back_after_failure`).
     pub handbacks: i32,
+    /// Queued but not dispatched: waiting for a slot of its tenant's running limit.
+    pub held: bool,
+    /// Counts against its tenant's running limit (see `store::dispatch`).
+    pub fair: bool,
     pub interrupted: bool,
     pub lease_owner: Option<String>,
     pub lease_expires_at: Option<DateTime<Utc>>,
@@ -157,7 +161,7 @@ pub async fn stale(
 ) -> Result<Vec<Uuid>, StoreError> {
     let mut ids: Vec<(Uuid,)> = sqlx::query_as(
         "UPDATE runs SET enqueued_at = now()
-         WHERE id IN (SELECT id FROM runs WHERE status = 'queued'
+         WHERE id IN (SELECT id FROM runs WHERE status = 'queued' AND NOT held
                         AND enqueued_at < now() - make_interval(secs => $1)
                       ORDER BY enqueued_at LIMIT $2 FOR UPDATE SKIP LOCKED)
          RETURNING id",

@@ -33,6 +33,9 @@ pub struct NewRun {
     pub idempotency_key: Option<String>,
     pub request_hash: Option<Vec<u8>>,
     pub input: String,
+    /// Its tenant has a running limit: the run is created held, for [`super::dispatch`] to
+    /// dispatch in turn (and not published by its creator).
+    pub fair: bool,
 }
 
 /// `-> queued`: the thread (if new), the user's message and the run, in one transaction.
@@ -89,13 +92,13 @@ pub async fn create(conn: &mut PgConnection, new: NewRun) -> Result<RunRow, Stor
     Ok(run)
 }
 
-/// The run and its user message, as CTEs of one statement (parameters $1..$9).
+/// The run and its user message, as CTEs of one statement (parameters $1..$10).
 macro_rules! run_and_message {
     () => {
         "run AS (
             INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata,
-                              idempotency_key, request_hash, max_iterations)
-            VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8)
+                              idempotency_key, request_hash, max_iterations, held, fair)
+            VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $10, $10)
             RETURNING *),
          message AS (
             INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
@@ -130,6 +133,7 @@ async fn insert_run<'e>(
         .bind(&new.request_hash)
         .bind(new.max_iterations)
         .bind(Json(messages::user_body(&new.input)))
+        .bind(new.fair)
         .fetch_one(executor)
         .await
 }
@@ -186,7 +190,7 @@ pub async fn claim_many(
 ) -> Result<Vec<Option<Claimed>>, StoreError> {
     let rows = sqlx::query_as::<_, ClaimRow>(
         "WITH prev AS (
-            SELECT id, status, interrupted FROM runs WHERE id = ANY($1) ORDER BY id FOR UPDATE)
+            SELECT id, status, interrupted, held FROM runs WHERE id = ANY($1) ORDER BY id FOR UPDATE)
          UPDATE runs r SET
              status = 'running',
              attempt = r.attempt + 1,
@@ -198,7 +202,8 @@ pub async fn claim_many(
              updated_at = now()
          FROM prev
          WHERE r.id = prev.id
-           AND (prev.status = 'queued' OR (prev.status = 'running' AND r.lease_expires_at < now()))
+           AND ((prev.status = 'queued' AND NOT prev.held)
+                OR (prev.status = 'running' AND r.lease_expires_at < now()))
          RETURNING r.*, (prev.status = 'running' OR prev.interrupted) AS recovered",
     )
     .bind(run_ids)
@@ -538,7 +543,7 @@ pub async fn cancel(pool: &PgPool, tenant: Uuid, run_id: Uuid) -> Result<Cancell
     }
     sqlx::query(
         "UPDATE runs SET status = 'cancelled', cancel_requested_at = now(), pending = NULL,
-                         lease_owner = NULL, lease_expires_at = NULL,
+                         lease_owner = NULL, lease_expires_at = NULL, held = false,
                          finished_at = now(), updated_at = now()
          WHERE id = $1",
     )
@@ -751,7 +756,8 @@ pub async fn resume(
         (status, _) => return Err(ResumeError::NotWaiting(status)),
     }
     let resumed = sqlx::query_as::<_, RunRow>(
-        "UPDATE runs SET status = 'queued', pending = NULL, updated_at = now(), enqueued_at = now()
+        "UPDATE runs SET status = 'queued', pending = NULL, updated_at = now(), enqueued_at = now(),
+                         held = fair
          WHERE id = $1 RETURNING *",
     )
     .bind(run_id)
@@ -786,6 +792,7 @@ mod tests {
                 idempotency_key: None,
                 request_hash: None,
                 input: "hi".into(),
+                fair: false,
             },
         )
         .await
@@ -1055,6 +1062,7 @@ mod tests {
                 idempotency_key: None,
                 request_hash: None,
                 input: "again".into(),
+                fair: false,
             },
         )
         .await;

@@ -1,0 +1,369 @@
+//! Fair dispatch: a tenant with a running limit (`max_running_runs` > 0) has at most that many
+//! runs in flight — published and waiting for a worker, or running. Its other queued runs are
+//! `held` in Postgres, unpublished, and dispatched oldest first as its runs end or pause.
+//!
+//! The RabbitMQ queue so holds at most a limit's worth of each limited tenant's runs, so a
+//! tenant with a backlog of thousands delays another tenant's first run by at most its own
+//! window, not by its backlog. (The window is per tenant: within the queue, tenants take
+//! turns by arrival.) The queue then also holds only runnable work, which is what an
+//! autoscaler should look at; the held backlog is a metric of its own.
+//!
+//! Who dispatches: the creator of a fair run (the API, after the create commits), whoever
+//! ends, pauses or cancels a fair run (the worker or the API, right after that commit), a
+//! resume, and the sweeper, which heals whatever was missed (a process that died between the
+//! two commits, a raised limit, a tenant no longer suspended). Dispatching runs in its own
+//! short transaction: the tenant rows are locked first, so two dispatchers of one tenant
+//! count one after the other and never both fill the same free slot.
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::StoreError;
+use super::batch::Batcher;
+
+/// Runs one dispatch may hand out for one tenant; the next dispatch or the sweeper takes the
+/// rest (only a tenant without a limit whose runs were held by a suspension has more).
+pub const MAX_PER_TENANT: u32 = 1000;
+
+/// The dispatch statement, run after the tenant rows are locked (a new statement, so its
+/// snapshot sees every dispatch that committed before the lock was granted). Per tenant (not
+/// suspended): its limit, its runs in flight, and its oldest held runs up to the free slots
+/// (or up to `$3` when it has no limit) become dispatched.
+const DISPATCH: &str = "
+WITH t AS (
+    SELECT id, COALESCE((limits->>'max_running_runs')::int, $2) AS lim
+    FROM tenants WHERE id = ANY($1) AND suspended_at IS NULL),
+ free AS (
+    SELECT t.id,
+           CASE WHEN t.lim <= 0 THEN $3
+                ELSE LEAST($3, GREATEST(0, t.lim - (
+                    SELECT count(*) FROM runs r
+                    WHERE r.tenant_id = t.id AND r.status IN ('queued', 'running') AND NOT r.held)))
+           END AS n
+    FROM t),
+ pick AS (
+    SELECT p.id FROM free f CROSS JOIN LATERAL (
+        SELECT id FROM runs
+        WHERE tenant_id = f.id AND status = 'queued' AND held
+        ORDER BY enqueued_at, id LIMIT f.n) p)
+UPDATE runs r SET held = false, enqueued_at = now(), updated_at = now()
+FROM pick WHERE r.id = pick.id AND r.status = 'queued' AND r.held
+RETURNING r.tenant_id, r.id";
+
+/// Runs dispatched by one call, to publish once the call returns (it has committed).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Dispatched {
+    /// (tenant, run), oldest first within a tenant.
+    pub runs: Vec<(Uuid, Uuid)>,
+}
+
+impl Dispatched {
+    pub fn ids(&self) -> Vec<Uuid> {
+        self.runs.iter().map(|(_, id)| *id).collect()
+    }
+
+    /// The runs of one tenant.
+    pub fn of(&self, tenant: Uuid) -> Vec<Uuid> {
+        self.runs
+            .iter()
+            .filter(|(t, _)| *t == tenant)
+            .map(|(_, id)| *id)
+            .collect()
+    }
+}
+
+/// Dispatches the held runs of `tenants` that fit their limits (`default_limit` for a tenant
+/// without its own `max_running_runs`), at most `max_per_tenant` each. The caller publishes
+/// what it returns; if it dies first, the sweeper re-publishes them (they are queued, not
+/// held, and their `enqueued_at` ages).
+pub async fn next(
+    pool: &PgPool,
+    tenants: &[Uuid],
+    default_limit: u32,
+    max_per_tenant: u32,
+) -> Result<Dispatched, StoreError> {
+    if tenants.is_empty() {
+        return Ok(Dispatched::default());
+    }
+    let mut tenants = tenants.to_vec();
+    tenants.sort_unstable();
+    tenants.dedup();
+    let mut tx = pool.begin().await?;
+    // In id order, so two dispatchers of overlapping tenants cannot deadlock.
+    sqlx::query("SELECT id FROM tenants WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        .bind(&tenants)
+        .execute(&mut *tx)
+        .await?;
+    let mut runs: Vec<(Uuid, Uuid)> = sqlx::query_as(DISPATCH)
+        .bind(&tenants)
+        .bind(i32::try_from(default_limit).unwrap_or(i32::MAX))
+        .bind(i64::from(max_per_tenant))
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    runs.sort_unstable();
+    Ok(Dispatched { runs })
+}
+
+/// Dispatches grouped: the tenants asked for at once are dispatched by one [`next`] (one
+/// transaction, each tenant row locked once), so a limited tenant that submits fast does not
+/// queue up on its own row lock. Per item, the runs dispatched for its tenant (all of them to
+/// the first item naming that tenant), to publish.
+pub fn grouped(pool: PgPool, default_limit: u32) -> Batcher<Uuid, Vec<Uuid>> {
+    Batcher::spawn(
+        pool,
+        1,
+        256,
+        Arc::new(move |pool, tenants: Arc<Vec<Uuid>>| {
+            Box::pin(async move {
+                let done = next(&pool, &tenants, default_limit, MAX_PER_TENANT).await?;
+                let mut seen = std::collections::HashSet::new();
+                Ok(tenants
+                    .iter()
+                    .map(|t| {
+                        if seen.insert(*t) {
+                            done.of(*t)
+                        } else {
+                            Vec::new()
+                        }
+                    })
+                    .collect())
+            })
+        }),
+    )
+}
+
+/// Tenants with held runs, for the sweeper to dispatch (at most `limit`, those waiting
+/// longest first).
+pub async fn tenants_with_held(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, StoreError> {
+    let rows: Vec<(Uuid,)> = sqlx::query_as(
+        "SELECT tenant_id FROM runs WHERE status = 'queued' AND held
+         GROUP BY tenant_id ORDER BY min(enqueued_at) LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|(t,)| t).collect())
+}
+
+/// The held runs (the backlog fair dispatch keeps out of the queue): in all, and of the
+/// `limit` tenants with most, largest first.
+pub async fn held_backlog(
+    pool: &PgPool,
+    limit: i64,
+) -> Result<(i64, Vec<(Uuid, i64)>), StoreError> {
+    let per_tenant: Vec<(Uuid, i64)> = sqlx::query_as(
+        "SELECT tenant_id, count(*) AS n FROM runs WHERE status = 'queued' AND held
+         GROUP BY tenant_id ORDER BY n DESC, tenant_id",
+    )
+    .fetch_all(pool)
+    .await?;
+    let total = per_tenant.iter().map(|(_, n)| n).sum();
+    Ok((
+        total,
+        per_tenant.into_iter().take(limit.max(0) as usize).collect(),
+    ))
+}
+
+/// Suspends a tenant: nothing of it starts any more. Its queued runs that were already
+/// dispatched are held again (their messages, when a worker takes them, claim nothing), its
+/// running runs go on to their end. Returns how many runs were held back.
+pub async fn suspend(pool: &PgPool, tenant: Uuid) -> Result<u64, StoreError> {
+    let mut tx = pool.begin().await?;
+    let found = sqlx::query(
+        "UPDATE tenants SET suspended_at = coalesce(suspended_at, now()) WHERE id = $1",
+    )
+    .bind(tenant)
+    .execute(&mut *tx)
+    .await?;
+    if found.rows_affected() == 0 {
+        return Err(StoreError::NotFound);
+    }
+    let held = sqlx::query(
+        "UPDATE runs SET held = true, updated_at = now()
+         WHERE tenant_id = $1 AND status = 'queued' AND NOT held",
+    )
+    .bind(tenant)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(held.rows_affected())
+}
+
+/// Lifts a suspension; the caller dispatches the tenant's held runs ([`next`]) or leaves them
+/// to the sweeper.
+pub async fn unsuspend(pool: &PgPool, tenant: Uuid) -> Result<(), StoreError> {
+    let found = sqlx::query("UPDATE tenants SET suspended_at = NULL WHERE id = $1")
+        .bind(tenant)
+        .execute(pool)
+        .await?;
+    if found.rows_affected() == 0 {
+        return Err(StoreError::NotFound);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::domain::AgentSpec;
+    use crate::store::create_many::create_on_new_threads;
+    use crate::store::transitions::{self, NewRun};
+    use crate::store::{Fence, runs, tenants};
+
+    async fn tenant(pool: &PgPool, limits: serde_json::Value) -> Uuid {
+        let t = tenants::create(pool, "t").await.unwrap().tenant_id;
+        sqlx::query("UPDATE tenants SET limits = $2 WHERE id = $1")
+            .bind(t)
+            .bind(limits)
+            .execute(pool)
+            .await
+            .unwrap();
+        t
+    }
+
+    async fn create(pool: &PgPool, tenant: Uuid, n: usize, fair: bool) -> Vec<Uuid> {
+        let agent: AgentSpec = serde_json::from_value(json!({"model": "m"})).unwrap();
+        let runs: Vec<NewRun> = (0..n)
+            .map(|i| NewRun {
+                id: Uuid::now_v7(),
+                tenant_id: tenant,
+                thread_id: None,
+                agent: agent.clone(),
+                max_iterations: 5,
+                metadata: json!({}),
+                idempotency_key: None,
+                request_hash: None,
+                input: format!("run {i}"),
+                fair,
+            })
+            .collect();
+        create_on_new_threads(pool, &runs)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect()
+    }
+
+    async fn in_flight(pool: &PgPool, tenant: Uuid) -> i64 {
+        sqlx::query_as::<_, (i64,)>(
+            "SELECT count(*) FROM runs WHERE tenant_id = $1 AND status IN ('queued','running') AND NOT held",
+        )
+        .bind(tenant)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+        .0
+    }
+
+    /// Fair runs are created held; dispatch fills the tenant's window oldest first, a held
+    /// run cannot be claimed, and an ended run makes room for exactly one more.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn the_window_is_filled_oldest_first_and_refilled_as_runs_end(pool: PgPool) {
+        let t = tenant(&pool, json!({"max_running_runs": 3})).await;
+        let ids = create(&pool, t, 10, true).await;
+        assert_eq!(in_flight(&pool, t).await, 0, "created held");
+        let held_claim = transitions::claim(&pool, ids[0], "w", std::time::Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert!(held_claim.is_none(), "a held run is never claimed");
+
+        let first = next(&pool, &[t], 0, 1000).await.unwrap();
+        assert_eq!(first.ids(), ids[..3].to_vec(), "the three oldest");
+        assert!(
+            next(&pool, &[t], 0, 1000).await.unwrap().runs.is_empty(),
+            "window full"
+        );
+
+        let claimed = transitions::claim(&pool, ids[0], "w", std::time::Duration::from_secs(10))
+            .await
+            .unwrap()
+            .expect("dispatched runs are claimable");
+        assert!(
+            next(&pool, &[t], 0, 1000).await.unwrap().runs.is_empty(),
+            "running counts"
+        );
+        transitions::complete(
+            &pool,
+            Fence {
+                run_id: ids[0],
+                attempt: claimed.run.attempt,
+            },
+            1,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            next(&pool, &[t], 0, 1000).await.unwrap().ids(),
+            vec![ids[3]]
+        );
+        assert_eq!(in_flight(&pool, t).await, 3);
+    }
+
+    /// The configured default applies to tenants without their own limit; 0 is no limit.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn the_default_limit_and_no_limit(pool: PgPool) {
+        let t = tenant(&pool, json!({})).await;
+        create(&pool, t, 5, true).await;
+        assert_eq!(next(&pool, &[t], 2, 1000).await.unwrap().runs.len(), 2);
+        assert_eq!(next(&pool, &[t], 0, 1000).await.unwrap().runs.len(), 3);
+    }
+
+    /// Dispatchers of one tenant running at once never overshoot its limit.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn concurrent_dispatchers_do_not_overshoot(pool: PgPool) {
+        let t = tenant(&pool, json!({"max_running_runs": 4})).await;
+        create(&pool, t, 40, true).await;
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let pool = pool.clone();
+            tasks.push(tokio::spawn(
+                async move { next(&pool, &[t], 0, 1000).await },
+            ));
+        }
+        let mut total = 0;
+        for task in tasks {
+            total += task.await.unwrap().unwrap().runs.len();
+        }
+        assert_eq!(total, 4);
+        assert_eq!(in_flight(&pool, t).await, 4);
+    }
+
+    /// A suspended tenant's dispatched runs are held again and nothing of it is dispatched
+    /// until the suspension is lifted; the sweeper finds it then.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn suspension_holds_everything_queued(pool: PgPool) {
+        let t = tenant(&pool, json!({})).await;
+        let ids = create(&pool, t, 3, false).await;
+        assert_eq!(
+            in_flight(&pool, t).await,
+            3,
+            "unlimited runs are dispatched at once"
+        );
+        assert_eq!(suspend(&pool, t).await.unwrap(), 3);
+        assert_eq!(in_flight(&pool, t).await, 0);
+        assert!(
+            transitions::claim(&pool, ids[1], "w", std::time::Duration::from_secs(10))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(next(&pool, &[t], 0, 1000).await.unwrap().runs.is_empty());
+        assert_eq!(tenants_with_held(&pool, 10).await.unwrap(), vec![t]);
+        assert_eq!(held_backlog(&pool, 10).await.unwrap(), (3, vec![(t, 3)]));
+        unsuspend(&pool, t).await.unwrap();
+        assert_eq!(next(&pool, &[t], 0, 1000).await.unwrap().ids(), ids);
+        assert!(tenants_with_held(&pool, 10).await.unwrap().is_empty());
+        let run = runs::get(&pool, ids[0]).await.unwrap();
+        assert!(!run.held);
+        assert!(matches!(
+            suspend(&pool, Uuid::now_v7()).await,
+            Err(StoreError::NotFound)
+        ));
+    }
+}

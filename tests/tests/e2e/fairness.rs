@@ -1,0 +1,203 @@
+//! Fair dispatch: a tenant's runs beyond its running limit wait `held` in Postgres, so another
+//! tenant's runs do not queue behind its backlog. Ordering and counts only, no wall clock.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use agentfleet_shared::store::tenants;
+use agentfleet_tests::harness::*;
+
+const LIMIT: i64 = 8;
+
+async fn batch(app: &TestApp, key: &str, n: usize) {
+    let run = scripted_run(json!([{"content": "done"}]), json!([]));
+    let runs: Vec<Value> = (0..n).map(|_| run.clone()).collect();
+    let resp = app
+        .http
+        .post(app.url("/v1/runs/batch"))
+        .bearer_auth(key)
+        .json(&json!({ "runs": runs }))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(
+        resp.status(),
+        202,
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
+}
+
+async fn count(env: &TestEnv, sql: &str, tenant: Uuid) -> i64 {
+    sqlx::query_as::<_, (i64,)>(sqlx::AssertSqlSafe(sql.to_owned()))
+        .bind(tenant)
+        .fetch_one(&env.pool)
+        .await
+        .expect("count")
+        .0
+}
+
+/// Tenant A has 2,000 queued runs and a running limit of 8; tenant B's 5 runs all start while
+/// A still has more than 1,500 not started, A never has more than 8 runs in flight, and every
+/// run of A is dispatched in the end (each end dispatches the next).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_tenant_is_not_stuck_behind_a_big_backlog() {
+    let env = TestEnv::with(&[
+        ("limits.max_running_runs", &LIMIT.to_string()),
+        ("worker.concurrency", "16"),
+    ])
+    .await;
+    let app = env.spawn_api().await;
+    let a = app.tenant_id;
+    let b = tenants::create(&env.pool, "small tenant")
+        .await
+        .expect("tenant");
+
+    batch(&app, &app.api_key, 1000).await;
+    batch(&app, &app.api_key, 1000).await;
+    let held = count(
+        &env,
+        "SELECT count(*) FROM runs WHERE tenant_id = $1 AND held",
+        a,
+    )
+    .await;
+    assert!(
+        held >= 2000 - LIMIT,
+        "A's runs beyond its window are held: {held}"
+    );
+    assert!(
+        env.queue_depth(&format!("{}.runs", env.prefix)).await as i64 <= LIMIT,
+        "the queue holds only A's window"
+    );
+
+    let _worker = env.spawn_worker().await;
+    batch(&app, &b.api_key, 5).await;
+    let in_flight_sql = "SELECT count(*) FROM runs WHERE tenant_id = $1
+                         AND status IN ('queued', 'running') AND NOT held";
+    wait_for("B's runs all started", Duration::from_secs(60), || async {
+        let started = count(
+            &env,
+            "SELECT count(*) FROM runs WHERE tenant_id = $1 AND started_at IS NOT NULL",
+            b.tenant_id,
+        )
+        .await;
+        let in_flight = count(&env, in_flight_sql, a).await;
+        assert!(in_flight <= LIMIT, "A has {in_flight} runs in flight");
+        (started == 5).then_some(())
+    })
+    .await;
+    // A's runs that started before B's last one did.
+    let a_before_b = count(
+        &env,
+        "SELECT count(*) FROM runs WHERE tenant_id = $1 AND started_at <=
+             (SELECT max(started_at) FROM runs WHERE tenant_id <> $1)",
+        a,
+    )
+    .await;
+    assert!(
+        a_before_b < 500,
+        "B waited for {a_before_b} of A's runs; A still had {} queued",
+        2000 - a_before_b
+    );
+
+    wait_for(
+        "all of A's runs completed",
+        Duration::from_secs(300),
+        || async {
+            let in_flight = count(&env, in_flight_sql, a).await;
+            assert!(in_flight <= LIMIT, "A has {in_flight} runs in flight");
+            let done = count(
+                &env,
+                "SELECT count(*) FROM runs WHERE tenant_id = $1 AND status = 'completed'",
+                a,
+            )
+            .await;
+            (done == 2000).then_some(())
+        },
+    )
+    .await;
+    // Never more than the limit running at once: at each run's start, the runs of A that had
+    // started and not yet finished.
+    let most = count(
+        &env,
+        "SELECT coalesce(max(n), 0) FROM (
+             SELECT (SELECT count(*) FROM runs o WHERE o.tenant_id = $1
+                       AND o.started_at <= r.started_at AND o.finished_at > r.started_at) AS n
+             FROM runs r WHERE r.tenant_id = $1) x",
+        a,
+    )
+    .await;
+    assert!(most <= LIMIT, "{most} of A's runs overlapped");
+}
+
+/// A resumed run of a limited tenant waits its turn like a new one, and a cancelled one frees
+/// its slot at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_frees_a_slot_and_held_runs_are_never_started() {
+    let env = TestEnv::with(&[("limits.max_running_runs", "1")]).await;
+    let app = env.spawn_api().await;
+    // The first run asks its user; the pause frees its slot, so the second run starts while
+    // the first waits.
+    let ask = scripted_run(
+        json!([{"tool_calls": [{"name": "ask", "arguments": {"text": "Which one?"}}]},
+               {"content": "thanks"}]),
+        json!([]),
+    );
+    let first = app.start_run(&ask).await;
+    let second = app
+        .start_run(&scripted_run(json!([{"content": "two"}]), json!([])))
+        .await;
+    let third = app
+        .start_run(&scripted_run(json!([{"content": "three"}]), json!([])))
+        .await;
+    let id = |v: &Value| v["id"].as_str().unwrap().to_owned();
+    // No worker yet: one run dispatched, the others held.
+    let run = app.run(&id(&second)).await;
+    assert_eq!(run["status"], "queued");
+    let held: i64 = count(
+        &env,
+        "SELECT count(*) FROM runs WHERE tenant_id = $1 AND held",
+        app.tenant_id,
+    )
+    .await;
+    assert_eq!(held, 2);
+    // Cancelling a held run frees nothing and starts nothing.
+    let resp = app
+        .http
+        .post(app.url(&format!("/v1/runs/{}/cancel", id(&third))))
+        .bearer_auth(&app.api_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+
+    let _worker = env.spawn_worker().await;
+    app.wait_status(&id(&first), &["waiting_for_input"], Duration::from_secs(30))
+        .await;
+    // The pause freed the slot: the second run runs to its end.
+    app.wait_status(&id(&second), &["completed"], Duration::from_secs(30))
+        .await;
+    let resp = app
+        .post(
+            &format!("/v1/runs/{}/resume", id(&first)),
+            &json!({"input": "this one"}),
+        )
+        .await;
+    assert_eq!(resp.status(), 202, "{}", resp.text().await.unwrap());
+    app.wait_status(&id(&first), &["completed"], Duration::from_secs(30))
+        .await;
+    assert_eq!(app.run(&id(&third)).await["status"], "cancelled");
+    let started: Option<(Option<chrono::DateTime<chrono::Utc>>,)> =
+        sqlx::query_as("SELECT started_at FROM runs WHERE id = $1::uuid")
+            .bind(id(&third))
+            .fetch_optional(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        started,
+        Some((None,)),
+        "the cancelled held run never started"
+    );
+}

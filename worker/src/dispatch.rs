@@ -1,0 +1,76 @@
+//! Fair dispatch from the worker (`store::dispatch`): when a run of a tenant with a running
+//! limit leaves its slot (ends, pauses, is cancelled), the tenant's next held runs are
+//! dispatched and published; the sweeper dispatches whatever that missed.
+
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+use agentfleet_shared::store::dispatch;
+
+use crate::shared::Shared;
+
+/// Tenants whose held runs one sweep dispatches at most; the next sweep takes the rest.
+const HEAL_TENANTS: i64 = 200;
+/// Tenants whose backlog is exported as a metric, largest first.
+const BACKLOG_TENANTS: i64 = 20;
+
+/// The tenants whose backlog gauge was last set.
+static EXPORTED: std::sync::Mutex<Vec<Uuid>> = std::sync::Mutex::new(Vec::new());
+
+/// After a fair run's holding ended: dispatch the next of its tenant, without holding the
+/// run's slot while it is written.
+pub fn after_holding(shared: Arc<Shared>, tenant: Uuid) {
+    tokio::spawn(async move {
+        match shared.writes.dispatches.write(tenant).await {
+            Ok(ids) => publish(&shared, &ids).await,
+            Err(e) => {
+                tracing::warn!(%tenant, error = %e, "dispatch failed; the sweeper will dispatch");
+            }
+        }
+    });
+}
+
+async fn publish(shared: &Shared, ids: &[Uuid]) {
+    if ids.is_empty() {
+        return;
+    }
+    metrics::counter!("agentfleet_runs_dispatched_total").increment(ids.len() as u64);
+    if let Err(e) = shared.publisher.publish_runs(ids).await {
+        tracing::warn!(run_ids = ?e.failed, error = %e, "publish failed; the sweeper will re-enqueue");
+    }
+}
+
+/// The sweeper's part: dispatch the held runs of every tenant that has room (a dispatch
+/// missed by a process that died, a raised limit, a lifted suspension), and export the held
+/// backlog. Returns how many runs were dispatched.
+pub async fn heal(shared: &Shared) -> anyhow::Result<usize> {
+    let tenants = dispatch::tenants_with_held(&shared.pool, HEAL_TENANTS).await?;
+    let mut dispatched = 0;
+    if !tenants.is_empty() {
+        let done = dispatch::next(
+            &shared.pool,
+            &tenants,
+            shared.settings.limits.max_running_runs,
+            dispatch::MAX_PER_TENANT,
+        )
+        .await?;
+        dispatched = done.runs.len();
+        publish(shared, &done.ids()).await;
+    }
+    let (total, backlog) = dispatch::held_backlog(&shared.pool, BACKLOG_TENANTS).await?;
+    metrics::gauge!("agentfleet_held_runs").set(total as f64);
+    // A tenant that left the largest backlogs (or drained) reads 0, not its last figure.
+    let mut exported = EXPORTED.lock().expect("backlog gauge lock");
+    for tenant in exported.drain(..) {
+        if !backlog.iter().any(|(t, _)| *t == tenant) {
+            metrics::gauge!("agentfleet_tenant_held_runs", "tenant" => tenant.to_string()).set(0.0);
+        }
+    }
+    for (tenant, n) in backlog {
+        metrics::gauge!("agentfleet_tenant_held_runs", "tenant" => tenant.to_string())
+            .set(n as f64);
+        exported.push(tenant);
+    }
+    Ok(dispatched)
+}
