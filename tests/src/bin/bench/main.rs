@@ -14,6 +14,7 @@ mod cpu;
 mod e2e;
 mod enqueue;
 mod events;
+mod fairness;
 mod faults;
 mod framework;
 mod limits;
@@ -48,8 +49,8 @@ struct Args {
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench.json")]
     out: String,
-    /// Run only these sections (limits, enqueue, batch, framework, e2e, faults, events,
-    /// resume, recovery, memory, redis).
+    /// Run only these sections (limits, enqueue, batch, framework, e2e, fairness, faults,
+    /// events, resume, recovery, memory, redis).
     #[arg(long)]
     only: Vec<String>,
 }
@@ -157,6 +158,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     if ctx.wants("e2e") {
         e2e::end_to_end(&ctx, &mut report, &limits).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("fairness") {
+        fairness::fairness(&ctx, &mut report).await?;
         ctx.settle().await;
     }
     if ctx.wants("faults") {
