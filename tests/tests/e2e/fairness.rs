@@ -201,3 +201,61 @@ async fn cancel_frees_a_slot_and_held_runs_are_never_started() {
         "the cancelled held run never started"
     );
 }
+
+/// Faults in combination under a running limit: the worker holding a limited tenant's window
+/// is killed while Redis loses the runs' lists. The crashed runs keep their slots until they
+/// are recovered (so the limit still holds), and every run completes on the rescuer: nothing
+/// held is forgotten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_neither_loses_held_runs_nor_breaks_the_limit() {
+    let env = TestEnv::with(&[("limits.max_running_runs", "2")]).await;
+    let app = env.spawn_api().await;
+    let mut worker = env.spawn_worker_process(&[]);
+    let body = scripted_run(
+        json!([{"content": "working", "tool_calls": [{"name": "slow", "arguments": {"ms": 1500}}]},
+               {"content": "done"}]),
+        json!([http_tool(&env, "slow", "/slow")]),
+    );
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(
+            app.start_run(&body).await["id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    let running = "SELECT count(*) FROM runs WHERE tenant_id = $1 AND status = 'running'";
+    wait_for(
+        "the window to be running",
+        Duration::from_secs(30),
+        || async { (count(&env, running, app.tenant_id).await == 2).then_some(()) },
+    )
+    .await;
+    env.flush_redis_keys().await;
+    worker.kill();
+    let _rescuer = env.spawn_worker_process(&[]);
+    for id in &ids {
+        let done = app
+            .wait_status(id, &["completed", "failed"], Duration::from_secs(90))
+            .await;
+        assert_eq!(done["status"], "completed", "{done}");
+    }
+    let recovered = count(
+        &env,
+        "SELECT count(*) FROM runs WHERE tenant_id = $1 AND attempt >= 2",
+        app.tenant_id,
+    )
+    .await;
+    assert!(recovered >= 1, "the killed worker's runs were recovered");
+    let most = count(
+        &env,
+        "SELECT coalesce(max(n), 0) FROM (
+             SELECT (SELECT count(*) FROM runs o WHERE o.tenant_id = $1
+                       AND o.started_at <= r.started_at AND o.finished_at > r.started_at) AS n
+             FROM runs r WHERE r.tenant_id = $1) x",
+        app.tenant_id,
+    )
+    .await;
+    assert!(most <= 2, "{most} runs overlapped under a limit of 2");
+}
