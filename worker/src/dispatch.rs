@@ -42,35 +42,43 @@ async fn publish(shared: &Shared, ids: &[Uuid]) {
 }
 
 /// The sweeper's part: dispatch the held runs of every tenant that has room (a dispatch
-/// missed by a process that died, a raised limit, a lifted suspension), and export the held
-/// backlog. Returns how many runs were dispatched.
+/// missed by a process that died, a raised limit, a lifted suspension). Returns how many runs
+/// were dispatched.
 pub async fn heal(shared: &Shared) -> anyhow::Result<usize> {
     let tenants = dispatch::tenants_with_held(&shared.pool, HEAL_TENANTS).await?;
-    let mut dispatched = 0;
-    if !tenants.is_empty() {
-        let done = dispatch::next(
-            &shared.pool,
-            &tenants,
-            shared.settings.limits.max_running_runs,
-            dispatch::MAX_PER_TENANT,
-        )
-        .await?;
-        dispatched = done.runs.len();
-        publish(shared, &done.ids()).await;
+    if tenants.is_empty() {
+        return Ok(0);
     }
-    let (total, backlog) = dispatch::held_backlog(&shared.pool, BACKLOG_TENANTS).await?;
-    metrics::gauge!("agentfleet_held_runs").set(total as f64);
+    let done = dispatch::next(
+        &shared.pool,
+        &tenants,
+        shared.settings.limits.max_running_runs,
+        dispatch::MAX_PER_TENANT,
+    )
+    .await?;
+    publish(shared, &done.ids()).await;
+    Ok(done.runs.len())
+}
+
+/// Exports the backlog (every worker, each sweep tick, so no worker shows a stale figure):
+/// `agentfleet_runnable_runs` (what workers may take now: the autoscaling signal),
+/// `agentfleet_held_runs` and, for the tenants holding most,
+/// `agentfleet_tenant_held_runs{tenant}`.
+pub async fn export_backlog(shared: &Shared) -> anyhow::Result<()> {
+    let backlog = dispatch::backlog(&shared.pool, BACKLOG_TENANTS).await?;
+    metrics::gauge!("agentfleet_runnable_runs").set(backlog.runnable as f64);
+    metrics::gauge!("agentfleet_held_runs").set(backlog.held as f64);
     // A tenant that left the largest backlogs (or drained) reads 0, not its last figure.
     let mut exported = EXPORTED.lock().expect("backlog gauge lock");
-    for tenant in exported.drain(..) {
-        if !backlog.iter().any(|(t, _)| *t == tenant) {
+    for tenant in std::mem::take(&mut *exported) {
+        if !backlog.held_by_tenant.iter().any(|(t, _)| *t == tenant) {
             metrics::gauge!("agentfleet_tenant_held_runs", "tenant" => tenant.to_string()).set(0.0);
         }
     }
-    for (tenant, n) in backlog {
+    for (tenant, n) in backlog.held_by_tenant {
         metrics::gauge!("agentfleet_tenant_held_runs", "tenant" => tenant.to_string())
             .set(n as f64);
         exported.push(tenant);
     }
-    Ok(dispatched)
+    Ok(())
 }

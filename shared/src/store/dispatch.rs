@@ -148,23 +148,35 @@ pub async fn tenants_with_held(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, S
     Ok(rows.into_iter().map(|(t,)| t).collect())
 }
 
-/// The held runs (the backlog fair dispatch keeps out of the queue): in all, and of the
-/// `limit` tenants with most, largest first.
-pub async fn held_backlog(
-    pool: &PgPool,
-    limit: i64,
-) -> Result<(i64, Vec<(Uuid, i64)>), StoreError> {
+/// What waits: runs a worker may take now, and runs fair dispatch holds back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backlog {
+    /// Queued and dispatched: what the RabbitMQ queue holds (or will again, once the sweeper
+    /// re-publishes a lost message). The signal to scale workers on.
+    pub runnable: i64,
+    /// Queued and held, in all.
+    pub held: i64,
+    /// Held runs of the tenants with most, largest first.
+    pub held_by_tenant: Vec<(Uuid, i64)>,
+}
+
+/// The backlog, with the `top` tenants holding most.
+pub async fn backlog(pool: &PgPool, top: i64) -> Result<Backlog, StoreError> {
+    let (runnable,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM runs WHERE status = 'queued' AND NOT held")
+            .fetch_one(pool)
+            .await?;
     let per_tenant: Vec<(Uuid, i64)> = sqlx::query_as(
         "SELECT tenant_id, count(*) AS n FROM runs WHERE status = 'queued' AND held
          GROUP BY tenant_id ORDER BY n DESC, tenant_id",
     )
     .fetch_all(pool)
     .await?;
-    let total = per_tenant.iter().map(|(_, n)| n).sum();
-    Ok((
-        total,
-        per_tenant.into_iter().take(limit.max(0) as usize).collect(),
-    ))
+    Ok(Backlog {
+        runnable,
+        held: per_tenant.iter().map(|(_, n)| n).sum(),
+        held_by_tenant: per_tenant.into_iter().take(top.max(0) as usize).collect(),
+    })
 }
 
 /// Suspends a tenant: nothing of it starts any more. Its queued runs that were already
@@ -355,7 +367,14 @@ mod tests {
         );
         assert!(next(&pool, &[t], 0, 1000).await.unwrap().runs.is_empty());
         assert_eq!(tenants_with_held(&pool, 10).await.unwrap(), vec![t]);
-        assert_eq!(held_backlog(&pool, 10).await.unwrap(), (3, vec![(t, 3)]));
+        assert_eq!(
+            backlog(&pool, 10).await.unwrap(),
+            Backlog {
+                runnable: 0,
+                held: 3,
+                held_by_tenant: vec![(t, 3)]
+            }
+        );
         unsuspend(&pool, t).await.unwrap();
         assert_eq!(next(&pool, &[t], 0, 1000).await.unwrap().ids(), ids);
         assert!(tenants_with_held(&pool, 10).await.unwrap().is_empty());

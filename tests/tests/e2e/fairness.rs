@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use agentfleet_shared::store::tenants;
+use agentfleet_shared::store::{dispatch, tenants};
 use agentfleet_tests::harness::*;
 
 const LIMIT: i64 = 8;
@@ -258,4 +258,68 @@ async fn a_killed_worker_neither_loses_held_runs_nor_breaks_the_limit() {
     )
     .await;
     assert!(most <= 2, "{most} runs overlapped under a limit of 2");
+}
+
+/// A suspended tenant's queued runs are held (none starts), the workers export the held
+/// backlog per tenant, and once the suspension is lifted the sweeper dispatches them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspension_holds_queued_runs_and_the_backlog_is_exported() {
+    let env = TestEnv::with(&[("worker.sweep_interval_ms", "200")]).await;
+    let app = env.spawn_api().await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let run = app
+            .start_run(&scripted_run(json!([{"content": "done"}]), json!([])))
+            .await;
+        ids.push(run["id"].as_str().unwrap().to_owned());
+    }
+    // Suspended before any worker runs: the published messages will claim nothing.
+    let held = dispatch::suspend(&env.pool, app.tenant_id).await.unwrap();
+    assert_eq!(held, 4);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let _worker = env.spawn_worker_process(&[("worker.metrics_listen", &listen)]);
+    let gauge = format!(
+        "agentfleet_tenant_held_runs{{tenant=\"{}\"}} 4",
+        app.tenant_id
+    );
+    let http = reqwest::Client::new();
+    wait_for(
+        "the held backlog on /metrics",
+        Duration::from_secs(30),
+        || async {
+            let text = http
+                .get(format!("http://{listen}/metrics"))
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            text.contains(&gauge).then_some(())
+        },
+    )
+    .await;
+    // The worker has consumed the stale messages by now and started nothing.
+    wait_for("the queue to be empty", Duration::from_secs(30), || async {
+        (env.queue_depth(&format!("{}.runs", env.prefix)).await == 0).then_some(())
+    })
+    .await;
+    let started = count(
+        &env,
+        "SELECT count(*) FROM runs WHERE tenant_id = $1 AND started_at IS NOT NULL",
+        app.tenant_id,
+    )
+    .await;
+    assert_eq!(started, 0, "nothing of a suspended tenant starts");
+
+    dispatch::unsuspend(&env.pool, app.tenant_id).await.unwrap();
+    for id in &ids {
+        app.wait_status(id, &["completed"], Duration::from_secs(30))
+            .await;
+    }
 }
