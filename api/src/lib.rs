@@ -6,6 +6,8 @@ pub mod auth_cache;
 pub mod error;
 pub mod hub;
 pub mod layers;
+pub mod quota;
+pub mod rate_limit;
 pub mod routes;
 pub mod startup;
 pub mod state;

@@ -6,6 +6,7 @@ mod combined;
 mod faults;
 mod foundation;
 mod hostile;
+mod limits;
 mod outages;
 mod pause_resume;
 mod resilience;
