@@ -305,3 +305,90 @@ async fn creates_past_max_active_runs_are_429_and_write_nothing() {
     app.start_run(&run).await;
     assert_eq!(runs_of(&env, app.tenant_id).await, 3);
 }
+
+/// A TCP proxy to the test Redis that can be cut: every connection through it is dropped and
+/// new ones are refused, as if Redis had become unreachable for the API behind it (the shared
+/// Redis itself is left alone).
+async fn cuttable_redis_proxy() -> (String, tokio_util::sync::CancellationToken) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let url = redis_url();
+    let upstream = url
+        .strip_prefix("redis://")
+        .and_then(|rest| rest.split('/').next())
+        .expect("redis://host:port")
+        .to_owned();
+    let cut = tokio_util::sync::CancellationToken::new();
+    let stop = cut.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut inbound, _) = tokio::select! {
+                _ = stop.cancelled() => return, // the listener goes: connections are refused
+                accepted = listener.accept() => match accepted {
+                    Ok(conn) => conn,
+                    Err(_) => continue,
+                },
+            };
+            let (stop, upstream) = (stop.clone(), upstream.clone());
+            tokio::spawn(async move {
+                let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                }
+            });
+        }
+    });
+    (format!("redis://127.0.0.1:{port}"), cut)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_redis_the_api_fails_open_at_the_local_rate() {
+    let env = TestEnv::with(&[
+        ("limits.requests_per_second", "1"),
+        ("limits.request_burst", "3"),
+        ("rate_limit.local_only_ms", "600000"),
+    ])
+    .await;
+    let (proxy, cut) = cuttable_redis_proxy().await;
+    let app = env.spawn_api_with(&[("redis.url", &proxy)]).await;
+
+    // Other replicas have used the tenant's shared budget for a long while: its bucket in
+    // Redis is 1000 s ahead of Redis's clock.
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut redis).await.unwrap();
+    let ahead = secs * 1_000_000 + micros + 1_000_000_000;
+    let key = format!("{}:ratelimit:{}", env.prefix, app.tenant_id);
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg(ahead.to_string())
+        .arg("PX")
+        .arg(600_000)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let refused = app.get("/v1/runs").await;
+    assert_eq!(refused.status(), 429, "the shared bucket decides");
+    let wait = header(&refused, "retry-after").unwrap();
+    assert!(wait > 900, "Retry-After {wait} s: the shared bucket's wait");
+
+    // Redis unreachable: the replica's own limiter decides, at the tenant's full rate. It is
+    // not refusing everyone (fail open), and it still limits.
+    cut.cancel();
+    let responses = list_n(&app.http, &app.address, &app.api_key, 10).await;
+    let ok = accepted(&responses);
+    // The local bucket holds 3, one of which the refused request above took.
+    assert!(
+        (1..=4).contains(&ok),
+        "accepted {ok} of 10 by the local limiter"
+    );
+    let last = responses.iter().rev().find(|r| r.status() == 429);
+    let last = last.expect("the local limiter refuses past its burst");
+    assert!(
+        header(last, "retry-after").unwrap() <= 3,
+        "the local limiter's wait"
+    );
+}
