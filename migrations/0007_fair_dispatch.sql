@@ -16,5 +16,11 @@ CREATE INDEX runs_queued_since ON runs (enqueued_at) WHERE status = 'queued' AND
 -- A tenant's held runs, oldest first.
 CREATE INDEX runs_held ON runs (tenant_id, enqueued_at, id) WHERE status = 'queued' AND held;
 
--- A tenant's runs in flight, counted under its tenant row lock before dispatching more.
-CREATE INDEX runs_in_flight ON runs (tenant_id) WHERE status IN ('queued', 'running') AND NOT held;
+-- A tenant's runs not yet ended, for two counts of one tenant: its runs in flight (`NOT held`
+-- and queued or running), counted under its tenant row lock before dispatching more, and its
+-- active runs for `limits.max_active_runs` (api/src/quota.rs), capped at the limit. Both are
+-- index-only scans of the tenant's prefix. Its cost on the hot path: an entry per created run
+-- and per non-HOT update of an active run; the updates that change `status` or `held` were
+-- never HOT (other partial indexes name both), and a run that ends leaves the predicate.
+CREATE INDEX runs_active_by_tenant ON runs (tenant_id, held, status)
+    WHERE status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation');

@@ -72,7 +72,12 @@ pub async fn require_key_or_stream_token(
                 .verify(&token, run, chrono::Utc::now().timestamp())
                 .map_err(|e| unauthorized(&e.to_string()))?
         }
-        None => principal_from(req.headers(), &state).await?.tenant_id,
+        None => {
+            let principal = principal_from(req.headers(), &state).await?;
+            // Left for the rate limit, which counts key-authenticated stream requests.
+            req.extensions_mut().insert(principal);
+            principal.tenant_id
+        }
     };
     req.extensions_mut().insert(StreamTenant(tenant));
     Ok(next.run(req).await)

@@ -7,6 +7,8 @@ pub mod dispatch;
 pub mod error;
 pub mod hub;
 pub mod layers;
+pub mod quota;
+pub mod rate_limit;
 pub mod routes;
 pub mod startup;
 pub mod state;

@@ -46,6 +46,12 @@ impl Application {
             db::migrate(&pool).await.context("applying migrations")?;
         }
         let redis = infra::redis(&settings.redis, wait).await?;
+        // The rate limiter shares the event bus's multiplexed connection.
+        let rate_limiter = Arc::new(crate::rate_limit::RateLimiter::new(
+            redis.clone(),
+            &settings.redis.prefix,
+            settings.rate_limit.clone(),
+        ));
         let bus = EventBus::new(
             redis,
             &settings.redis.prefix,
@@ -86,6 +92,7 @@ impl Application {
             dispatches,
             tokens,
             auth_cache,
+            rate_limiter,
             pool,
             bus,
             publisher,

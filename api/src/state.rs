@@ -24,6 +24,8 @@ pub struct AppState {
     pub settings: Arc<Settings>,
     pub tokens: crate::stream_token::TokenSigner,
     pub auth_cache: Arc<crate::auth_cache::AuthCache>,
+    /// Per-tenant request rate (`limits.requests_per_second`), shared across replicas.
+    pub rate_limiter: Arc<crate::rate_limit::RateLimiter>,
     /// Cancelled when the server stops, so open event streams end and shutdown can finish.
     pub shutdown: tokio_util::sync::CancellationToken,
 }

@@ -36,6 +36,9 @@ pub struct Settings {
     pub egress: EgressSettings,
     /// Every tenant's default limits; a tenant's own values (admin API) override them.
     pub limits: crate::domain::Limits,
+    /// How the API enforces `limits.requests_per_second` across replicas (see the API's
+    /// `rate_limit` module).
+    pub rate_limit: RateLimitSettings,
     /// Models an agent may name, by the name clients use.
     #[serde(default)]
     pub models: BTreeMap<String, ModelSettings>,
@@ -222,6 +225,20 @@ pub struct EgressSettings {
     pub max_redirects: usize,
 }
 
+/// The shared request-rate bucket in Redis and the API's local limiter beside it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSettings {
+    /// The longest one rate check may wait for Redis; past it (or on any Redis error) the
+    /// request is decided by the replica's local limiter alone.
+    pub redis_timeout_ms: u64,
+    /// After a failed rate check, how long the API decides by its local limiter alone
+    /// before asking Redis again (so a Redis outage costs no time per request).
+    pub local_only_ms: u64,
+    /// Tenants whose local limiter a replica keeps; past it the map is started afresh.
+    pub local_max_tenants: usize,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StartupSettings {
@@ -355,6 +372,11 @@ max_active_runs = 0
 max_running_runs = 0
 max_batch_size = 0
 tokens_per_day = 0
+
+[rate_limit]
+redis_timeout_ms = 250
+local_only_ms = 1000
+local_max_tenants = 10000
 "#;
 
 impl Settings {
@@ -435,6 +457,18 @@ impl Settings {
         }
         if !name_ok(&self.amqp.prefix) {
             return Err(invalid("amqp.prefix", "must be non-empty [A-Za-z0-9._-]"));
+        }
+        if let Err(e) = self.limits.check() {
+            return Err(invalid(&format!("limits.{}", e.field), e.message));
+        }
+        if self.rate_limit.redis_timeout_ms == 0 {
+            return Err(invalid("rate_limit.redis_timeout_ms", "must be positive"));
+        }
+        if self.rate_limit.local_max_tenants == 0 {
+            return Err(invalid(
+                "rate_limit.local_max_tenants",
+                "must be at least 1",
+            ));
         }
         if self.api.auth_cache_max_keys == 0 {
             return Err(invalid("api.auth_cache_max_keys", "must be at least 1"));
@@ -547,6 +581,37 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("lease_ms"), "{err}");
+    }
+
+    #[test]
+    fn request_limits_are_checked_naming_the_key() {
+        let s = load(&[]).unwrap();
+        assert_eq!(
+            s.limits.requests_per_second, 0,
+            "unlimited unless configured"
+        );
+        let err = load(&[
+            ("limits.requests_per_second", "100"),
+            ("limits.request_burst", "10"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("`limits.request_burst`"), "{err}");
+        let err = load(&[("limits.request_burst", "10")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`limits.request_burst`"), "{err}");
+        let err = load(&[("rate_limit.redis_timeout_ms", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`rate_limit.redis_timeout_ms`"), "{err}");
+        assert!(
+            load(&[
+                ("limits.requests_per_second", "100"),
+                ("limits.request_burst", "0")
+            ])
+            .is_ok()
+        );
     }
 
     #[test]

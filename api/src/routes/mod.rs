@@ -19,6 +19,7 @@ use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 
 use crate::auth::{require_key, require_key_or_stream_token};
+use crate::rate_limit::limit_requests;
 use crate::state::AppState;
 
 /// Every `/v1` endpoint, each behind its authentication layer (which runs first, so a request
@@ -45,9 +46,12 @@ pub fn router(state: &AppState) -> Router<AppState> {
             "/v1/threads/{id}/events",
             get(threads_events::thread_events),
         )
+        // Layers run bottom-up: the key first, then the tenant's request rate.
+        .route_layer(from_fn_with_state(state.clone(), limit_requests))
         .route_layer(from_fn_with_state(state.clone(), require_key));
     let streams = Router::new()
         .route("/v1/runs/{id}/events", get(runs_events::run_events))
+        .route_layer(from_fn_with_state(state.clone(), limit_requests))
         .route_layer(from_fn_with_state(
             state.clone(),
             require_key_or_stream_token,

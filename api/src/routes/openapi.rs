@@ -511,6 +511,19 @@ fn add_error_responses(doc: &mut Value) {
             "500",
             "`internal`: an unexpected failure (the detail is logged)",
         );
+        // Any `/v1` request of a tenant with a request rate may be refused (`rate_limit`);
+        // the create operations document their own 429 (`too_many_active_runs`) as well.
+        let limited = responses.entry("429").or_insert_with(|| {
+            error("`rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After`")
+        });
+        let seconds = |description: &str| json!({"description": description, "schema": {"type": "integer", "minimum": 0}});
+        limited["headers"] = json!({
+            "Retry-After": {"required": true, "description": "Whole seconds to wait (at least 1)",
+                "schema": {"type": "integer", "minimum": 1}},
+            "RateLimit-Limit": seconds("Requests the tenant's bucket holds (its burst)"),
+            "RateLimit-Remaining": seconds("Requests left now"),
+            "RateLimit-Reset": seconds("Seconds until the bucket is full again"),
+        });
         let mut unavailable = error("`unavailable`: a backing service cannot be reached; retry");
         unavailable["headers"] = json!({"Retry-After": {"required": true,
             "description": "Seconds to wait", "schema": {"type": "integer", "minimum": 0}}});

@@ -33,19 +33,15 @@ pub struct CreateBatch {
     responses((status = 202, description = "The runs, queued, in request order", body = view::BatchCreated),
               (status = 404, description = "A run's `thread_id` names no thread of this tenant (`runs[i].thread_id`)", body = crate::routes::view::ErrorBody),
               (status = 409, description = "`thread_busy`: a run's thread has an active run", body = crate::routes::view::ErrorBody),
-              (status = 422, description = "`invalid_request` naming the field as `runs[i].field`; nothing was created", body = crate::routes::view::ErrorBody)))]
+              (status = 422, description = "`invalid_request` naming the field as `runs[i].field`, or `runs` when the batch holds more than the tenant's `max_batch_size` (or `api.max_batch_runs`); nothing was created", body = crate::routes::view::ErrorBody),
+              (status = 429, description = "`rate_limited` (with `Retry-After`), or `too_many_active_runs`: the batch would take the tenant past its `max_active_runs`; nothing was created", body = crate::routes::view::ErrorBody)))]
 pub async fn create_batch(
     State(state): State<AppState>,
     Caller(caller): Caller,
     JsonBody(body): JsonBody<CreateBatch>,
 ) -> Result<(StatusCode, Json<view::BatchCreated>), ApiError> {
-    let max = state.settings.api.max_batch_runs;
-    if body.runs.is_empty() || body.runs.len() > max {
-        return Err(ApiError::invalid(
-            "runs",
-            format!("must hold 1 to {max} runs"),
-        ));
-    }
+    crate::quota::check_batch_size(&state, &caller, body.runs.len())?;
+    crate::quota::check_active_runs(&state, &caller, body.runs.len(), None).await?;
     for (i, run) in body.runs.iter().enumerate() {
         validate(&state, run, &format!("runs[{i}]."))?;
     }

@@ -82,7 +82,8 @@ impl From<CreateRunError> for ApiError {
     responses((status = 202, description = "The run, queued", body = view::Run),
               (status = 404, description = "`thread_id` names no thread of this tenant", body = crate::routes::view::ErrorBody),
               (status = 409, description = "`thread_busy`: the thread has an active run; or `idempotency_key_reused`: the key names a run made from another body", body = crate::routes::view::ErrorBody),
-              (status = 422, description = "`invalid_request` naming the field", body = crate::routes::view::ErrorBody)))]
+              (status = 422, description = "`invalid_request` naming the field", body = crate::routes::view::ErrorBody),
+              (status = 429, description = "`rate_limited` (with `Retry-After`), or `too_many_active_runs`: the tenant's `max_active_runs` is reached; nothing was created", body = crate::routes::view::ErrorBody)))]
 pub async fn create_run(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -90,6 +91,7 @@ pub async fn create_run(
     JsonBody(body): JsonBody<CreateRun>,
 ) -> Result<(StatusCode, Json<view::Run>), ApiError> {
     let key = idempotency_key(&headers)?;
+    crate::quota::check_active_runs(&state, &caller, 1, key.as_deref()).await?;
     let fair = crate::dispatch::is_fair(&state.settings, &caller);
     let run = submit(&state, caller.tenant_id, fair, body, key).await?;
     Ok((StatusCode::ACCEPTED, Json(view::run(&run))))

@@ -27,6 +27,49 @@ pub struct Limits {
     pub tokens_per_day: u64,
 }
 
+/// Highest `requests_per_second` accepted: the shared bucket counts in microseconds, and a
+/// higher rate is no limit in practice (set 0).
+pub const MAX_REQUESTS_PER_SECOND: u32 = 1_000_000;
+
+/// A limit that makes no sense, naming its field (without a section prefix).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct LimitError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl Limits {
+    /// Checks the request-rate pair (the other limits are any count, 0 = none). Used for the
+    /// `[limits]` defaults at start-up; an operator's per-tenant values can be checked on their
+    /// effective limits the same way.
+    pub fn check(&self) -> Result<(), LimitError> {
+        let err = |field, message: &str| LimitError {
+            field,
+            message: message.to_owned(),
+        };
+        if self.requests_per_second > MAX_REQUESTS_PER_SECOND {
+            return Err(err(
+                "requests_per_second",
+                "must be at most 1000000 (0 disables the limit)",
+            ));
+        }
+        if self.requests_per_second == 0 && self.request_burst > 0 {
+            return Err(err(
+                "request_burst",
+                "has no effect while requests_per_second is 0 (unlimited); set both or neither",
+            ));
+        }
+        if self.request_burst > 0 && self.request_burst < self.requests_per_second {
+            return Err(err(
+                "request_burst",
+                "must be 0 (one second's worth) or at least requests_per_second",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// One tenant's own values, each overriding the configured default when present.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -97,6 +140,33 @@ mod tests {
             DEFAULTS,
             "no overrides, the defaults"
         );
+    }
+
+    #[test]
+    fn the_rate_pair_is_checked_naming_the_field() {
+        assert_eq!(DEFAULTS.check(), Ok(()));
+        let unlimited = Limits {
+            requests_per_second: 0,
+            request_burst: 0,
+            ..DEFAULTS
+        };
+        assert_eq!(unlimited.check(), Ok(()));
+        let small_bucket = Limits {
+            request_burst: 5,
+            ..DEFAULTS
+        };
+        assert_eq!(small_bucket.check().unwrap_err().field, "request_burst");
+        let burst_alone = Limits {
+            requests_per_second: 0,
+            ..DEFAULTS
+        };
+        assert_eq!(burst_alone.check().unwrap_err().field, "request_burst");
+        let too_fast = Limits {
+            requests_per_second: MAX_REQUESTS_PER_SECOND + 1,
+            request_burst: 0,
+            ..DEFAULTS
+        };
+        assert_eq!(too_fast.check().unwrap_err().field, "requests_per_second");
     }
 
     #[test]

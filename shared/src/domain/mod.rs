@@ -9,6 +9,6 @@ pub use agent::{
     AgentSpec, AgentSpecError, BUILTIN_TOOLS, MAX_TOOL_URL_BYTES, Risk, ToolKind, ToolSpec,
     check_tool_url,
 };
-pub use limits::{LimitOverrides, Limits};
+pub use limits::{LimitError, LimitOverrides, Limits, MAX_REQUESTS_PER_SECOND};
 pub use run_status::RunStatus;
 pub use tool_call_status::ToolCallStatus;

@@ -124,6 +124,22 @@ pub async fn thread_belongs_to(
     Ok(row.is_some())
 }
 
+/// How many of the tenant's runs have not ended (queued, running, waiting), counting no
+/// further than `cap`: a quota check only needs to know whether the limit is reached, so the
+/// cost is bounded by the limit, not by the tenant's size. Served by the partial index
+/// `runs_active_by_tenant` (migration 0007), an index-only scan.
+pub async fn count_active_upto(pool: &PgPool, tenant: Uuid, cap: i64) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM runs WHERE tenant_id = $1 \
+         AND status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation') \
+         LIMIT $2) active",
+    )
+    .bind(tenant)
+    .bind(cap)
+    .fetch_one(pool)
+    .await?)
+}
+
 /// Runs whose holder is presumed dead (expired lease), and queued runs untouched for
 /// `requeue_after` (their message was probably lost). Queued ones are touched so the next sweep
 /// leaves them alone for another period.

@@ -1,0 +1,140 @@
+//! Per-tenant quotas checked at the top of the create handlers, before anything is written:
+//! the size of a batch (`limits.max_batch_size`) and the runs not yet ended
+//! (`limits.max_active_runs`). The request rate is a layer of its own (`rate_limit`).
+//!
+//! **Active runs** are the tenant's runs `queued`, `running`, `waiting_for_input` or
+//! `waiting_for_confirmation`, counted in Postgres (index `runs_active_by_tenant`, counting no
+//! further than the limit) only when the limit is above 0. A create that would take the count
+//! past the limit is refused with 429 `too_many_active_runs` and `Retry-After: 1`; nothing is
+//! written. The count and the insert are not one transaction, so creates of one tenant that
+//! run at the same moment (on one replica or several) may together overshoot the limit by at
+//! most the number of such creates in flight; making it exact would serialize a tenant's
+//! creates on a lock, which the grouped create path is built to avoid.
+
+use axum::http::StatusCode;
+use uuid::Uuid;
+
+use agentfleet_shared::domain::Limits;
+use agentfleet_shared::store::runs;
+use agentfleet_shared::store::tenants::Principal;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The tenant's effective limits.
+pub fn limits_of(state: &AppState, principal: &Principal) -> Limits {
+    principal.limits.over(&state.settings.limits)
+}
+
+/// Most runs one batch of this tenant may hold: `api.max_batch_runs`, lowered by
+/// `limits.max_batch_size` when that is set.
+pub fn max_batch_runs(limits: &Limits, api_max: usize) -> usize {
+    match limits.max_batch_size as usize {
+        0 => api_max,
+        own => own.min(api_max),
+    }
+}
+
+/// 422 naming `runs` unless the batch holds 1 to [`max_batch_runs`] runs.
+pub fn check_batch_size(
+    state: &AppState,
+    principal: &Principal,
+    runs: usize,
+) -> Result<(), ApiError> {
+    let max = max_batch_runs(
+        &limits_of(state, principal),
+        state.settings.api.max_batch_runs,
+    );
+    if runs == 0 || runs > max {
+        if runs > max {
+            metrics::counter!("agentfleet_requests_limited_total", "reason" => "batch_size")
+                .increment(1);
+        }
+        return Err(ApiError::invalid(
+            "runs",
+            format!("must hold 1 to {max} runs"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses `new_runs` more runs when the tenant's active runs would exceed
+/// `limits.max_active_runs`. A create naming an `Idempotency-Key` the tenant already used is let
+/// through: it creates nothing, and answers the run it made before.
+pub async fn check_active_runs(
+    state: &AppState,
+    principal: &Principal,
+    new_runs: usize,
+    idempotency_key: Option<&str>,
+) -> Result<(), ApiError> {
+    let max = limits_of(state, principal).max_active_runs;
+    if max == 0 {
+        return Ok(());
+    }
+    let active = runs::count_active_upto(&state.pool, principal.tenant_id, i64::from(max))
+        .await
+        .map_err(ApiError::unexpected)?;
+    if !exceeds(active, new_runs, max) {
+        return Ok(());
+    }
+    if let Some(key) = idempotency_key
+        && is_replay(state, principal.tenant_id, key).await?
+    {
+        return Ok(());
+    }
+    metrics::counter!("agentfleet_requests_limited_total", "reason" => "active_runs").increment(1);
+    Err(ApiError {
+        // Runs end on their own; a retry a moment later may fit.
+        retry_after_secs: Some(1),
+        ..ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_active_runs",
+            format!(
+                "this tenant may have at most {max} runs not yet ended (queued, running or waiting); it has {active}, and this request adds {new_runs}"
+            ),
+        )
+    })
+}
+
+/// Whether `active` runs and `new_runs` more go past `max`.
+fn exceeds(active: i64, new_runs: usize, max: u32) -> bool {
+    active.saturating_add(new_runs as i64) > i64::from(max)
+}
+
+async fn is_replay(state: &AppState, tenant: Uuid, key: &str) -> Result<bool, ApiError> {
+    runs::by_idempotency_key(&state.pool, tenant, key)
+        .await
+        .map(|found| found.is_some())
+        .map_err(ApiError::unexpected)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(max_batch_size: u32) -> Limits {
+        Limits {
+            requests_per_second: 0,
+            request_burst: 0,
+            max_active_runs: 0,
+            max_running_runs: 0,
+            max_batch_size,
+            tokens_per_day: 0,
+        }
+    }
+
+    #[test]
+    fn a_tenants_batch_size_only_lowers_the_deployments() {
+        assert_eq!(max_batch_runs(&limits(0), 1000), 1000);
+        assert_eq!(max_batch_runs(&limits(10), 1000), 10);
+        assert_eq!(max_batch_runs(&limits(5000), 1000), 1000);
+    }
+
+    #[test]
+    fn the_limit_itself_may_be_reached_not_passed() {
+        assert!(!exceeds(0, 3, 3));
+        assert!(exceeds(1, 3, 3));
+        assert!(!exceeds(2, 1, 3));
+        assert!(exceeds(3, 1, 3));
+    }
+}
