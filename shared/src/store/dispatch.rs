@@ -33,7 +33,7 @@ pub const MAX_PER_TENANT: u32 = 1000;
 /// (or up to `$3` when it has no limit) become dispatched.
 const DISPATCH: &str = "
 WITH t AS (
-    SELECT id, COALESCE((limits->>'max_running_runs')::int, $2) AS lim
+    SELECT id, COALESCE((limits->>'max_running_runs')::bigint, $2) AS lim
     FROM tenants WHERE id = ANY($1) AND suspended_at IS NULL),
  free AS (
     SELECT t.id,
@@ -98,7 +98,7 @@ pub async fn next(
         .await?;
     let mut runs: Vec<(Uuid, Uuid)> = sqlx::query_as(DISPATCH)
         .bind(&tenants)
-        .bind(i32::try_from(default_limit).unwrap_or(i32::MAX))
+        .bind(i64::from(default_limit))
         .bind(i64::from(max_per_tenant))
         .fetch_all(&mut *tx)
         .await?;
