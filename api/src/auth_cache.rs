@@ -108,6 +108,7 @@ mod tests {
             key_id: Uuid::now_v7(),
             limits: Default::default(),
             suspended: false,
+            expires_at: None,
         }
     }
 

@@ -5,12 +5,14 @@ pub mod auth;
 pub mod auth_cache;
 pub mod error;
 pub mod hub;
+pub mod key_usage;
 pub mod layers;
 pub mod routes;
 pub mod startup;
 pub mod state;
 pub mod stream;
 pub mod stream_token;
+pub mod suspension;
 pub mod validate;
 
 pub use startup::Application;

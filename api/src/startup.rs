@@ -80,10 +80,13 @@ impl Application {
                 Box::pin(async move { create_many::create_on_new_threads(&pool, &runs).await })
             }),
         );
+        let key_usage = Arc::new(crate::key_usage::KeyUsage::default());
+        let flusher = (key_usage.clone(), pool.clone());
         let state = AppState {
             creates,
             tokens,
             auth_cache,
+            key_usage,
             pool,
             bus,
             publisher,
@@ -108,6 +111,12 @@ impl Application {
                     })?,
             )
         };
+        // Started once nothing can fail any more; it stops (flushing) with the server.
+        flusher.0.spawn_flusher(
+            flusher.1,
+            Duration::from_millis(settings.api.key_last_used_flush_ms),
+            shutdown.clone(),
+        );
         Ok(Application {
             listener,
             router,
@@ -181,6 +190,7 @@ pub fn build_router(state: AppState) -> Router {
         .route("/readyz", get(routes::health::readyz))
         .route("/openapi.json", get(routes::openapi::openapi))
         .merge(v1)
+        .merge(routes::admin::router(&state))
         .fallback(crate::error::no_route)
         .method_not_allowed_fallback(crate::error::method_not_allowed)
         .layer(from_fn(crate::layers::catch_panic))

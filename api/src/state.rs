@@ -21,6 +21,8 @@ pub struct AppState {
     pub settings: Arc<Settings>,
     pub tokens: crate::stream_token::TokenSigner,
     pub auth_cache: Arc<crate::auth_cache::AuthCache>,
+    /// Keys seen since the last `last_used_at` write (`crate::key_usage`).
+    pub key_usage: Arc<crate::key_usage::KeyUsage>,
     /// Cancelled when the server stops, so open event streams end and shutdown can finish.
     pub shutdown: tokio_util::sync::CancellationToken,
 }

@@ -39,6 +39,7 @@ pub async fn create_batch(
     Caller(caller): Caller,
     JsonBody(body): JsonBody<CreateBatch>,
 ) -> Result<(StatusCode, Json<view::BatchCreated>), ApiError> {
+    crate::suspension::require_active(&caller)?;
     let max = state.settings.api.max_batch_runs;
     if body.runs.is_empty() || body.runs.len() > max {
         return Err(ApiError::invalid(

@@ -89,6 +89,7 @@ pub async fn create_run(
     headers: HeaderMap,
     JsonBody(body): JsonBody<CreateRun>,
 ) -> Result<(StatusCode, Json<view::Run>), ApiError> {
+    crate::suspension::require_active(&caller)?;
     let key = idempotency_key(&headers)?;
     let run = submit(&state, caller.tenant_id, body, key).await?;
     Ok((StatusCode::ACCEPTED, Json(view::run(&run))))

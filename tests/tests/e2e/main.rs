@@ -6,6 +6,7 @@ mod combined;
 mod faults;
 mod foundation;
 mod hostile;
+mod keys;
 mod outages;
 mod pause_resume;
 mod resilience;
