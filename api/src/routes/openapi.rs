@@ -99,6 +99,12 @@ pub async fn openapi(State(state): State<AppState>) -> Json<Value> {
 pub fn document(settings: &Settings) -> Value {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
     constrain(&mut doc, settings);
+    if settings.api.admin_token.is_empty() {
+        // The admin API does not exist in this deployment (its paths answer 404).
+        if let Some(paths) = doc["paths"].as_object_mut() {
+            paths.retain(|path, _| !path.starts_with("/admin/"));
+        }
+    }
     secure(&mut doc);
     add_error_responses(&mut doc);
     add_links(&mut doc);
@@ -632,7 +638,27 @@ mod tests {
                 }
             }
         }
-        assert_eq!(operations, 24);
+        assert_eq!(
+            operations, 13,
+            "the admin API is absent without api.admin_token"
+        );
+        let mut with_admin = settings();
+        with_admin.api.admin_token = "0123456789abcdef".into();
+        let doc = document(&with_admin);
+        let admin: Vec<_> = doc["paths"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| p.starts_with("/admin/"))
+            .flat_map(|(_, item)| item.as_object().unwrap().values())
+            .collect();
+        assert_eq!(admin.len(), 11);
+        for op in admin {
+            assert_eq!(op["security"], json!([{"admin": []}]));
+            for s in ["401", "404", "422", "500"] {
+                assert!(op["responses"].get(s).is_some(), "{op} documents {s}");
+            }
+        }
         assert_eq!(
             doc["components"]["schemas"]["AgentSpec"]["properties"]["model"]["enum"],
             json!(["mock"])
