@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod auth_cache;
+pub mod auth_invalidation;
 pub mod error;
 pub mod hub;
 pub mod key_usage;

@@ -73,12 +73,14 @@ async fn run() -> anyhow::Result<()> {
         Command::Tenants(command) => {
             let pool =
                 infra::postgres(&settings.database, settings.startup.dependency_wait()).await?;
-            cli::tenants::run(&pool, &settings, command, cli.json).await?;
+            let announcer = cli::announcer(&settings)?;
+            cli::tenants::run(&pool, &settings, &announcer, command, cli.json).await?;
         }
         Command::Keys(command) => {
             let pool =
                 infra::postgres(&settings.database, settings.startup.dependency_wait()).await?;
-            cli::keys::run(&pool, command, cli.json).await?;
+            let announcer = cli::announcer(&settings)?;
+            cli::keys::run(&pool, &announcer, command, cli.json).await?;
         }
         Command::Serve => {
             let _guard = telemetry::init(&settings.telemetry, "api")?;

@@ -46,6 +46,11 @@ impl Application {
             db::migrate(&pool).await.context("applying migrations")?;
         }
         let redis = infra::redis(&settings.redis, wait).await?;
+        let announcer = crate::auth_invalidation::Announcer::new(
+            redis.clone(),
+            &settings.redis.prefix,
+            settings.redis.timeout(),
+        );
         let bus = EventBus::new(
             redis,
             &settings.redis.prefix,
@@ -82,11 +87,13 @@ impl Application {
         );
         let key_usage = Arc::new(crate::key_usage::KeyUsage::default());
         let flusher = (key_usage.clone(), pool.clone());
+        let listener_cache = auth_cache.clone();
         let state = AppState {
             creates,
             tokens,
             auth_cache,
             key_usage,
+            announcer,
             pool,
             bus,
             publisher,
@@ -111,7 +118,13 @@ impl Application {
                     })?,
             )
         };
-        // Started once nothing can fail any more; it stops (flushing) with the server.
+        // Started once nothing can fail any more; they stop with the server.
+        crate::auth_invalidation::spawn_listener(
+            settings.redis.url.clone(),
+            &settings.redis.prefix,
+            listener_cache,
+            shutdown.clone(),
+        );
         flusher.0.spawn_flusher(
             flusher.1,
             Duration::from_millis(settings.api.key_last_used_flush_ms),

@@ -8,7 +8,9 @@ use uuid::Uuid;
 
 use agentfleet_shared::store::keys::{self, KeyError, KeyInfo};
 
-use super::{parse_duration, print, when};
+use agentfleet_api::auth_invalidation::{Announcer, Invalidation};
+
+use super::{announce, parse_duration, print, when};
 
 #[derive(Subcommand)]
 pub enum KeysCommand {
@@ -50,7 +52,12 @@ pub enum KeysCommand {
     },
 }
 
-pub async fn run(pool: &PgPool, command: KeysCommand, json: bool) -> anyhow::Result<()> {
+pub async fn run(
+    pool: &PgPool,
+    announcer: &Announcer,
+    command: KeysCommand,
+    json: bool,
+) -> anyhow::Result<()> {
     match command {
         KeysCommand::Create {
             tenant,
@@ -80,6 +87,7 @@ pub async fn run(pool: &PgPool, command: KeysCommand, json: bool) -> anyhow::Res
             let revoked = keys::revoke(pool, key)
                 .await
                 .map_err(|e| explain(e, "--key", key))?;
+            announce(announcer, Invalidation::Key(key)).await;
             show(json, std::slice::from_ref(&revoked));
         }
         KeysCommand::Rotate {
@@ -93,6 +101,7 @@ pub async fn run(pool: &PgPool, command: KeysCommand, json: bool) -> anyhow::Res
             let rotated = keys::rotate(pool, key, grace, expires_at)
                 .await
                 .map_err(|e| explain(e, "--key", key))?;
+            announce(announcer, Invalidation::Key(key)).await;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rotated)?);
             } else {

@@ -8,6 +8,31 @@ pub mod tenants;
 use anyhow::Context;
 use serde::Serialize;
 
+/// Tells the API replicas about a change at once (`agentfleet_api::auth_invalidation`); the
+/// connection is made on first use, so commands that change nothing never touch Redis.
+pub fn announcer(
+    settings: &agentfleet_shared::config::Settings,
+) -> anyhow::Result<agentfleet_api::auth_invalidation::Announcer> {
+    let conn = agentfleet_shared::events::redis_connection(&settings.redis).context("redis.url")?;
+    Ok(agentfleet_api::auth_invalidation::Announcer::new(
+        conn,
+        &settings.redis.prefix,
+        settings.redis.timeout(),
+    ))
+}
+
+/// Announces `what`, or says on stderr how long the change may take without it.
+pub async fn announce(
+    announcer: &agentfleet_api::auth_invalidation::Announcer,
+    what: agentfleet_api::auth_invalidation::Invalidation,
+) {
+    if !announcer.announce(what).await {
+        eprintln!(
+            "note: Redis was not reached; API replicas apply this within api.auth_cache_ttl_ms"
+        );
+    }
+}
+
 /// Prints `value` as JSON, or as the table `rows` gives.
 pub fn print<T: Serialize>(json: bool, value: &T, header: &[&str], rows: Vec<Vec<String>>) {
     if json {

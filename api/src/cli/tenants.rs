@@ -10,7 +10,9 @@ use agentfleet_shared::domain::LimitOverrides;
 use agentfleet_shared::store::keys;
 use agentfleet_shared::store::tenants::{self, TenantInfo};
 
-use super::{print, when};
+use agentfleet_api::auth_invalidation::{Announcer, Invalidation};
+
+use super::{announce, print, when};
 
 #[derive(Subcommand)]
 pub enum TenantsCommand {
@@ -99,6 +101,7 @@ impl LimitsArgs {
 pub async fn run(
     pool: &PgPool,
     settings: &Settings,
+    announcer: &Announcer,
     command: TenantsCommand,
     json: bool,
 ) -> anyhow::Result<()> {
@@ -127,24 +130,25 @@ pub async fn run(
             found(tenants::get(pool, tenant).await, tenant)?,
             settings,
         ),
-        TenantsCommand::Suspend { tenant } => show_one(
-            json,
-            found(tenants::set_suspended(pool, tenant, true).await, tenant)?,
-            settings,
-        ),
-        TenantsCommand::Resume { tenant } => show_one(
-            json,
-            found(tenants::set_suspended(pool, tenant, false).await, tenant)?,
-            settings,
-        ),
+        TenantsCommand::Suspend { tenant } | TenantsCommand::Resume { tenant } => {
+            let suspend = matches!(command, TenantsCommand::Suspend { .. });
+            let t = found(tenants::set_suspended(pool, tenant, suspend).await, tenant)?;
+            announce(announcer, Invalidation::Tenant(tenant)).await;
+            show_one(json, t, settings);
+        }
         TenantsCommand::Limits(args) => {
             let (set, clear) = (args.set(), args.clear()?);
             let t = if set == LimitOverrides::default() && clear.is_empty() {
-                tenants::get(pool, args.tenant).await
+                found(tenants::get(pool, args.tenant).await, args.tenant)?
             } else {
-                tenants::update_limits(pool, args.tenant, &set, &clear).await
+                let t = found(
+                    tenants::update_limits(pool, args.tenant, &set, &clear).await,
+                    args.tenant,
+                )?;
+                announce(announcer, Invalidation::Tenant(args.tenant)).await;
+                t
             };
-            show_one(json, found(t, args.tenant)?, settings);
+            show_one(json, t, settings);
         }
     }
     Ok(())

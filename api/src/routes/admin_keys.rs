@@ -12,6 +12,7 @@ use agentfleet_shared::store::keys::{self, CreatedKey, KeyInfo, MAX_SECS, Rotate
 
 use super::PathId;
 use super::admin::key_error;
+use crate::auth_invalidation::Invalidation;
 use crate::error::{ApiError, JsonBody};
 use crate::state::AppState;
 
@@ -125,9 +126,9 @@ pub async fn revoke_key(
     State(state): State<AppState>,
     PathId(id): PathId,
 ) -> Result<Json<KeyInfo>, ApiError> {
-    Ok(Json(
-        keys::revoke(&state.pool, id).await.map_err(key_error)?,
-    ))
+    let revoked = keys::revoke(&state.pool, id).await.map_err(key_error)?;
+    state.announcer.announce(Invalidation::Key(id)).await;
+    Ok(Json(revoked))
 }
 
 #[utoipa::path(post, path = "/admin/v1/keys/{id}/rotate", tag = "admin", operation_id = "admin_rotate_key",
@@ -147,6 +148,8 @@ pub async fn rotate_key(
     let rotated = keys::rotate(&state.pool, id, grace, expires_at)
         .await
         .map_err(key_error)?;
+    // The old key is revoked, or its cached entries lack the new expiry.
+    state.announcer.announce(Invalidation::Key(id)).await;
     Ok((StatusCode::CREATED, Json(rotated)))
 }
 

@@ -14,6 +14,7 @@ use agentfleet_shared::store::tenants::{self, TenantInfo};
 
 use super::PathId;
 use super::admin::{key_error, tenant_error};
+use crate::auth_invalidation::Invalidation;
 use crate::error::{ApiError, JsonBody, QueryParams};
 use crate::state::AppState;
 use crate::validate;
@@ -138,6 +139,7 @@ pub async fn suspend_tenant(
     let tenant = tenants::set_suspended(&state.pool, id, true)
         .await
         .map_err(tenant_error)?;
+    state.announcer.announce(Invalidation::Tenant(id)).await;
     Ok(Json(view(&state, tenant)))
 }
 
@@ -151,6 +153,7 @@ pub async fn resume_tenant(
     let tenant = tenants::set_suspended(&state.pool, id, false)
         .await
         .map_err(tenant_error)?;
+    state.announcer.announce(Invalidation::Tenant(id)).await;
     Ok(Json(view(&state, tenant)))
 }
 
@@ -170,6 +173,7 @@ pub async fn update_limits(
     let tenant = tenants::update_limits(&state.pool, id, &set, &clear)
         .await
         .map_err(tenant_error)?;
+    state.announcer.announce(Invalidation::Tenant(id)).await;
     Ok(Json(view(&state, tenant)))
 }
 

@@ -97,6 +97,100 @@ async fn a_revoked_key_is_refused_after_the_cache_ttl_on_two_api_processes() {
     }
 }
 
+/// Polls `GET /v1/runs` with `key` on each base until it answers 401.
+async fn wait_refused(http: &reqwest::Client, bases: &[&str], key: &str, within: Duration) {
+    for base in bases {
+        wait_for("the key refused", within, || async {
+            (list_status(http, base, key).await == 401).then_some(())
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_redis_announcement_the_ttl_still_bounds_a_revocation() {
+    let env = TestEnv::with(&[("api.auth_cache_ttl_ms", "1000")]).await;
+    let (_a, base_a) = env.spawn_api_process(&[]).await;
+    let (_b, base_b) = env.spawn_api_process(&[]).await;
+    let http = reqwest::Client::new();
+    let tenant = agentfleet_shared::store::tenants::create(&env.pool, "lost message")
+        .await
+        .unwrap();
+    for base in [&base_a, &base_b] {
+        assert_eq!(list_status(&http, base, &tenant.api_key).await, 200);
+    }
+    // Written straight to Postgres: no replica is told, as if the announcement were lost.
+    agentfleet_shared::store::keys::revoke(&env.pool, tenant.key_id)
+        .await
+        .unwrap();
+    wait_refused(
+        &http,
+        &[&base_a, &base_b],
+        &tenant.api_key,
+        Duration::from_secs(20),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_by_the_cli_reaches_both_replicas_long_before_the_ttl() {
+    // A ten-minute cache: only the Redis announcement can end the key within the deadline.
+    let env = TestEnv::with(&[("api.auth_cache_ttl_ms", "600000")]).await;
+    let (_a, base_a) = env.spawn_api_process(&[]).await;
+    let (_b, base_b) = env.spawn_api_process(&[]).await;
+    let http = reqwest::Client::new();
+    let tenant = agentfleet_shared::store::tenants::create(&env.pool, "announced")
+        .await
+        .unwrap();
+    // Both replicas listen (a replica clears its cache when it subscribes, which would
+    // otherwise race the "cached" check below).
+    let channel = agentfleet_api::auth_invalidation::channel(&env.prefix);
+    let redis = redis::Client::open(redis_url()).unwrap();
+    wait_for("both replicas subscribed", Duration::from_secs(20), || {
+        let (redis, channel) = (redis.clone(), channel.clone());
+        async move {
+            let mut conn = redis.get_multiplexed_async_connection().await.ok()?;
+            let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            (counts.first().map(|c| c.1) == Some(2)).then_some(())
+        }
+    })
+    .await;
+    for base in [&base_a, &base_b] {
+        assert_eq!(list_status(&http, base, &tenant.api_key).await, 200);
+    }
+    // Revoked in Postgres and no announcement: both replicas still trust their cache.
+    sqlx::query("UPDATE api_keys SET revoked_at = now() WHERE id = $1")
+        .bind(tenant.key_id)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    for base in [&base_a, &base_b] {
+        assert_eq!(
+            list_status(&http, base, &tenant.api_key).await,
+            200,
+            "cached"
+        );
+    }
+    cli(
+        &env,
+        &["keys", "revoke", "--key", &tenant.key_id.to_string()],
+        true,
+    )
+    .await;
+    wait_refused(
+        &http,
+        &[&base_a, &base_b],
+        &tenant.api_key,
+        Duration::from_secs(20),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_key_is_refused_even_while_cached_and_last_use_is_recorded() {
     // A cache far longer than the test: the expiry must be enforced on the cached entry.
