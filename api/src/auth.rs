@@ -124,10 +124,17 @@ pub async fn principal_from(
         .filter(|k| !k.is_empty() && k.len() <= 256)
         .ok_or_else(|| unauthorized("Authorization must be `Bearer <api key>`"))?;
     let hash = tenants::hash_key(key);
-    state
+    let principal = state
         .auth_cache
         .get_or_lookup(&hash, || tenants::authenticate_hash(&state.pool, &hash))
         .await
         .map_err(ApiError::unexpected)?
-        .ok_or_else(|| unauthorized("unknown or revoked API key"))
+        .ok_or_else(|| unauthorized("unknown, revoked or expired API key"))?;
+    // Postgres refuses expired keys, but a cached entry may outlive the expiry: checked here
+    // on every request, so an expiry is exact on every replica (a revocation takes the TTL).
+    if principal.expired_at(chrono::Utc::now()) {
+        return Err(unauthorized("unknown, revoked or expired API key"));
+    }
+    state.key_usage.mark(principal.key_id);
+    Ok(principal)
 }

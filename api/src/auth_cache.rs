@@ -2,7 +2,8 @@
 //! and a Postgres round trip per request was the largest share of `POST /v1/runs`.
 //!
 //! Entries live `api.auth_cache_ttl_ms` (0 disables the cache), so a revoked key stops working
-//! within that time on every replica. Unknown keys are never cached (a flood of bad keys cannot
+//! within that time on every replica (usually sooner: `crate::auth_invalidation` drops entries
+//! an admin change names). Unknown keys are never cached (a flood of bad keys cannot
 //! fill it), and the cache holds at most `api.auth_cache_max_keys` keys.
 //!
 //! Misses of one key are looked up once: when a thousand clients reconnect at the same moment
@@ -23,6 +24,9 @@ pub struct AuthCache {
     max_keys: usize,
     entries: Mutex<HashMap<Vec<u8>, (Principal, Instant)>>,
     misses: [tokio::sync::Mutex<()>; MISS_STRIPES],
+    /// When [`AuthCache::invalidate`] last ran: a lookup asked before it may have read what
+    /// the invalidation replaced, so its answer is used once but not cached.
+    invalidated_at: Mutex<Option<Instant>>,
 }
 
 impl AuthCache {
@@ -32,6 +36,7 @@ impl AuthCache {
             max_keys,
             entries: Mutex::new(HashMap::new()),
             misses: std::array::from_fn(|_| tokio::sync::Mutex::new(())),
+            invalidated_at: Mutex::new(None),
         }
     }
 
@@ -86,6 +91,14 @@ impl AuthCache {
             return;
         }
         let mut entries = self.entries.lock().expect("auth cache lock");
+        let stale = self
+            .invalidated_at
+            .lock()
+            .expect("auth cache lock")
+            .is_some_and(|at| asked <= at);
+        if stale {
+            return;
+        }
         if entries.len() >= self.max_keys {
             let ttl = self.ttl;
             entries.retain(|_, (_, at)| at.elapsed() < ttl);
@@ -94,6 +107,16 @@ impl AuthCache {
             }
         }
         entries.insert(key_hash, (principal, asked));
+    }
+}
+
+impl AuthCache {
+    /// Drops every cached principal `which` selects (a revoked key, a suspended tenant), so
+    /// the next request asks Postgres (`crate::auth_invalidation`).
+    pub fn invalidate(&self, which: impl Fn(&Principal) -> bool) {
+        let mut entries = self.entries.lock().expect("auth cache lock");
+        *self.invalidated_at.lock().expect("auth cache lock") = Some(Instant::now());
+        entries.retain(|_, (p, _)| !which(p));
     }
 }
 
@@ -108,6 +131,7 @@ mod tests {
             key_id: Uuid::now_v7(),
             limits: Default::default(),
             suspended: false,
+            expires_at: None,
         }
     }
 
@@ -157,6 +181,25 @@ mod tests {
             assert_eq!(none, Ok(None));
         }
         assert!(cache.get(&[8]).is_none());
+    }
+
+    #[test]
+    fn invalidation_drops_what_it_names_and_refuses_answers_read_before_it() {
+        let cache = AuthCache::new(Duration::from_secs(60), 10);
+        let (a, b) = (principal(), principal());
+        cache.put(vec![1], a, Instant::now());
+        cache.put(vec![2], b, Instant::now());
+        let asked_before = Instant::now();
+        cache.invalidate(|p| p.key_id == a.key_id);
+        assert!(cache.get(&[1]).is_none());
+        assert!(cache.get(&[2]).is_some(), "other keys stay");
+        cache.put(vec![1], a, asked_before);
+        assert!(
+            cache.get(&[1]).is_none(),
+            "read before the invalidation: not cached"
+        );
+        cache.put(vec![1], a, Instant::now() + Duration::from_millis(1));
+        assert!(cache.get(&[1]).is_some());
     }
 
     #[test]

@@ -3,9 +3,11 @@
 
 pub mod auth;
 pub mod auth_cache;
+pub mod auth_invalidation;
 pub mod dispatch;
 pub mod error;
 pub mod hub;
+pub mod key_usage;
 pub mod layers;
 pub mod quota;
 pub mod rate_limit;
@@ -14,6 +16,7 @@ pub mod startup;
 pub mod state;
 pub mod stream;
 pub mod stream_token;
+pub mod suspension;
 pub mod validate;
 
 pub use startup::Application;

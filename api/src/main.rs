@@ -7,12 +7,17 @@ use agentfleet_api::Application;
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::{db, infra, store, telemetry};
 
+mod cli;
+
 #[derive(Parser)]
 #[command(name = "agentfleet-api", about = "agentfleet HTTP API")]
 struct Cli {
     /// Optional TOML configuration file (environment variables AGENTFLEET__… override it).
     #[arg(long, short, env = "AGENTFLEET_CONFIG")]
     config: Option<PathBuf>,
+    /// Print JSON instead of a table (`tenants` and `keys`).
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -23,11 +28,17 @@ enum Command {
     Serve,
     /// Apply database migrations and exit.
     Migrate,
-    /// Create a tenant and print its API key (shown only this once).
+    /// Create a tenant and print its API key (shown only this once); as `tenants create`.
     CreateTenant {
         #[arg(long)]
         name: String,
     },
+    /// Manage tenants: create, list, get, suspend, resume, limits.
+    #[command(subcommand)]
+    Tenants(cli::tenants::TenantsCommand),
+    /// Manage a tenant's API keys: create, list, revoke, rotate.
+    #[command(subcommand)]
+    Keys(cli::keys::KeysCommand),
 }
 
 #[tokio::main]
@@ -54,9 +65,22 @@ async fn run() -> anyhow::Result<()> {
         Command::CreateTenant { name } => {
             let pool =
                 infra::postgres(&settings.database, settings.startup.dependency_wait()).await?;
+            store::keys::check_name(&name).map_err(|m| anyhow::anyhow!("--name: {m}"))?;
             let created = store::tenants::create(&pool, &name).await?;
             println!("tenant_id={}", created.tenant_id);
             println!("api_key={}", created.api_key);
+        }
+        Command::Tenants(command) => {
+            let pool =
+                infra::postgres(&settings.database, settings.startup.dependency_wait()).await?;
+            let announcer = cli::announcer(&settings)?;
+            cli::tenants::run(&pool, &settings, &announcer, command, cli.json).await?;
+        }
+        Command::Keys(command) => {
+            let pool =
+                infra::postgres(&settings.database, settings.startup.dependency_wait()).await?;
+            let announcer = cli::announcer(&settings)?;
+            cli::keys::run(&pool, &announcer, command, cli.json).await?;
         }
         Command::Serve => {
             let _guard = telemetry::init(&settings.telemetry, "api")?;

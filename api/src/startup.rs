@@ -52,6 +52,11 @@ impl Application {
             &settings.redis.prefix,
             settings.rate_limit.clone(),
         ));
+        let announcer = crate::auth_invalidation::Announcer::new(
+            redis.clone(),
+            &settings.redis.prefix,
+            settings.redis.timeout(),
+        );
         let bus = EventBus::new(
             redis,
             &settings.redis.prefix,
@@ -87,12 +92,17 @@ impl Application {
             }),
         );
         let dispatches = dispatch::grouped(pool.clone(), settings.limits.max_running_runs);
+        let key_usage = Arc::new(crate::key_usage::KeyUsage::default());
+        let flusher = (key_usage.clone(), pool.clone());
+        let listener_cache = auth_cache.clone();
         let state = AppState {
             creates,
             dispatches,
             tokens,
             auth_cache,
             rate_limiter,
+            key_usage,
+            announcer,
             pool,
             bus,
             publisher,
@@ -117,6 +127,18 @@ impl Application {
                     })?,
             )
         };
+        // Started once nothing can fail any more; they stop with the server.
+        crate::auth_invalidation::spawn_listener(
+            settings.redis.url.clone(),
+            &settings.redis.prefix,
+            listener_cache,
+            shutdown.clone(),
+        );
+        flusher.0.spawn_flusher(
+            flusher.1,
+            Duration::from_millis(settings.api.key_last_used_flush_ms),
+            shutdown.clone(),
+        );
         Ok(Application {
             listener,
             router,
@@ -190,6 +212,7 @@ pub fn build_router(state: AppState) -> Router {
         .route("/readyz", get(routes::health::readyz))
         .route("/openapi.json", get(routes::openapi::openapi))
         .merge(v1)
+        .merge(routes::admin::router(&state))
         .fallback(crate::error::no_route)
         .method_not_allowed_fallback(crate::error::method_not_allowed)
         .layer(from_fn(crate::layers::catch_panic))

@@ -26,6 +26,10 @@ pub struct AppState {
     pub auth_cache: Arc<crate::auth_cache::AuthCache>,
     /// Per-tenant request rate (`limits.requests_per_second`), shared across replicas.
     pub rate_limiter: Arc<crate::rate_limit::RateLimiter>,
+    /// Keys seen since the last `last_used_at` write (`crate::key_usage`).
+    pub key_usage: Arc<crate::key_usage::KeyUsage>,
+    /// Tells every replica to drop cached keys an admin call changed.
+    pub announcer: crate::auth_invalidation::Announcer,
     /// Cancelled when the server stops, so open event streams end and shutdown can finish.
     pub shutdown: tokio_util::sync::CancellationToken,
 }

@@ -130,6 +130,12 @@ pub struct ApiSettings {
     /// revocation takes effect within this time); 0 disables the cache.
     pub auth_cache_ttl_ms: u64,
     pub auth_cache_max_keys: usize,
+    /// Operator token of the admin API (`/admin/v1/…`: tenants and keys), sent as
+    /// `Authorization: Bearer <token>`. Empty disables the admin API (its paths answer 404).
+    pub admin_token: String,
+    /// How often each replica writes the `last_used_at` of the keys it saw, all in one
+    /// statement: the column is that precise, and requests never write to Postgres for it.
+    pub key_last_used_flush_ms: u64,
     /// Address of the API's Prometheus metrics listener, apart from the public `listen` port
     /// (metrics are not for tenants); empty disables it.
     pub metrics_listen: String,
@@ -314,6 +320,8 @@ stream_token_ttl_secs = 900
 cors_allowed_origins = ""
 auth_cache_ttl_ms = 5000
 auth_cache_max_keys = 10000
+admin_token = ""
+key_last_used_flush_ms = 60000
 metrics_listen = ""
 
 [worker]
@@ -472,6 +480,15 @@ impl Settings {
         }
         if self.api.auth_cache_max_keys == 0 {
             return Err(invalid("api.auth_cache_max_keys", "must be at least 1"));
+        }
+        if self.api.key_last_used_flush_ms == 0 {
+            return Err(invalid("api.key_last_used_flush_ms", "must be positive"));
+        }
+        if !self.api.admin_token.is_empty() && self.api.admin_token.len() < 16 {
+            return Err(invalid(
+                "api.admin_token",
+                "must be empty (admin API disabled) or at least 16 characters",
+            ));
         }
         if self.worker.concurrency == 0 {
             return Err(invalid("worker.concurrency", "must be at least 1"));

@@ -1,5 +1,8 @@
 //! One file per endpoint.
 
+pub mod admin;
+pub mod admin_keys;
+pub mod admin_tenants;
 pub mod health;
 pub mod openapi;
 pub mod runs_batch;

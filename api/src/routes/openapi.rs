@@ -41,6 +41,17 @@ use crate::validate::MAX_ID;
         super::health::healthz,
         super::health::readyz,
         openapi,
+        super::admin_tenants::create_tenant,
+        super::admin_tenants::list_tenants,
+        super::admin_tenants::get_tenant,
+        super::admin_tenants::suspend_tenant,
+        super::admin_tenants::resume_tenant,
+        super::admin_tenants::update_limits,
+        super::admin_keys::create_key,
+        super::admin_keys::list_keys,
+        super::admin_keys::get_key,
+        super::admin_keys::revoke_key,
+        super::admin_keys::rotate_key,
     ),
     components(schemas(
         CreateRun,
@@ -62,7 +73,18 @@ use crate::validate::MAX_ID;
         view::ErrorBody,
         view::ErrorDetail,
         view::Health,
-        view::Readiness
+        view::Readiness,
+        super::admin_tenants::CreateTenant,
+        super::admin_tenants::TenantView,
+        super::admin_tenants::TenantCreated,
+        super::admin_tenants::TenantPage,
+        super::admin_keys::CreateKey,
+        super::admin_keys::RotateKey,
+        super::admin_keys::KeyList,
+        agentfleet_shared::store::tenants::TenantInfo,
+        agentfleet_shared::store::keys::KeyInfo,
+        agentfleet_shared::store::keys::CreatedKey,
+        agentfleet_shared::store::keys::Rotated
     ))
 )]
 pub struct ApiDoc;
@@ -77,6 +99,12 @@ pub async fn openapi(State(state): State<AppState>) -> Json<Value> {
 pub fn document(settings: &Settings) -> Value {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
     constrain(&mut doc, settings);
+    if settings.api.admin_token.is_empty() {
+        // The admin API does not exist in this deployment (its paths answer 404).
+        if let Some(paths) = doc["paths"].as_object_mut() {
+            paths.retain(|path, _| !path.starts_with("/admin/"));
+        }
+    }
     secure(&mut doc);
     add_error_responses(&mut doc);
     add_links(&mut doc);
@@ -424,13 +452,17 @@ fn secure(doc: &mut Value) {
         "securitySchemes".to_owned(),
         json!({
             "bearer": {"type": "http", "scheme": "bearer",
-                       "description": "`Authorization: Bearer <api key>` (`agentfleet-api create-tenant`)"},
+                       "description": "`Authorization: Bearer <api key>` (`agentfleet-api keys create`)"},
             "stream_token": {"type": "apiKey", "in": "query", "name": "token",
                              "description": "From `POST /v1/runs/{id}/stream-token`, for that run's events only"},
+            "admin": {"type": "http", "scheme": "bearer",
+                      "description": "`Authorization: Bearer <api.admin_token>`; the admin API answers 404 when that is empty"},
         }),
     );
     for_each_operation(doc, |path, method, op| {
-        let security = if !path.starts_with("/v1/") {
+        let security = if path.starts_with("/admin/") {
+            json!([{"admin": []}])
+        } else if !path.starts_with("/v1/") {
             json!([])
         } else if path == "/v1/runs/{id}/events" {
             json!([{"bearer": []}, {"stream_token": []}])
@@ -466,11 +498,16 @@ fn add_error_responses(doc: &mut Value) {
             "schema": {"$ref": "#/components/schemas/ErrorBody"}}}})
     };
     for_each_operation(doc, |path, _method, op| {
-        if !path.starts_with("/v1/") {
+        let admin = path.starts_with("/admin/");
+        if !path.starts_with("/v1/") && !admin {
             return;
         }
         let has_body = op.contains_key("requestBody");
         let has_id = path.contains("{id}");
+        let starts_work = matches!(
+            op.get("operationId").and_then(Value::as_str),
+            Some("create_run" | "create_batch" | "resume_run")
+        );
         let responses = op
             .entry("responses")
             .or_insert_with(|| json!({}))
@@ -498,6 +535,17 @@ fn add_error_responses(doc: &mut Value) {
         );
         if has_id {
             add("404", "Not found");
+        } else if admin {
+            add(
+                "404",
+                "The admin API is disabled (`api.admin_token` is empty)",
+            );
+        }
+        if starts_work {
+            add(
+                "403",
+                "`tenant_suspended`: the tenant is suspended (it may read and cancel, not start)",
+            );
         }
         add(
             "408",
@@ -585,7 +633,7 @@ mod tests {
                         "{method} {path} {status} has a schema"
                     );
                 }
-                if path.starts_with("/v1/") {
+                if path.starts_with("/v1/") || path.starts_with("/admin/") {
                     for s in ["401", "408", "422", "500", "503"] {
                         assert!(responses.contains_key(s), "{method} {path} documents {s}");
                     }
@@ -603,7 +651,27 @@ mod tests {
                 }
             }
         }
-        assert_eq!(operations, 13);
+        assert_eq!(
+            operations, 13,
+            "the admin API is absent without api.admin_token"
+        );
+        let mut with_admin = settings();
+        with_admin.api.admin_token = "0123456789abcdef".into();
+        let doc = document(&with_admin);
+        let admin: Vec<_> = doc["paths"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| p.starts_with("/admin/"))
+            .flat_map(|(_, item)| item.as_object().unwrap().values())
+            .collect();
+        assert_eq!(admin.len(), 11);
+        for op in admin {
+            assert_eq!(op["security"], json!([{"admin": []}]));
+            for s in ["401", "404", "422", "500"] {
+                assert!(op["responses"].get(s).is_some(), "{op} documents {s}");
+            }
+        }
         assert_eq!(
             doc["components"]["schemas"]["AgentSpec"]["properties"]["model"]["enum"],
             json!(["mock"])

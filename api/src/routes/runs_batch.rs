@@ -40,6 +40,7 @@ pub async fn create_batch(
     Caller(caller): Caller,
     JsonBody(body): JsonBody<CreateBatch>,
 ) -> Result<(StatusCode, Json<view::BatchCreated>), ApiError> {
+    crate::suspension::require_active(&caller)?;
     crate::quota::check_batch_size(&state, &caller, body.runs.len())?;
     crate::quota::check_active_runs(&state, &caller, body.runs.len(), None).await?;
     for (i, run) in body.runs.iter().enumerate() {

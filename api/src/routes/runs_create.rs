@@ -90,6 +90,7 @@ pub async fn create_run(
     headers: HeaderMap,
     JsonBody(body): JsonBody<CreateRun>,
 ) -> Result<(StatusCode, Json<view::Run>), ApiError> {
+    crate::suspension::require_active(&caller)?;
     let key = idempotency_key(&headers)?;
     crate::quota::check_active_runs(&state, &caller, 1, key.as_deref()).await?;
     let fair = crate::dispatch::is_fair(&state.settings, &caller);

@@ -84,6 +84,7 @@ pub async fn resume_run(
     PathId(id): PathId,
     JsonBody(body): JsonBody<ResumeBody>,
 ) -> Result<(StatusCode, Json<view::Run>), ApiError> {
+    crate::suspension::require_active(&caller)?;
     let run_id = id;
     let input = match (body.input, body.decisions) {
         (Some(text), None) => {

@@ -179,44 +179,6 @@ pub async fn backlog(pool: &PgPool, top: i64) -> Result<Backlog, StoreError> {
     })
 }
 
-/// Suspends a tenant: nothing of it starts any more. Its queued runs that were already
-/// dispatched are held again (their messages, when a worker takes them, claim nothing), its
-/// running runs go on to their end. Returns how many runs were held back.
-pub async fn suspend(pool: &PgPool, tenant: Uuid) -> Result<u64, StoreError> {
-    let mut tx = pool.begin().await?;
-    let found = sqlx::query(
-        "UPDATE tenants SET suspended_at = coalesce(suspended_at, now()) WHERE id = $1",
-    )
-    .bind(tenant)
-    .execute(&mut *tx)
-    .await?;
-    if found.rows_affected() == 0 {
-        return Err(StoreError::NotFound);
-    }
-    let held = sqlx::query(
-        "UPDATE runs SET held = true, updated_at = now()
-         WHERE tenant_id = $1 AND status = 'queued' AND NOT held",
-    )
-    .bind(tenant)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(held.rows_affected())
-}
-
-/// Lifts a suspension; the caller dispatches the tenant's held runs ([`next`]) or leaves them
-/// to the sweeper.
-pub async fn unsuspend(pool: &PgPool, tenant: Uuid) -> Result<(), StoreError> {
-    let found = sqlx::query("UPDATE tenants SET suspended_at = NULL WHERE id = $1")
-        .bind(tenant)
-        .execute(pool)
-        .await?;
-    if found.rows_affected() == 0 {
-        return Err(StoreError::NotFound);
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -357,7 +319,7 @@ mod tests {
             3,
             "unlimited runs are dispatched at once"
         );
-        assert_eq!(suspend(&pool, t).await.unwrap(), 3);
+        tenants::set_suspended(&pool, t, true).await.unwrap();
         assert_eq!(in_flight(&pool, t).await, 0);
         assert!(
             transitions::claim(&pool, ids[1], "w", std::time::Duration::from_secs(10))
@@ -375,14 +337,10 @@ mod tests {
                 held_by_tenant: vec![(t, 3)]
             }
         );
-        unsuspend(&pool, t).await.unwrap();
+        tenants::set_suspended(&pool, t, false).await.unwrap();
         assert_eq!(next(&pool, &[t], 0, 1000).await.unwrap().ids(), ids);
         assert!(tenants_with_held(&pool, 10).await.unwrap().is_empty());
         let run = runs::get(&pool, ids[0]).await.unwrap();
         assert!(!run.held);
-        assert!(matches!(
-            suspend(&pool, Uuid::now_v7()).await,
-            Err(StoreError::NotFound)
-        ));
     }
 }

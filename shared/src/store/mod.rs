@@ -41,6 +41,7 @@ macro_rules! timing_cte {
 pub mod batch;
 pub mod create_many;
 pub mod dispatch;
+pub mod keys;
 pub mod messages;
 pub mod runs;
 pub mod tenants;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use agentfleet_shared::store::{dispatch, tenants};
+use agentfleet_shared::store::tenants;
 use agentfleet_tests::harness::*;
 
 const LIMIT: i64 = 8;
@@ -274,8 +274,9 @@ async fn suspension_holds_queued_runs_and_the_backlog_is_exported() {
         ids.push(run["id"].as_str().unwrap().to_owned());
     }
     // Suspended before any worker runs: the published messages will claim nothing.
-    let held = dispatch::suspend(&env.pool, app.tenant_id).await.unwrap();
-    assert_eq!(held, 4);
+    tenants::set_suspended(&env.pool, app.tenant_id, true)
+        .await
+        .unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -317,7 +318,9 @@ async fn suspension_holds_queued_runs_and_the_backlog_is_exported() {
     .await;
     assert_eq!(started, 0, "nothing of a suspended tenant starts");
 
-    dispatch::unsuspend(&env.pool, app.tenant_id).await.unwrap();
+    tenants::set_suspended(&env.pool, app.tenant_id, false)
+        .await
+        .unwrap();
     for id in &ids {
         app.wait_status(id, &["completed"], Duration::from_secs(30))
             .await;

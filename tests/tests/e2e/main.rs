@@ -7,6 +7,7 @@ mod fairness;
 mod faults;
 mod foundation;
 mod hostile;
+mod keys;
 mod limits;
 mod outages;
 mod pause_resume;

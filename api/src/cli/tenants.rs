@@ -1,0 +1,201 @@
+//! `agentfleet-api tenants create|list|get|suspend|resume|limits`.
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use agentfleet_shared::config::Settings;
+use agentfleet_shared::domain::LimitOverrides;
+use agentfleet_shared::store::keys;
+use agentfleet_shared::store::tenants::{self, TenantInfo};
+
+use agentfleet_api::auth_invalidation::{Announcer, Invalidation};
+
+use super::{announce, print, when};
+
+#[derive(Subcommand)]
+pub enum TenantsCommand {
+    /// Create a tenant and print its first API key (shown only this once).
+    Create {
+        #[arg(long)]
+        name: String,
+    },
+    /// List tenants (oldest first).
+    List {
+        /// Most tenants listed.
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+    },
+    /// Show one tenant with its limits.
+    Get {
+        #[arg(long)]
+        tenant: Uuid,
+    },
+    /// Suspend a tenant: its queued runs stay, nothing new starts; its keys may still read
+    /// and cancel (every API replica within `api.auth_cache_ttl_ms`).
+    Suspend {
+        #[arg(long)]
+        tenant: Uuid,
+    },
+    /// Resume a suspended tenant.
+    Resume {
+        #[arg(long)]
+        tenant: Uuid,
+    },
+    /// Set or clear the tenant's own limits (absent ones are the configured `[limits]`; 0 is
+    /// no limit). With no option, shows them.
+    Limits(LimitsArgs),
+}
+
+#[derive(Args)]
+pub struct LimitsArgs {
+    #[arg(long)]
+    tenant: Uuid,
+    #[arg(long)]
+    requests_per_second: Option<u32>,
+    #[arg(long)]
+    request_burst: Option<u32>,
+    #[arg(long)]
+    max_active_runs: Option<u32>,
+    #[arg(long)]
+    max_running_runs: Option<u32>,
+    #[arg(long)]
+    max_batch_size: Option<u32>,
+    #[arg(long)]
+    tokens_per_day: Option<u64>,
+    /// Clear a limit back to the configured default (repeatable; `all` clears every one).
+    #[arg(long, value_name = "FIELD")]
+    clear: Vec<String>,
+}
+
+impl LimitsArgs {
+    fn set(&self) -> LimitOverrides {
+        LimitOverrides {
+            requests_per_second: self.requests_per_second,
+            request_burst: self.request_burst,
+            max_active_runs: self.max_active_runs,
+            max_running_runs: self.max_running_runs,
+            max_batch_size: self.max_batch_size,
+            tokens_per_day: self.tokens_per_day,
+        }
+    }
+
+    /// The fields to clear, checked against the known ones.
+    fn clear(&self) -> anyhow::Result<Vec<String>> {
+        let known = tenants::limit_fields();
+        if self.clear.iter().any(|c| c == "all") {
+            return Ok(known);
+        }
+        for field in &self.clear {
+            anyhow::ensure!(
+                known.contains(field),
+                "--clear {field}: unknown limit; known: {} (or all)",
+                known.join(", ")
+            );
+        }
+        Ok(self.clear.clone())
+    }
+}
+
+pub async fn run(
+    pool: &PgPool,
+    settings: &Settings,
+    announcer: &Announcer,
+    command: TenantsCommand,
+    json: bool,
+) -> anyhow::Result<()> {
+    match command {
+        TenantsCommand::Create { name } => {
+            keys::check_name(&name).map_err(|m| anyhow::anyhow!("--name: {m}"))?;
+            let created = tenants::create(pool, &name).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"tenant_id": created.tenant_id,
+                        "key_id": created.key_id, "api_key": created.api_key})
+                );
+            } else {
+                println!("tenant_id={}", created.tenant_id);
+                println!("key_id={}", created.key_id);
+                println!("api_key={}", created.api_key);
+            }
+        }
+        TenantsCommand::List { limit } => {
+            let all = tenants::list(pool, None, limit).await?;
+            show(json, &all, settings);
+        }
+        TenantsCommand::Get { tenant } => show_one(
+            json,
+            found(tenants::get(pool, tenant).await, tenant)?,
+            settings,
+        ),
+        TenantsCommand::Suspend { tenant } | TenantsCommand::Resume { tenant } => {
+            let suspend = matches!(command, TenantsCommand::Suspend { .. });
+            let t = found(tenants::set_suspended(pool, tenant, suspend).await, tenant)?;
+            announce(announcer, Invalidation::Tenant(tenant)).await;
+            show_one(json, t, settings);
+        }
+        TenantsCommand::Limits(args) => {
+            let (set, clear) = (args.set(), args.clear()?);
+            let t = if set == LimitOverrides::default() && clear.is_empty() {
+                found(tenants::get(pool, args.tenant).await, args.tenant)?
+            } else {
+                let t = found(
+                    tenants::update_limits(pool, args.tenant, &set, &clear).await,
+                    args.tenant,
+                )?;
+                announce(announcer, Invalidation::Tenant(args.tenant)).await;
+                t
+            };
+            show_one(json, t, settings);
+        }
+    }
+    Ok(())
+}
+
+fn found(
+    t: Result<TenantInfo, agentfleet_shared::store::StoreError>,
+    id: Uuid,
+) -> anyhow::Result<TenantInfo> {
+    match t {
+        Err(agentfleet_shared::store::StoreError::NotFound) => {
+            anyhow::bail!("--tenant {id}: no such tenant")
+        }
+        other => other.context("reading the tenant"),
+    }
+}
+
+fn show(json: bool, all: &[TenantInfo], _settings: &Settings) {
+    let rows = all
+        .iter()
+        .map(|t| {
+            vec![
+                t.id.to_string(),
+                t.name.clone(),
+                when(Some(t.created_at)),
+                when(t.suspended_at),
+                serde_json::to_string(&t.limits).unwrap_or_default(),
+            ]
+        })
+        .collect();
+    print(
+        json,
+        &all,
+        &["ID", "NAME", "CREATED", "SUSPENDED", "LIMITS"],
+        rows,
+    );
+}
+
+fn show_one(json: bool, t: TenantInfo, settings: &Settings) {
+    if json {
+        let mut v = serde_json::to_value(&t).expect("serializes");
+        v["effective_limits"] =
+            serde_json::to_value(t.limits.over(&settings.limits)).expect("serializes");
+        println!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
+    } else {
+        show(false, std::slice::from_ref(&t), settings);
+        let effective = serde_json::to_string(&t.limits.over(&settings.limits)).unwrap_or_default();
+        println!("effective limits (0 = none): {effective}");
+    }
+}

@@ -1,0 +1,138 @@
+//! The admin API (`/admin/v1/…`): tenants and their keys, for operators. Behind one operator
+//! token, `api.admin_token`, compared in constant time; when the token is empty the admin API
+//! does not exist (every path answers 404, as an unknown path does). Tenant API keys never
+//! open it, and the operator token opens nothing under `/v1`.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{Next, from_fn_with_state};
+use axum::response::Response;
+use axum::routing::{get, post};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use agentfleet_shared::store::StoreError;
+use agentfleet_shared::store::keys::KeyError;
+
+use super::{admin_keys, admin_tenants};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+pub fn router(state: &AppState) -> Router<AppState> {
+    let api = &state.settings.api;
+    Router::new()
+        .route(
+            "/admin/v1/tenants",
+            post(admin_tenants::create_tenant).get(admin_tenants::list_tenants),
+        )
+        .route("/admin/v1/tenants/{id}", get(admin_tenants::get_tenant))
+        .route(
+            "/admin/v1/tenants/{id}/suspend",
+            post(admin_tenants::suspend_tenant),
+        )
+        .route(
+            "/admin/v1/tenants/{id}/resume",
+            post(admin_tenants::resume_tenant),
+        )
+        .route(
+            "/admin/v1/tenants/{id}/limits",
+            axum::routing::patch(admin_tenants::update_limits),
+        )
+        .route(
+            "/admin/v1/tenants/{id}/keys",
+            post(admin_keys::create_key).get(admin_keys::list_keys),
+        )
+        .route("/admin/v1/keys/{id}", get(admin_keys::get_key))
+        .route("/admin/v1/keys/{id}/revoke", post(admin_keys::revoke_key))
+        .route("/admin/v1/keys/{id}/rotate", post(admin_keys::rotate_key))
+        .route_layer(from_fn_with_state(state.clone(), require_admin))
+        .layer(DefaultBodyLimit::max(api.max_body_bytes))
+        .layer(from_fn_with_state(
+            Duration::from_millis(api.request_timeout_ms),
+            crate::layers::deadline,
+        ))
+}
+
+/// Middleware of every admin route: 404 when the admin API is disabled, 401 without the
+/// operator token. Runs before the path, query or body is looked at.
+pub async fn require_admin(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let expected = &state.settings.api.admin_token;
+    if expected.is_empty() {
+        return Err(crate::error::no_route().await);
+    }
+    if !token_matches(req.headers(), expected) {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the admin API needs `Authorization: Bearer <api.admin_token>`",
+        ));
+    }
+    Ok(next.run(req).await)
+}
+
+/// Whether the request carries `Bearer <expected>`. Both sides are hashed first, so the
+/// constant-time comparison does not even leak the token's length.
+fn token_matches(headers: &HeaderMap, expected: &str) -> bool {
+    let Some(given) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(str::trim)
+    else {
+        return false;
+    };
+    let given = Sha256::digest(given.as_bytes());
+    let expected = Sha256::digest(expected.as_bytes());
+    given.ct_eq(&expected).into()
+}
+
+/// Store errors of the admin routes, as answers.
+pub(super) fn key_error(e: KeyError) -> ApiError {
+    match e {
+        KeyError::TenantNotFound => ApiError::not_found("tenant"),
+        KeyError::KeyNotFound => ApiError::not_found("key"),
+        KeyError::NotValid(id) => ApiError::new(
+            StatusCode::CONFLICT,
+            "key_not_valid",
+            format!("key {id} is revoked or expired; create a new key instead"),
+        ),
+        KeyError::Store(e) => ApiError::unexpected(e),
+    }
+}
+
+pub(super) fn tenant_error(e: StoreError) -> ApiError {
+    match e {
+        StoreError::NotFound => ApiError::not_found("tenant"),
+        e => ApiError::unexpected(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_exact_bearer_token_matches() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, v.parse().unwrap());
+            h
+        };
+        let token = "0123456789abcdef-operator";
+        assert!(token_matches(&with(&format!("Bearer {token}")), token));
+        assert!(!token_matches(&with(&format!("Bearer {token}x")), token));
+        assert!(!token_matches(&with("Bearer 0123456789abcdef"), token));
+        assert!(
+            !token_matches(&with(token), token),
+            "the scheme is required"
+        );
+        assert!(!token_matches(&HeaderMap::new(), token));
+    }
+}
