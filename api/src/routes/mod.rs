@@ -12,6 +12,7 @@ pub mod runs_resume;
 pub mod runs_stream_token;
 pub mod threads_events;
 pub mod threads_messages;
+pub mod usage;
 pub mod view;
 
 use axum::Router;
@@ -45,6 +46,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
             "/v1/threads/{id}/events",
             get(threads_events::thread_events),
         )
+        .route("/v1/usage", get(usage::get_usage))
         .route_layer(from_fn_with_state(state.clone(), require_key));
     let streams = Router::new()
         .route("/v1/runs/{id}/events", get(runs_events::run_events))

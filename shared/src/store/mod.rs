@@ -46,6 +46,7 @@ pub mod tenants;
 pub mod tool_calls;
 pub mod transitions;
 pub mod turns;
+pub mod usage;
 
 use uuid::Uuid;
 
