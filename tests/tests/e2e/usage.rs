@@ -142,6 +142,33 @@ async fn without_usage_from_the_provider_an_estimate_is_recorded_and_marked() {
     assert_eq!(completed["data"]["usage"]["estimated"], true, "{completed}");
 }
 
+/// A hostile provider's figures are bounded: a negative one counts 0, an absurd one is clamped
+/// to a billion per call (so no sum can overflow), and neither fails the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_usage_from_a_provider_is_bounded() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let run = app
+        .start_run(&scripted_run(
+            json!([{"content": "ok", "usage": {"prompt_tokens": -40, "completion_tokens": 1e300}}]),
+            json!([]),
+        ))
+        .await;
+    let done = app
+        .wait_status(run["id"].as_str().unwrap(), &["completed", "failed"], T)
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        (
+            &done["usage"]["prompt_tokens"],
+            &done["usage"]["completion_tokens"]
+        ),
+        (&json!(0), &json!(1_000_000_000))
+    );
+    assert_eq!(done["usage"]["estimated"], false);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_over_its_daily_budget_has_its_run_failed_between_iterations() {
     let env = TestEnv::new().await;
