@@ -66,7 +66,9 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<Vec<ToolCallRow>
     ctx.timing.add_model(model_started.elapsed());
     let mut response = response?;
     unique_call_ids(&mut response, taken);
-    let usage = usage::of_call(&request.messages, &request.tools, &response).await;
+    let usage = usage::of_call(&request.messages, &request.tools, &response)
+        .await
+        .bounded();
     let recorded = persist(ctx, iteration, &response, &usage).await?;
     let calls: Vec<Value> = response
         .tool_calls

@@ -40,7 +40,10 @@ pub async fn execute(
 ) {
     let fence = claimed.fence();
     let spent = Spent::read(
-        claimed.run.prompt_tokens + claimed.run.completion_tokens,
+        claimed
+            .run
+            .prompt_tokens
+            .saturating_add(claimed.run.completion_tokens),
         claimed.tenant_tokens_today,
         claimed.tenant_tokens_per_day.as_ref(),
         shared.settings.limits.tokens_per_day,

@@ -27,6 +27,18 @@ pub struct TurnUsage {
     pub estimated: bool,
 }
 
+impl TurnUsage {
+    /// Each figure within `0..=MAX_TURN_TOKENS`: what is recorded and announced.
+    pub fn bounded(self) -> TurnUsage {
+        let bound = |n: i64| n.clamp(0, agentfleet_shared::store::turns::MAX_TURN_TOKENS);
+        TurnUsage {
+            prompt_tokens: bound(self.prompt_tokens),
+            completion_tokens: bound(self.completion_tokens),
+            estimated: self.estimated,
+        }
+    }
+}
+
 /// The provider's usage, or an estimate over the request's messages and tools and the
 /// response. The tokenizer is built once per process, on first use (it takes a while), on a
 /// blocking thread, as is every estimate: it is CPU work the run's task must not stall on.

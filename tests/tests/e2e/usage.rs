@@ -167,6 +167,15 @@ async fn absurd_usage_from_a_provider_is_bounded() {
         (&json!(0), &json!(1_000_000_000))
     );
     assert_eq!(done["usage"]["estimated"], false);
+    let events = app.events(run["id"].as_str().unwrap(), 0, T).await;
+    let completed = events
+        .iter()
+        .find(|e| e["type"] == "message_completed")
+        .expect("message_completed");
+    assert_eq!(
+        completed["data"]["usage"]["completion_tokens"], 1_000_000_000,
+        "announced as recorded"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
