@@ -139,6 +139,10 @@ pub struct ApiSettings {
     /// Address of the API's Prometheus metrics listener, apart from the public `listen` port
     /// (metrics are not for tenants); empty disables it.
     pub metrics_listen: String,
+    /// Largest `agent.max_tokens_total` (a run's own token budget) a run may ask for.
+    pub max_tokens_total: i64,
+    /// Widest `from..=to` range of `GET /v1/usage`, in days.
+    pub max_usage_days: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -323,6 +327,8 @@ auth_cache_max_keys = 10000
 admin_token = ""
 key_last_used_flush_ms = 60000
 metrics_listen = ""
+max_tokens_total = 1000000000
+max_usage_days = 366
 
 [worker]
 concurrency = 16
@@ -489,6 +495,12 @@ impl Settings {
                 "api.admin_token",
                 "must be empty (admin API disabled) or at least 16 characters",
             ));
+        }
+        if self.api.max_tokens_total < 1 {
+            return Err(invalid("api.max_tokens_total", "must be at least 1"));
+        }
+        if self.api.max_usage_days == 0 {
+            return Err(invalid("api.max_usage_days", "must be at least 1"));
         }
         if self.worker.concurrency == 0 {
             return Err(invalid("worker.concurrency", "must be at least 1"));

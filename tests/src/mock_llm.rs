@@ -29,6 +29,7 @@
 //! | `truncate` | stream only the first half of the events, with no `finish_reason` and no `[DONE]` |
 //! | `hang_after_chunks` | stream that many events (the role event included), then stay silent with the connection open |
 //! | `flood_bytes` | after the role event, stream that many bytes of one endless `data:` line (no newline), then close |
+//! | `usage` | an object: sent verbatim as the response's `usage` (e.g. `{"prompt_tokens": 10, "completion_tokens": 5}`); `false`: no `usage` at all (a provider that reports none). Absent: a deterministic estimate (about 4 characters a token), as a real provider would report |
 //!
 //! Without a script, or past its end, the answer is `echo: <last user text>`.
 
@@ -310,6 +311,8 @@ struct Turn {
     retry_after: Option<u64>,
     /// A hostile model: one endless SSE line of this many bytes.
     flood_bytes: Option<u64>,
+    /// The `usage` to report: an object verbatim, `false` for none, absent for the estimate.
+    usage: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -443,7 +446,7 @@ async fn chat_completions(State(state): State<MockState>, body: Bytes) -> Respon
             },
         })
         .collect();
-    let usage = Usage {
+    let estimate = Usage {
         prompt: estimate_tokens(
             messages
                 .iter()
@@ -470,14 +473,20 @@ async fn chat_completions(State(state): State<MockState>, body: Bytes) -> Respon
             .to_owned(),
     };
 
+    let usage = match &turn.usage {
+        None => Some(estimate.to_json()),
+        Some(Value::Bool(false)) => None,
+        Some(scripted) => Some(scripted.clone()),
+    };
+    let usage = usage.as_ref();
     if request
         .get("stream")
         .and_then(Value::as_bool)
         .unwrap_or(false)
     {
-        stream_response(&state, &turn, &tool_calls, &usage, &meta)
+        stream_response(&state, &turn, &tool_calls, usage, &meta)
     } else {
-        Json(completion(&turn, &tool_calls, &usage, &meta)).into_response()
+        Json(completion(&turn, &tool_calls, usage, &meta)).into_response()
     }
 }
 
@@ -553,7 +562,7 @@ fn finish_reason(tool_calls: &[ToolCall]) -> &'static str {
     }
 }
 
-fn completion(turn: &Turn, tool_calls: &[ToolCall], usage: &Usage, meta: &Meta) -> Value {
+fn completion(turn: &Turn, tool_calls: &[ToolCall], usage: Option<&Value>, meta: &Meta) -> Value {
     let mut message = json!({ "role": "assistant", "content": turn.content });
     // OpenAI omits `tool_calls` when there are none; clients rely on either.
     if !tool_calls.is_empty() {
@@ -568,14 +577,17 @@ fn completion(turn: &Turn, tool_calls: &[ToolCall], usage: &Usage, meta: &Meta) 
             })
             .collect();
     }
-    json!({
+    let mut body = json!({
         "id": meta.id,
         "object": "chat.completion",
         "created": meta.created,
         "model": meta.model,
         "choices": [{ "index": 0, "message": message, "finish_reason": finish_reason(tool_calls) }],
-        "usage": usage.to_json(),
-    })
+    });
+    if let Some(usage) = usage {
+        body["usage"] = usage.clone();
+    }
+    body
 }
 
 /// The history rules OpenAI enforces (it answers 400 otherwise): an assistant message with
@@ -622,7 +634,12 @@ fn check_history(messages: &[Value]) -> Result<(), String> {
 }
 
 /// Every SSE event of a complete stream, `[DONE]` excluded.
-fn stream_events(turn: &Turn, tool_calls: &[ToolCall], usage: &Usage, meta: &Meta) -> Vec<Value> {
+fn stream_events(
+    turn: &Turn,
+    tool_calls: &[ToolCall],
+    usage: Option<&Value>,
+    meta: &Meta,
+) -> Vec<Value> {
     let chunk = |delta: Value, finish: Option<&str>| {
         json!({
             "id": meta.id,
@@ -657,14 +674,16 @@ fn stream_events(turn: &Turn, tool_calls: &[ToolCall], usage: &Usage, meta: &Met
     events.push(chunk(json!({}), Some(finish_reason(tool_calls))));
     // Sent whether or not `stream_options.include_usage` asked: clients that
     // did not ask ignore a chunk with no choices.
-    events.push(json!({
-        "id": meta.id,
-        "object": "chat.completion.chunk",
-        "created": meta.created,
-        "model": meta.model,
-        "choices": [],
-        "usage": usage.to_json(),
-    }));
+    if let Some(usage) = usage {
+        events.push(json!({
+            "id": meta.id,
+            "object": "chat.completion.chunk",
+            "created": meta.created,
+            "model": meta.model,
+            "choices": [],
+            "usage": usage,
+        }));
+    }
     events
 }
 
@@ -695,7 +714,7 @@ fn stream_response(
     state: &MockState,
     turn: &Turn,
     tool_calls: &[ToolCall],
-    usage: &Usage,
+    usage: Option<&Value>,
     meta: &Meta,
 ) -> Response {
     let events = stream_events(turn, tool_calls, usage, meta);
@@ -1006,6 +1025,34 @@ mod tests {
         let messages = json!([user(&s), { "role": "assistant", "content": "" }]);
         let response = post(&llm, &json!({ "model": "m", "messages": messages })).await;
         assert_eq!(response.status(), 429);
+        llm.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn scripted_usage_is_sent_verbatim_and_false_sends_none() {
+        let llm = MockLlm::start().await.unwrap();
+        let usage = json!({ "prompt_tokens": 100, "completion_tokens": 7 });
+        let s = script(json!([{ "content": "hi", "usage": usage }]));
+        let reply: Value = post(&llm, &json!({ "model": "m", "messages": [user(&s)] }))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(reply["usage"], usage);
+        let body = json!({ "model": "m", "stream": true, "messages": [user(&s)] });
+        let chunks = parse_chunks(&sse_data(post(&llm, &body).await).await);
+        assert_eq!(chunks.last().unwrap()["usage"], usage);
+
+        let s = script(json!([{ "content": "hi", "usage": false }]));
+        let reply: Value = post(&llm, &json!({ "model": "m", "messages": [user(&s)] }))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert!(reply.get("usage").is_none(), "{reply}");
+        let body = json!({ "model": "m", "stream": true, "messages": [user(&s)] });
+        let chunks = parse_chunks(&sse_data(post(&llm, &body).await).await);
+        assert!(chunks.iter().all(|c| c.get("usage").is_none()));
         llm.shutdown().await;
     }
 

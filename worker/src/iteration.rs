@@ -13,10 +13,12 @@ use agentfleet_shared::store::tool_calls::{NewToolCall, ToolCallRow};
 use agentfleet_shared::store::turns::{self, Turn};
 use agentfleet_shared::store::{StoreError, messages};
 
+use crate::budget::Spent;
 use crate::context_window;
 use crate::model_call::{self, DeltaPolicy, ModelError, ModelRequest, ModelResponse};
 use crate::run_ctx::{RunCtx, RunError};
 use crate::tools;
+use crate::usage::{self, TurnUsage};
 
 #[tracing::instrument(name = "iteration", skip(ctx), fields(run_id = %ctx.run.id, attempt = ctx.fence.attempt))]
 /// Returns the calls the model made, as recorded (an empty list: there is nothing to settle).
@@ -64,7 +66,10 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<Vec<ToolCallRow>
     ctx.timing.add_model(model_started.elapsed());
     let mut response = response?;
     unique_call_ids(&mut response, taken);
-    let recorded = persist(ctx, iteration, &response).await?;
+    let usage = usage::of_call(&request.messages, &request.tools, &response)
+        .await
+        .bounded();
+    let recorded = persist(ctx, iteration, &response, &usage).await?;
     let calls: Vec<Value> = response
         .tool_calls
         .iter()
@@ -78,8 +83,9 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<Vec<ToolCallRow>
                 "content": response.content,
                 "tool_calls": calls,
                 "finish_reason": response.finish_reason,
-                "usage": {"prompt_tokens": response.usage.prompt_tokens,
-                          "completion_tokens": response.usage.completion_tokens},
+                "usage": {"prompt_tokens": usage.prompt_tokens,
+                          "completion_tokens": usage.completion_tokens,
+                          "estimated": usage.estimated},
             }),
         )
         .await?;
@@ -148,6 +154,7 @@ async fn persist(
     ctx: &RunCtx,
     iteration: i32,
     response: &ModelResponse,
+    usage: &TurnUsage,
 ) -> Result<Vec<ToolCallRow>, RunError> {
     if agentfleet_shared::failpoint::error("store:turn") {
         return Err(StoreError::Db(sqlx::Error::PoolTimedOut).into());
@@ -184,20 +191,41 @@ async fn persist(
             .row()
         })
         .collect();
+    let (prompt_tokens, completion_tokens, estimated_tokens) = Turn::usage(
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.estimated,
+    );
     let turn = Turn {
         fence: ctx.fence,
         thread_id: ctx.run.thread_id,
         iteration,
         message: body.clone(),
         tool_calls,
-        prompt_tokens: response.usage.prompt_tokens,
-        completion_tokens: response.usage.completion_tokens,
+        prompt_tokens,
+        completion_tokens,
+        estimated_tokens,
         last_event_id: ctx.emitter.last_id(),
         timing: ctx.take_finished_timing(),
     };
-    if !ctx.shared.writes.turns.write(turn).await? {
+    let Some(committed) = ctx.shared.writes.turns.write(turn).await? else {
         return Err(ctx.fence.lost().into());
-    }
+    };
+    ctx.budget.update(Spent::read(
+        committed.run_tokens,
+        committed.tenant_tokens_today,
+        committed.tenant_tokens_per_day.as_ref(),
+        ctx.shared.settings.limits.tokens_per_day,
+    ));
+    let kind = if usage.estimated {
+        "estimated"
+    } else {
+        "reported"
+    };
+    metrics::counter!("agentfleet_tokens_total", "kind" => "prompt", "source" => kind)
+        .increment(prompt_tokens as u64);
+    metrics::counter!("agentfleet_tokens_total", "kind" => "completion", "source" => kind)
+        .increment(completion_tokens as u64);
     ctx.remember(body);
     Ok(rows)
 }

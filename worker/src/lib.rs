@@ -6,6 +6,7 @@
 //! re-enqueues what should be moving and is not; `control` carries cancel hints.
 
 pub mod bounded;
+pub mod budget;
 pub mod claim;
 pub mod context_window;
 pub mod control;
@@ -25,6 +26,7 @@ pub mod shared;
 pub mod stop;
 pub mod sweeper;
 pub mod tools;
+pub mod usage;
 
 use std::sync::Arc;
 use std::time::Duration;

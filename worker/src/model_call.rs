@@ -149,12 +149,6 @@ pub async fn call(
     .unwrap_or(Err(ModelError::TotalTimeout(total)));
     metrics::histogram!("agentfleet_model_call_duration_seconds")
         .record(started.elapsed().as_secs_f64());
-    if let Ok(r) = &result {
-        metrics::counter!("agentfleet_tokens_total", "kind" => "prompt")
-            .increment(r.usage.prompt_tokens as u64);
-        metrics::counter!("agentfleet_tokens_total", "kind" => "completion")
-            .increment(r.usage.completion_tokens as u64);
-    }
     result
 }
 

@@ -15,17 +15,43 @@ pub struct ModelToolCall {
     pub arguments: String,
 }
 
+/// Token usage as the provider reported it (never negative; see [`Usage::from_value`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Usage {
     pub prompt_tokens: i64,
     pub completion_tokens: i64,
 }
 
+impl Usage {
+    /// Reads an OpenAI `usage` object leniently: a hostile or broken provider's figure that is
+    /// negative, fractional, absurdly large or not a number never fails the call. It is read
+    /// as a non-negative `i64` (saturating; anything else counts 0) and clamped further where
+    /// it is recorded. `None` when `usage` is not an object (absent, `null`).
+    pub fn from_value(usage: &serde_json::Value) -> Option<Usage> {
+        let usage = usage.as_object()?;
+        let count = |key: &str| {
+            usage.get(key).map_or(0, |v| {
+                v.as_i64()
+                    .or_else(|| v.as_u64().map(|_| i64::MAX))
+                    // `as` saturates, and NaN becomes 0.
+                    .or_else(|| v.as_f64().map(|f| f as i64))
+                    .unwrap_or(0)
+                    .max(0)
+            })
+        };
+        Some(Usage {
+            prompt_tokens: count("prompt_tokens"),
+            completion_tokens: count("completion_tokens"),
+        })
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ModelResponse {
     pub content: String,
     pub tool_calls: Vec<ModelToolCall>,
-    pub usage: Usage,
+    /// `None`: the provider sent no usage (the worker then estimates it).
+    pub usage: Option<Usage>,
     pub finish_reason: Option<String>,
 }
 
@@ -41,8 +67,9 @@ pub enum StreamError {
 struct Chunk {
     #[serde(default)]
     choices: Vec<Choice>,
+    /// Any JSON: read by [`Usage::from_value`], so an odd value is ignored, not fatal.
     #[serde(default)]
-    usage: Option<ChunkUsage>,
+    usage: serde_json::Value,
 }
 
 #[derive(Deserialize)]
@@ -78,21 +105,13 @@ struct FunctionDelta {
     arguments: Option<String>,
 }
 
-#[derive(Deserialize)]
-struct ChunkUsage {
-    #[serde(default)]
-    prompt_tokens: i64,
-    #[serde(default)]
-    completion_tokens: i64,
-}
-
 /// The answer so far. Tool calls arrive in pieces keyed by `index`: the id and name once, the
 /// arguments as fragments to concatenate.
 #[derive(Default)]
 pub struct StreamParser {
     content: String,
     calls: BTreeMap<usize, ModelToolCall>,
-    usage: Usage,
+    usage: Option<Usage>,
     finish_reason: Option<String>,
     done: bool,
 }
@@ -110,11 +129,8 @@ impl StreamParser {
         }
         let chunk: Chunk = serde_json::from_str(data)
             .map_err(|e| StreamError::Malformed(format!("{e}: {}", truncate(data, 200))))?;
-        if let Some(u) = chunk.usage {
-            self.usage = Usage {
-                prompt_tokens: u.prompt_tokens,
-                completion_tokens: u.completion_tokens,
-            };
+        if let Some(u) = Usage::from_value(&chunk.usage) {
+            self.usage = Some(u);
         }
         let mut added = String::new();
         for choice in chunk.choices {
@@ -254,10 +270,46 @@ mod tests {
         );
         assert_eq!(
             r.usage,
-            Usage {
+            Some(Usage {
                 prompt_tokens: 12,
                 completion_tokens: 5
-            }
+            })
+        );
+    }
+
+    #[test]
+    fn usage_is_absent_unless_sent_and_hostile_figures_are_bounded() {
+        let done = json!({"choices": [{"delta": {}, "finish_reason": "stop"}]});
+        // `usage: null` is what OpenAI puts in every chunk but the last.
+        let none = feed_all(&[json!({"choices": [], "usage": null}), done.clone()]);
+        assert_eq!(none.finish().unwrap().usage, None);
+        let hostile = feed_all(&[
+            done,
+            json!({"choices": [], "usage": {"prompt_tokens": -5, "completion_tokens": 1e300}}),
+        ]);
+        assert_eq!(
+            hostile.finish().unwrap().usage,
+            Some(Usage {
+                prompt_tokens: 0,
+                completion_tokens: i64::MAX
+            })
+        );
+        let odd = feed_all(
+            &[json!({"choices": [{"delta": {}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": "many", "completion_tokens": 18446744073709551615u64}})],
+        );
+        assert_eq!(
+            odd.finish().unwrap().usage,
+            Some(Usage {
+                prompt_tokens: 0,
+                completion_tokens: i64::MAX
+            })
+        );
+        let mut p = StreamParser::default();
+        assert_eq!(
+            p.feed(r#"{"choices": [], "usage": 7}"#),
+            Ok(None),
+            "ignored"
         );
     }
 

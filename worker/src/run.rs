@@ -13,6 +13,7 @@ use agentfleet_shared::report;
 use agentfleet_shared::store::StoreError;
 use agentfleet_shared::store::transitions::{self, Claimed, Ending};
 
+use crate::budget::{Budget, Exceeded, Spent};
 use crate::emitter::Emitter;
 use crate::iteration;
 use crate::run_ctx::{IterationTiming, RunCtx, RunError};
@@ -27,6 +28,8 @@ enum Outcome {
     /// Drain: handed back between iterations.
     Released,
     MaxIterations,
+    /// A token budget was reached: no further model call.
+    BudgetExceeded(Exceeded),
 }
 
 pub async fn execute(
@@ -36,6 +39,16 @@ pub async fn execute(
     draining: CancellationToken,
 ) {
     let fence = claimed.fence();
+    let spent = Spent::read(
+        claimed
+            .run
+            .prompt_tokens
+            .saturating_add(claimed.run.completion_tokens),
+        claimed.tenant_tokens_today,
+        claimed.tenant_tokens_per_day.as_ref(),
+        shared.settings.limits.tokens_per_day,
+    );
+    let budget = Budget::new(claimed.run.agent.max_tokens_total, spent);
     let run = claimed.run;
     // Ids continue past every event a client could have seen: the durable floor, or the
     // list as it stands (the API may have appended `run_resumed` after the pause). Read here
@@ -60,6 +73,7 @@ pub async fn execute(
         timing: IterationTiming::default(),
         finished_timing: Default::default(),
         history: Default::default(),
+        budget,
     };
     let lease = crate::lease::spawn(ctx.shared.clone(), fence, ctx.stop.clone());
     let result = tokio::select! {
@@ -116,6 +130,10 @@ async fn drive(
         if iteration >= ctx.run.max_iterations {
             return Ok(Outcome::MaxIterations);
         }
+        // Between iterations only: the last turn's calls are settled above.
+        if let Err(exceeded) = ctx.budget.check(chrono::Utc::now().date_naive()) {
+            return Ok(Outcome::BudgetExceeded(exceeded));
+        }
         iteration += 1;
         started = chrono::Utc::now();
         fresh_calls = Some(iteration::model_turn(ctx, iteration).await?);
@@ -157,6 +175,10 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
                 ctx.run.max_iterations
             );
             fail(ctx, "max_iterations_reached", msg, next_id).await
+        }
+        Ok(Outcome::BudgetExceeded(exceeded)) => {
+            tracing::info!(%run_id, ?exceeded, "token budget reached; failing the run");
+            fail(ctx, "budget_exceeded", exceeded.message(), next_id).await
         }
         Err(RunError::Model(e)) => {
             tracing::warn!(%run_id, error = %e, "the model call failed; failing the run");

@@ -10,6 +10,7 @@ use agentfleet_shared::store::runs::RunRow;
 use agentfleet_shared::store::turns;
 use agentfleet_shared::store::{Fence, StoreError};
 
+use crate::budget::Budget;
 use crate::emitter::{Emitter, Fenced};
 use crate::model_call::ModelError;
 use crate::shared::Shared;
@@ -29,6 +30,8 @@ pub struct RunCtx {
     /// The messages the model sees, read once per holding and kept up to date by this
     /// holder's own writes (it is the only writer while it holds the run).
     pub history: Mutex<Option<Vec<serde_json::Value>>>,
+    /// Token budgets, with the figures of the claim and then of each turn commit.
+    pub budget: Budget,
 }
 
 impl RunCtx {

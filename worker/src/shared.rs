@@ -37,7 +37,8 @@ pub struct Shared {
 pub struct Writes {
     /// Claims by this worker, with its lease (slots that free up together claim together).
     pub claims: Batcher<Uuid, Option<Claimed>>,
-    pub turns: Batcher<Turn>,
+    /// Per turn: `None` if its fence did not hold, else what the budget check needs.
+    pub turns: Batcher<Turn, Option<turns::Committed>>,
     pub outcomes: Batcher<Outcome>,
     pub endings: Batcher<Ending>,
     /// Fair dispatch after a limited tenant's run ends or pauses (`store::dispatch`): per

@@ -15,6 +15,7 @@ pub mod runs_resume;
 pub mod runs_stream_token;
 pub mod threads_events;
 pub mod threads_messages;
+pub mod usage;
 pub mod view;
 
 use axum::Router;
@@ -49,6 +50,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
             "/v1/threads/{id}/events",
             get(threads_events::thread_events),
         )
+        .route("/v1/usage", get(usage::get_usage))
         // Layers run bottom-up: the key first, then the tenant's request rate.
         .route_layer(from_fn_with_state(state.clone(), limit_requests))
         .route_layer(from_fn_with_state(state.clone(), require_key));

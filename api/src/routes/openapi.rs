@@ -38,6 +38,7 @@ use crate::validate::MAX_ID;
         super::runs_stream_token::issue_stream_token,
         super::threads_messages::list_messages,
         super::threads_events::thread_events,
+        super::usage::get_usage,
         super::health::healthz,
         super::health::readyz,
         openapi,
@@ -65,6 +66,9 @@ use crate::validate::MAX_ID;
         RunStatus,
         view::Run,
         view::Usage,
+        view::UsageReport,
+        view::UsageDay,
+        view::UsageFigures,
         view::RunPage,
         view::BatchCreated,
         view::Message,
@@ -252,6 +256,14 @@ fn constrain(doc: &mut Value, settings: &Settings) {
         json!({"type": ["integer", "null"], "minimum": 1, "maximum": 10000,
                "description": "Model calls at most; `worker.default_max_iterations` when null"}),
     );
+    replace(
+        doc,
+        &format!("{p}/max_tokens_total"),
+        json!({"type": ["integer", "null"], "minimum": 1, "maximum": api.max_tokens_total,
+               "description": format!(
+                   "The run's token budget (prompt + completion); once reached the run fails with `budget_exceeded` between iterations. At most {} (`api.max_tokens_total`)",
+                   api.max_tokens_total)}),
+    );
     let p = format!("{schemas}/ToolSpec/properties");
     replace(
         doc,
@@ -347,6 +359,10 @@ fn constrain(doc: &mut Value, settings: &Settings) {
     parameter(doc, "/v1/runs", "get", "limit")["schema"] = page(api.default_page_size);
     parameter(doc, "/v1/threads/{id}/messages", "get", "limit")["schema"] =
         page(api.default_page_size);
+    let day =
+        json!({"type": "string", "format": "date", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"});
+    parameter(doc, "/v1/usage", "get", "from")["schema"] = day.clone();
+    parameter(doc, "/v1/usage", "get", "to")["schema"] = day;
     parameter(doc, "/v1/runs", "get", "cursor")["schema"] =
         json!({"type": "string", "pattern": super::runs_list::CURSOR_PATTERN});
     let id = json!({"type": "integer", "minimum": 0, "maximum": MAX_ID});
@@ -652,7 +668,7 @@ mod tests {
             }
         }
         assert_eq!(
-            operations, 13,
+            operations, 14,
             "the admin API is absent without api.admin_token"
         );
         let mut with_admin = settings();

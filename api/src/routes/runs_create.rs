@@ -136,6 +136,19 @@ pub fn validate(state: &AppState, body: &CreateRun, field_prefix: &str) -> Resul
             api.max_tools_per_agent,
         )
         .map_err(|AgentSpecError { field, message }| ApiError::invalid(&f(&field), message))?;
+    if body
+        .agent
+        .max_tokens_total
+        .is_some_and(|n| n > api.max_tokens_total)
+    {
+        return Err(ApiError::invalid(
+            &f("agent.max_tokens_total"),
+            format!(
+                "must be at most {} (api.max_tokens_total)",
+                api.max_tokens_total
+            ),
+        ));
+    }
     let egress = state.settings.egress_policy();
     for (i, tool) in body.agent.tools.iter().enumerate() {
         if egress.refuses_literal(&tool.url) {

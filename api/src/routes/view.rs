@@ -40,12 +40,52 @@ pub struct Run {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
-/// Tokens used by the run's model calls.
+/// What the run's model calls used. Where a provider reported no usage for a call, the
+/// worker estimated it with a tokenizer: `estimated_tokens` is that part of the total, and
+/// `estimated` says whether there is any.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Usage {
     pub prompt_tokens: i64,
     pub completion_tokens: i64,
     pub total_tokens: i64,
+    pub estimated_tokens: i64,
+    pub estimated: bool,
+    /// Tool calls the model made.
+    pub tool_calls: i64,
+}
+
+/// A tenant's usage over `from..=to` (UTC days, inclusive).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UsageReport {
+    #[schema(value_type = String, format = Date)]
+    pub from: chrono::NaiveDate,
+    #[schema(value_type = String, format = Date)]
+    pub to: chrono::NaiveDate,
+    /// The days with any usage, oldest first (a day without any is left out).
+    pub days: Vec<UsageDay>,
+    pub total: UsageFigures,
+}
+
+/// One UTC day of a tenant's usage.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UsageDay {
+    #[schema(value_type = String, format = Date)]
+    pub day: chrono::NaiveDate,
+    #[serde(flatten)]
+    pub figures: UsageFigures,
+}
+
+/// Tokens (prompt + completion = total; `estimated_tokens` of it were estimated by the
+/// worker because the provider reported none), tool calls the model made, and runs whose
+/// first model call fell in the period.
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct UsageFigures {
+    pub prompt_tokens: i64,
+    pub completion_tokens: i64,
+    pub total_tokens: i64,
+    pub estimated_tokens: i64,
+    pub tool_calls: i64,
+    pub runs: i64,
 }
 
 impl From<&RunRow> for Run {
@@ -64,6 +104,9 @@ impl From<&RunRow> for Run {
                 prompt_tokens: run.prompt_tokens,
                 completion_tokens: run.completion_tokens,
                 total_tokens: run.prompt_tokens + run.completion_tokens,
+                estimated_tokens: run.estimated_tokens,
+                estimated: run.estimated_tokens > 0,
+                tool_calls: run.tool_calls.into(),
             },
             error: run.error.as_ref().map(|e| e.0.clone()),
             created_at: run.created_at,

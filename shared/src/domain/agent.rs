@@ -19,6 +19,11 @@ pub struct AgentSpec {
     pub tools: Vec<ToolSpec>,
     #[serde(default)]
     pub max_iterations: Option<i32>,
+    /// The run's token budget (prompt + completion over all its model calls): once reached,
+    /// the run fails with `budget_exceeded` instead of calling the model again. At most
+    /// `api.max_tokens_total`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_total: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -108,6 +113,11 @@ impl AgentSpec {
             && !(1..=10_000).contains(&n)
         {
             return Err(err("agent.max_iterations", "must be within 1..=10000"));
+        }
+        if let Some(n) = self.max_tokens_total
+            && n < 1
+        {
+            return Err(err("agent.max_tokens_total", "must be at least 1"));
         }
         if let Some(p) = &self.system_prompt
             && p.len() > 200_000

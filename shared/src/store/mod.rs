@@ -48,6 +48,7 @@ pub mod tenants;
 pub mod tool_calls;
 pub mod transitions;
 pub mod turns;
+pub mod usage;
 
 use uuid::Uuid;
 

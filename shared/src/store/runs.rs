@@ -35,6 +35,10 @@ pub struct RunRow {
     pub pending: Option<Json<Value>>,
     pub prompt_tokens: i64,
     pub completion_tokens: i64,
+    /// The part of prompt + completion the worker estimated (no usage from the provider).
+    pub estimated_tokens: i64,
+    /// Tool calls the model made in this run's turns.
+    pub tool_calls: i32,
     pub error: Option<Json<Value>>,
     pub cancel_requested_at: Option<DateTime<Utc>>,
     pub last_event_id: i64,

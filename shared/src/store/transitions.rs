@@ -156,6 +156,11 @@ pub struct Claimed {
     /// The previous holder died (or was drained) mid-iteration: clients must drop its partial
     /// deltas, and the interrupted iteration is redone from the last committed state.
     pub recovered: bool,
+    /// Prompt + completion tokens of the run's tenant this UTC day, as the claim found them:
+    /// with the run's own counters, what the budget check needs before the first model call.
+    pub tenant_tokens_today: i64,
+    /// The tenant's own `tokens_per_day` (`tenants.limits`), as stored; `None`: the default.
+    pub tenant_tokens_per_day: Option<Json<serde_json::Value>>,
 }
 
 impl Claimed {
@@ -204,7 +209,12 @@ pub async fn claim_many(
          WHERE r.id = prev.id
            AND ((prev.status = 'queued' AND NOT prev.held)
                 OR (prev.status = 'running' AND r.lease_expires_at < now()))
-         RETURNING r.*, (prev.status = 'running' OR prev.interrupted) AS recovered",
+         RETURNING r.*, (prev.status = 'running' OR prev.interrupted) AS recovered,
+             coalesce((SELECT u.prompt_tokens + u.completion_tokens FROM usage_daily u
+                       WHERE u.tenant_id = r.tenant_id
+                         AND u.day = (now() AT TIME ZONE 'UTC')::date), 0) AS tenant_tokens_today,
+             (SELECT ten.limits -> 'tokens_per_day' FROM tenants ten WHERE ten.id = r.tenant_id)
+                 AS tenant_tokens_per_day",
     )
     .bind(run_ids)
     .bind(owner)
@@ -219,6 +229,8 @@ pub async fn claim_many(
             by_id.remove(id).map(|r| Claimed {
                 recovered: r.recovered,
                 run: r.run,
+                tenant_tokens_today: r.tenant_tokens_today,
+                tenant_tokens_per_day: r.tenant_tokens_per_day,
             })
         })
         .collect())
@@ -229,6 +241,8 @@ struct ClaimRow {
     #[sqlx(flatten)]
     run: RunRow,
     recovered: bool,
+    tenant_tokens_today: i64,
+    tenant_tokens_per_day: Option<Json<serde_json::Value>>,
 }
 
 /// What a lease renewal learned.
@@ -778,13 +792,17 @@ mod tests {
 
     async fn new_run(pool: &PgPool) -> RunRow {
         let tenant = tenants::create(pool, "t").await.unwrap();
+        new_run_of(pool, tenant.tenant_id).await
+    }
+
+    async fn new_run_of(pool: &PgPool, tenant_id: Uuid) -> RunRow {
         let agent: AgentSpec = serde_json::from_value(serde_json::json!({"model": "m"})).unwrap();
         let mut tx = pool.begin().await.unwrap();
         let run = create(
             &mut tx,
             NewRun {
                 id: Uuid::now_v7(),
-                tenant_id: tenant.tenant_id,
+                tenant_id,
                 thread_id: None,
                 agent,
                 max_iterations: 5,
@@ -896,7 +914,7 @@ mod tests {
     /// item writes nothing while the others in its group commit.
     #[sqlx::test(migrations = "../migrations")]
     async fn a_group_writes_only_the_items_whose_fence_holds(pool: PgPool) {
-        use crate::store::turns::{Turn, record_many};
+        use crate::store::turns::{Committed, Turn, record_many};
         let (a, b) = (new_run(&pool).await, new_run(&pool).await);
         let held_a = claim(&pool, a.id, "w", LEASE).await.unwrap().unwrap().run;
         let held_b = claim(&pool, b.id, "w", LEASE).await.unwrap().unwrap().run;
@@ -915,6 +933,7 @@ mod tests {
                 "dispatch_count": 1})],
             prompt_tokens: 3,
             completion_tokens: 4,
+            estimated_tokens: 0,
             last_event_id: 7,
             timing: Some(timing(run, 1)),
         };
@@ -924,7 +943,12 @@ mod tests {
         };
         let turns = vec![turn(&held_a, fence_a), turn(&held_b, stale_b)];
         let held = record_many(pool.clone(), Arc::new(turns)).await.unwrap();
-        assert_eq!(held, [true, false]);
+        let usage = Committed {
+            run_tokens: 7,
+            tenant_tokens_today: 7,
+            tenant_tokens_per_day: None,
+        };
+        assert_eq!(held, [Some(usage), None]);
         for (run, expected) in [(a.id, 1), (b.id, 0)] {
             let q = "SELECT count(*) FROM messages WHERE run_id = $1 AND role = 'assistant'";
             assert_eq!(
@@ -1067,5 +1091,104 @@ mod tests {
         )
         .await;
         assert!(matches!(second, Err(StoreError::ThreadBusy { run_id, .. }) if run_id == run.id));
+    }
+
+    /// Usage rides along with the turn commit: the run's counters, one `usage_daily` row per
+    /// tenant and day summed over the group, and in `RETURNING` what the budget check needs.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_groups_usage_is_summed_per_tenant_and_read_back(pool: PgPool) {
+        use crate::store::turns::{Committed, Turn, record_many};
+        let t1 = tenants::create(&pool, "t1").await.unwrap().tenant_id;
+        let t2 = tenants::create(&pool, "t2").await.unwrap().tenant_id;
+        sqlx::query(r#"UPDATE tenants SET limits = '{"tokens_per_day": 99}' WHERE id = $1"#)
+            .bind(t2)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let mut held = vec![];
+        for tenant in [t1, t1, t2] {
+            let run = new_run_of(&pool, tenant).await;
+            held.push(claim(&pool, run.id, "w", LEASE).await.unwrap().unwrap().run);
+        }
+        let turn = |run: &RunRow, tokens: (i64, i64, i64), calls: usize| Turn {
+            fence: Fence {
+                run_id: run.id,
+                attempt: run.attempt,
+            },
+            thread_id: run.thread_id,
+            iteration: 1,
+            message: serde_json::json!({"role": "assistant", "content": "x"}),
+            tool_calls: (0..calls)
+                .map(|i| {
+                    serde_json::json!({
+                    "id": Uuid::now_v7(), "tool_call_id": format!("call_{i}"), "position": i,
+                    "name": "t", "raw_arguments": "{}", "arguments": {}, "risk": "low",
+                    "status": "pending", "dispatch_count": 0})
+                })
+                .collect(),
+            prompt_tokens: tokens.0,
+            completion_tokens: tokens.1,
+            estimated_tokens: tokens.2,
+            last_event_id: 1,
+            timing: None,
+        };
+        let turns = vec![
+            turn(&held[0], (10, 1, 0), 2),
+            turn(&held[1], (20, 2, 22), 0),
+            turn(&held[2], (31, 2, 0), 1),
+        ];
+        let answers = record_many(pool.clone(), Arc::new(turns)).await.unwrap();
+        let committed = |run, today, own: Option<i64>| {
+            Some(Committed {
+                run_tokens: run,
+                tenant_tokens_today: today,
+                tenant_tokens_per_day: own.map(|n| Json(serde_json::json!(n))),
+            })
+        };
+        assert_eq!(
+            answers,
+            [
+                committed(11, 33, None),
+                committed(22, 33, None),
+                committed(33, 33, Some(99))
+            ]
+        );
+        let rows: Vec<(Uuid, i64, i64, i64, i64, i64)> = sqlx::query_as(
+            "SELECT tenant_id, prompt_tokens, completion_tokens, estimated_tokens, tool_calls, runs
+             FROM usage_daily ORDER BY prompt_tokens",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(rows, [(t1, 30, 3, 22, 2, 2), (t2, 31, 2, 0, 1, 1)]);
+        let run = runs::get(&pool, held[0].id).await.unwrap();
+        assert_eq!(
+            (run.prompt_tokens, run.tool_calls, run.estimated_tokens),
+            (10, 2, 0)
+        );
+        // A second turn adds to the same day's row and counts no new run.
+        let again = turn(&held[1], (5, 5, 0), 0);
+        let again = Turn {
+            iteration: 2,
+            ..again
+        };
+        let answers = record_many(pool.clone(), Arc::new(vec![again]))
+            .await
+            .unwrap();
+        assert_eq!(answers, [committed(32, 43, None)]);
+        let claimed = {
+            let run = new_run_of(&pool, t1).await;
+            claim(&pool, run.id, "w", LEASE).await.unwrap().unwrap()
+        };
+        assert_eq!(
+            claimed.tenant_tokens_today, 43,
+            "the claim reads the day's figure"
+        );
+        let (runs,): (i64,) = sqlx::query_as("SELECT runs FROM usage_daily WHERE tenant_id = $1")
+            .bind(t1)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(runs, 2);
     }
 }

@@ -27,8 +27,11 @@ pub struct Turn {
     pub message: Value,
     /// The calls, as [`NewToolCall::row`] makes them.
     pub tool_calls: Vec<Value>,
+    /// Usage of the model call, clamped to `0..=MAX_TURN_TOKENS` (see [`Turn::usage`]).
     pub prompt_tokens: i64,
     pub completion_tokens: i64,
+    /// The part of prompt + completion the worker estimated (the provider reported no usage).
+    pub estimated_tokens: i64,
     /// The last event id the holder has appended: recorded so that ids continue past it if
     /// Redis loses the run's list and the holder dies.
     pub last_event_id: u64,
@@ -36,28 +39,86 @@ pub struct Turn {
     pub timing: Option<IterationTiming>,
 }
 
-/// Commits turns of several runs in one statement; per turn, whether its fence held. The
-/// fence is the `UPDATE runs` itself: it locks each run's row (a concurrent claim waits, or
-/// has already bumped `attempt` and the update skips the row), and every insert joins what it
-/// returned, so a stale holder writes nothing at all. The update changes no indexed column,
-/// so it is a HOT update (see migration 0003).
-pub async fn record_many(pool: PgPool, turns: Arc<Vec<Turn>>) -> Result<Vec<bool>, StoreError> {
-    let held: Vec<(Uuid,)> = sqlx::query_as(concat!(
+/// Most tokens one model call may add to the figures: a hostile or broken provider's usage
+/// is clamped to `0..=MAX_TURN_TOKENS`, so the sums can never overflow `bigint`.
+pub const MAX_TURN_TOKENS: i64 = 1_000_000_000;
+
+/// What a committed turn brought the run and its tenant to, for the budget check that decides
+/// whether another model call may start. Read back by the commit statement itself.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Committed {
+    /// Prompt + completion tokens of the run so far.
+    pub run_tokens: i64,
+    /// Prompt + completion tokens of the run's tenant this UTC day, this turn included.
+    pub tenant_tokens_today: i64,
+    /// The tenant's own `tokens_per_day` (`tenants.limits`), as stored; `None`: the default.
+    pub tenant_tokens_per_day: Option<Json<Value>>,
+}
+
+impl Turn {
+    /// Usage as the turn records it: clamped to `0..=MAX_TURN_TOKENS` each, and all of it
+    /// counted as estimated when `estimated`.
+    pub fn usage(prompt: i64, completion: i64, estimated: bool) -> (i64, i64, i64) {
+        let (p, c) = (
+            prompt.clamp(0, MAX_TURN_TOKENS),
+            completion.clamp(0, MAX_TURN_TOKENS),
+        );
+        (p, c, if estimated { p + c } else { 0 })
+    }
+}
+
+/// Commits turns of several runs in one statement; per turn, `None` if its fence did not
+/// hold, else the usage figures the budget check needs. The fence is the `UPDATE runs`
+/// itself: it locks each run's row (a concurrent claim waits, or has already bumped `attempt`
+/// and the update skips the row), and every insert joins what it returned, so a stale holder
+/// writes nothing at all. The update changes no indexed column, so it is a HOT update (see
+/// migration 0003).
+///
+/// Usage rides along: the run's counters, and one upsert of `usage_daily` per tenant of the
+/// group (summed first, so a row is touched once; in tenant order, so two groups that share
+/// tenants lock their rows in the same order and wait instead of deadlocking). The upsert's
+/// `RETURNING` is the tenant's figure for the day after this group.
+pub async fn record_many(
+    pool: PgPool,
+    turns: Arc<Vec<Turn>>,
+) -> Result<Vec<Option<Committed>>, StoreError> {
+    let held: Vec<CommittedRow> = sqlx::query_as(concat!(
         "WITH input AS (
             SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::uuid[], $4::int[], $5::jsonb[],
-                                 $6::jsonb[], $7::int8[], $8::int8[], $9::int8[], $10::jsonb[])
+                                 $6::jsonb[], $7::int8[], $8::int8[], $9::int8[], $10::jsonb[],
+                                 $11::int8[])
                 AS t(run_id, attempt, thread_id, iteration, message, calls, prompt_tokens,
-                     completion_tokens, last_event_id, timing)),
+                     completion_tokens, last_event_id, timing, estimated_tokens)),
          held AS (
             UPDATE runs r SET iteration = t.iteration,
                               prompt_tokens = r.prompt_tokens + t.prompt_tokens,
                               completion_tokens = r.completion_tokens + t.completion_tokens,
+                              estimated_tokens = r.estimated_tokens + t.estimated_tokens,
+                              tool_calls = r.tool_calls + jsonb_array_length(t.calls),
                               updated_at = now(),
                               last_event_id = GREATEST(r.last_event_id, t.last_event_id),
                               handbacks = 0
             FROM input t
             WHERE r.id = t.run_id AND r.attempt = t.attempt AND r.status = 'running'
-            RETURNING r.id),
+            RETURNING r.id, r.tenant_id, r.prompt_tokens + r.completion_tokens AS run_tokens),
+         daily AS (
+            INSERT INTO usage_daily AS u (tenant_id, day, prompt_tokens, completion_tokens,
+                                          estimated_tokens, tool_calls, runs)
+            SELECT held.tenant_id, (now() AT TIME ZONE 'UTC')::date,
+                   sum(t.prompt_tokens)::bigint, sum(t.completion_tokens)::bigint,
+                   sum(t.estimated_tokens)::bigint, sum(jsonb_array_length(t.calls))::bigint,
+                   -- A turn of iteration 1 commits once per run (a stale holder writes nothing).
+                   count(*) FILTER (WHERE t.iteration = 1)
+            FROM input t JOIN held ON held.id = t.run_id
+            GROUP BY held.tenant_id
+            ORDER BY held.tenant_id
+            ON CONFLICT (tenant_id, day) DO UPDATE SET
+                prompt_tokens = u.prompt_tokens + EXCLUDED.prompt_tokens,
+                completion_tokens = u.completion_tokens + EXCLUDED.completion_tokens,
+                estimated_tokens = u.estimated_tokens + EXCLUDED.estimated_tokens,
+                tool_calls = u.tool_calls + EXCLUDED.tool_calls,
+                runs = u.runs + EXCLUDED.runs
+            RETURNING u.tenant_id, u.prompt_tokens + u.completion_tokens AS tenant_tokens_today),
          message AS (
             INSERT INTO messages (thread_id, run_id, role, is_llm_message, body, iteration)
             SELECT t.thread_id, t.run_id, 'assistant', true, t.message, t.iteration
@@ -76,7 +137,10 @@ pub async fn record_many(pool: PgPool, turns: Arc<Vec<Turn>>) -> Result<Vec<bool
          ",
         timing_cte!(),
         "
-         SELECT id FROM held",
+         SELECT held.id, held.run_tokens, daily.tenant_tokens_today,
+                ten.limits -> 'tokens_per_day' AS tenant_tokens_per_day
+         FROM held JOIN daily ON daily.tenant_id = held.tenant_id
+                   LEFT JOIN tenants ten ON ten.id = held.tenant_id",
     ))
     .bind(turns.iter().map(|t| t.fence.run_id).collect::<Vec<_>>())
     .bind(turns.iter().map(|t| t.fence.attempt).collect::<Vec<_>>())
@@ -108,9 +172,22 @@ pub async fn record_many(pool: PgPool, turns: Arc<Vec<Turn>>) -> Result<Vec<bool
             .map(|t| timing_param(t.timing.as_ref()))
             .collect::<Vec<_>>(),
     )
+    .bind(turns.iter().map(|t| t.estimated_tokens).collect::<Vec<_>>())
     .fetch_all(&pool)
     .await?;
-    Ok(held_flags(turns.iter().map(|t| t.fence.run_id), &held))
+    let mut by_run: std::collections::HashMap<Uuid, Committed> =
+        held.into_iter().map(|r| (r.id, r.committed)).collect();
+    Ok(turns
+        .iter()
+        .map(|t| by_run.remove(&t.fence.run_id))
+        .collect())
+}
+
+#[derive(sqlx::FromRow)]
+struct CommittedRow {
+    id: Uuid,
+    #[sqlx(flatten)]
+    committed: Committed,
 }
 
 /// Per item (by run id), whether the statement returned its run as held.

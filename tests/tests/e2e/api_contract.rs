@@ -652,6 +652,7 @@ async fn the_openapi_document_describes_every_operation_of_this_deployment() {
             "GET /v1/runs/{id}/events",
             "GET /v1/threads/{id}/events",
             "GET /v1/threads/{id}/messages",
+            "GET /v1/usage",
             "POST /v1/runs",
             "POST /v1/runs/batch",
             "POST /v1/runs/{id}/cancel",

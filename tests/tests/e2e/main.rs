@@ -15,4 +15,5 @@ mod resilience;
 mod startup;
 mod streams;
 mod tenancy;
+mod usage;
 mod validation;
