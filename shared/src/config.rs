@@ -187,6 +187,33 @@ pub struct WorkerSettings {
     pub write_groups_in_flight: usize,
     /// Most items in one grouped write.
     pub max_write_group: usize,
+    /// What a run does once its tenant's daily token budget is reached: fail with
+    /// `budget_exceeded`, or pause as waiting for input until a resume (after the budget was
+    /// raised or a new UTC day began). A run's own budget (`agent.max_tokens_total`) always
+    /// fails: nothing a resume brings could raise it.
+    pub on_budget_exceeded: OnBudgetExceeded,
+}
+
+/// `worker.on_budget_exceeded`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum OnBudgetExceeded {
+    Fail,
+    Pause,
+}
+
+impl TryFrom<String> for OnBudgetExceeded {
+    type Error = String;
+
+    /// By hand rather than serde's enum naming: its error ("does not have variant
+    /// constructor") does not say which values are allowed.
+    fn try_from(s: String) -> Result<OnBudgetExceeded, String> {
+        match s.as_str() {
+            "fail" => Ok(OnBudgetExceeded::Fail),
+            "pause" => Ok(OnBudgetExceeded::Pause),
+            other => Err(format!("must be `fail` or `pause`, not `{other}`")),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -355,6 +382,7 @@ model_retry_max_ms = 10000
 model_retry_after_max_ms = 30000
 write_groups_in_flight = 1
 max_write_group = 64
+on_budget_exceeded = "fail"
 
 [events]
 retention_secs = 86400
@@ -598,6 +626,21 @@ mod tests {
         assert_eq!(s.redis.prefix, "agentfleet");
         assert_eq!(s.worker.lease_ms, 10_000);
         assert_eq!(s.events.retention_secs, 86_400);
+    }
+
+    #[test]
+    fn the_budget_setting_is_fail_or_pause_naming_the_key() {
+        assert_eq!(
+            load(&[]).unwrap().worker.on_budget_exceeded,
+            OnBudgetExceeded::Fail
+        );
+        let s = load(&[("worker.on_budget_exceeded", "pause")]).unwrap();
+        assert_eq!(s.worker.on_budget_exceeded, OnBudgetExceeded::Pause);
+        let err = load(&[("worker.on_budget_exceeded", "wait")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("worker.on_budget_exceeded"), "{err}");
+        assert!(err.contains("`fail`") && err.contains("`pause`"), "{err}");
     }
 
     #[test]

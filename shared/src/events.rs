@@ -734,7 +734,21 @@ pub fn resume_fence(attempt: i32) -> i64 {
 /// The pausing event for a run's pending item. Built in one place so the API can append it on
 /// a worker's behalf (if the worker died between its commit and its append) identically.
 pub fn pending_event(pending: &Value) -> (EventType, Value) {
-    if pending.get("kind").and_then(Value::as_str) == Some("input") {
+    let kind = pending.get("kind").and_then(Value::as_str);
+    if kind == Some("budget") {
+        // A budget pause is answered like a question (`{"input": ...}`), so it is announced as
+        // one; `kind` and the absent `tool_call_id` tell it from the agent's `ask`.
+        let data = serde_json::json!({
+            "kind": "budget",
+            "tool_call_id": null,
+            "budget": pending.get("budget"),
+            "used": pending.get("used"),
+            "limit": pending.get("limit"),
+            "question": pending.get("question"),
+            "attachments": [],
+        });
+        (EventType::InputRequired, data)
+    } else if kind == Some("input") {
         let data = serde_json::json!({
             "tool_call_id": pending.get("tool_call_id"),
             "question": pending.get("question"),

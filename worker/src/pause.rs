@@ -1,5 +1,5 @@
-//! Pausing a run for a human: the question or the calls to confirm are committed as the run's
-//! pending item, the lease is released, and then the pausing event is appended with the
+//! Pausing a run for a human: the question, the calls to confirm or the reached budget are
+//! committed as the run's pending item, the lease is released, and then the pausing event is appended with the
 //! retention expiry. Nothing about the paused run stays in this worker.
 
 use serde_json::{Value, json};
@@ -54,6 +54,35 @@ pub async fn for_input(ctx: &RunCtx, call: &ToolCallRow, args: &Value) -> Result
     .await
 }
 
+/// The tenant's daily token budget is reached and `worker.on_budget_exceeded = "pause"`: the
+/// run waits for input between iterations (no tool call is left open). A resume queues it
+/// again; its next holding checks the budget before any model call, so a resume while the
+/// budget is still exhausted only pauses again.
+pub async fn for_budget(ctx: &RunCtx, used: i64, limit: u64) -> Result<(), RunError> {
+    let question = format!(
+        "The tenant's daily token budget is used up: {used} tokens today (UTC), budget \
+         tokens_per_day = {limit}. Raise the tenant's tokens_per_day or wait for the next UTC \
+         day, then resume the run with POST /v1/runs/{}/resume {{\"input\": \"...\"}}; the \
+         input becomes the next user message.",
+        ctx.fence.run_id
+    );
+    let pending = json!({
+        "kind": "budget",
+        "budget": "tenant",
+        "used": used,
+        "limit": limit,
+        "question": question,
+    });
+    pause(
+        ctx,
+        &[],
+        ToolCallStatus::AwaitingInput,
+        RunStatus::WaitingForInput,
+        &pending,
+    )
+    .await
+}
+
 /// Commits the pause (fenced), then announces it. The run records the id its pausing event
 /// will get, so the API can tell whether the event made it to the stream.
 async fn pause(
@@ -65,7 +94,9 @@ async fn pause(
 ) -> Result<(), RunError> {
     let mut tx = ctx.shared.pool.begin().await.map_err(StoreError::from)?;
     lock_fenced(&mut tx, ctx.fence).await?;
-    tool_calls::set_status(&mut tx, ctx.fence.run_id, call_ids, call_status).await?;
+    if !call_ids.is_empty() {
+        tool_calls::set_status(&mut tx, ctx.fence.run_id, call_ids, call_status).await?;
+    }
     let next_id = ctx.emitter.last_id() + 1;
     transitions::wait(&mut tx, ctx.fence, run_status, pending, next_id).await?;
     tx.commit().await.map_err(StoreError::from)?;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use agentfleet_shared::config::OnBudgetExceeded;
 use agentfleet_shared::domain::RunStatus;
 use agentfleet_shared::events::{EventType, Expiry};
 use agentfleet_shared::report;
@@ -132,6 +133,16 @@ async fn drive(
         }
         // Between iterations only: the last turn's calls are settled above.
         if let Err(exceeded) = ctx.budget.check(chrono::Utc::now().date_naive()) {
+            let on = ctx.shared.settings.worker.on_budget_exceeded;
+            // Only the tenant's daily budget can change while the run waits (an operator
+            // raises it, or the UTC day turns); the run's own is part of its agent and a
+            // resume cannot raise it, so that pause could only end in another.
+            if let (OnBudgetExceeded::Pause, Exceeded::Tenant { used, limit }) = (on, &exceeded) {
+                tracing::info!(run_id = %ctx.fence.run_id, used, limit,
+                    "tenant token budget reached; pausing the run");
+                crate::pause::for_budget(ctx, *used, *limit).await?;
+                return Ok(Outcome::Paused);
+            }
             return Ok(Outcome::BudgetExceeded(exceeded));
         }
         iteration += 1;

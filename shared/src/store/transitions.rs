@@ -639,8 +639,8 @@ pub struct Resumed {
     pub pending: Value,
 }
 
-/// `waiting_* -> queued`: records the answer (a tool result for `ask`, then a user message)
-/// or the decisions (who decided, when, why; rejected calls get their tool result now), all
+/// `waiting_* -> queued`: records the answer (a tool result for `ask`, then a user message;
+/// after a budget pause, only the user message) or the decisions (who decided, when, why; rejected calls get their tool result now), all
 /// in one transaction under the run's row lock, so concurrent resumes cannot both succeed.
 pub async fn resume(
     pool: &PgPool,
@@ -665,6 +665,13 @@ pub async fn resume(
         .unwrap_or(Value::Null);
     let iteration = run.iteration;
     match (run.status, input) {
+        // Paused on the tenant's token budget: no tool call waits for a result, the input is
+        // the next user message. The worker checks the budget again before its model call.
+        (RunStatus::WaitingForInput, ResumeInput::Answer(text))
+            if pending.get("kind").and_then(Value::as_str) == Some("budget") =>
+        {
+            messages::insert_user(&mut tx, run.thread_id, run_id, &text).await?;
+        }
         (RunStatus::WaitingForInput, ResumeInput::Answer(text)) => {
             let call_id = pending
                 .get("tool_call_id")

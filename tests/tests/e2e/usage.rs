@@ -1,5 +1,6 @@
 //! Usage and budgets: tokens and tool calls per run and per tenant-day, `GET /v1/usage`, and
-//! runs stopped between iterations with `budget_exceeded`.
+//! runs stopped between iterations with `budget_exceeded` (or paused, with
+//! `worker.on_budget_exceeded = "pause"`).
 
 use std::time::Duration;
 
@@ -265,6 +266,122 @@ async fn a_tenant_over_its_daily_budget_has_its_run_failed_between_iterations() 
     })
     .await;
     assert_eq!(theirs["status"], "completed", "{theirs}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_pause_configured_a_tenant_over_budget_waits_for_input_until_raised() {
+    let env = TestEnv::with(&[("worker.on_budget_exceeded", "pause")]).await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    set_tenant_limits(&env, app.tenant_id, json!({"tokens_per_day": 100})).await;
+    // The first turn spends 160 of 100: its call still runs, the second model call waits.
+    let run = app
+        .start_run(&scripted_run(
+            json!([echo_turn("a", usage(150, 10)), {"content": "done after the raise"}]),
+            json!([http_tool(&env, "echo", "/echo")]),
+        ))
+        .await;
+    let run_id = run["id"].as_str().unwrap();
+    let first_part = app.events(run_id, 0, T).await; // ends at the pausing event
+    let paused = first_part.last().unwrap();
+    assert_eq!(paused["type"], "input_required", "{paused}");
+    assert_eq!(paused["data"]["kind"], "budget");
+    assert_eq!(paused["data"]["budget"], "tenant");
+    assert_eq!(
+        (&paused["data"]["used"], &paused["data"]["limit"]),
+        (&json!(160), &json!(100))
+    );
+    assert!(paused["data"]["tool_call_id"].is_null());
+    let waiting = app.wait_status(run_id, &["waiting_for_input"], T).await;
+    let pending = &waiting["pending"];
+    assert_eq!(pending["kind"], "budget", "{waiting}");
+    assert_eq!(
+        (&pending["used"], &pending["limit"]),
+        (&json!(160), &json!(100))
+    );
+    let question = pending["question"].as_str().unwrap();
+    assert!(
+        question.contains("tokens_per_day") && question.contains("/resume"),
+        "{question}"
+    );
+    assert_eq!(env.llm.request_count(), 1, "one model call, then the pause");
+    assert_eq!(
+        call_statuses(&env, run_id).await,
+        ["succeeded"],
+        "the crossing turn's call finished; nothing left running"
+    );
+
+    // Still over budget: the resume pauses again, without a model call.
+    let path = format!("/v1/runs/{run_id}/resume");
+    let resp = app.post(&path, &json!({"input": "go on"})).await;
+    assert_eq!(resp.status(), 202);
+    let last_seen = paused["id"].as_u64().unwrap();
+    let second_part = app.events(run_id, last_seen, T).await;
+    let kinds: Vec<&str> = second_part
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["run_resumed", "run_started", "input_required"]);
+    assert_eq!(second_part[0]["data"]["kind"], "budget");
+    assert_eq!(second_part[2]["data"]["kind"], "budget");
+    let waiting = app.wait_status(run_id, &["waiting_for_input"], T).await;
+    assert_eq!(waiting["pending"]["kind"], "budget", "{waiting}");
+    assert_eq!(waiting["iteration"], 1);
+    assert_eq!(
+        env.llm.request_count(),
+        1,
+        "no model call while over budget"
+    );
+
+    // The operator raises the tenant's budget: the next resume completes the run.
+    sqlx::query(
+        "UPDATE tenants SET limits = limits || '{\"tokens_per_day\": 100000}'::jsonb WHERE id = $1",
+    )
+    .bind(app.tenant_id)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let resp = app.post(&path, &json!({"input": "continue"})).await;
+    assert_eq!(resp.status(), 202);
+    let done = app.wait_status(run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert!(done["pending"].is_null());
+    assert_eq!(env.llm.request_count(), 2);
+    let all = app.events(run_id, 0, T).await;
+    assert_gap_free(&all);
+    assert_eq!(all.last().unwrap()["type"], "run_completed");
+    // Both inputs reached the model as user messages after the settled tool call.
+    let reqs = env.llm.requests();
+    let last = reqs.last().unwrap()["messages"].as_array().unwrap().clone();
+    let roles: Vec<&str> = last.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(
+        roles,
+        ["system", "user", "assistant", "tool", "user", "user"]
+    );
+    assert_eq!(
+        (&last[4]["content"], &last[5]["content"]),
+        (&json!("go on"), &json!("continue"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_pause_configured_a_run_over_its_own_budget_still_fails() {
+    let env = TestEnv::with(&[("worker.on_budget_exceeded", "pause")]).await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let mut body = scripted_run(
+        json!([echo_turn("a", usage(60, 50)), {"content": "never asked for"}]),
+        json!([http_tool(&env, "echo", "/echo")]),
+    );
+    body["agent"]["max_tokens_total"] = json!(100);
+    let run = app.start_run(&body).await;
+    let run_id = run["id"].as_str().unwrap();
+    let done = app
+        .wait_status(run_id, &["completed", "failed", "waiting_for_input"], T)
+        .await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["error"]["code"], "budget_exceeded", "{done}");
+    assert_eq!(env.llm.request_count(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
