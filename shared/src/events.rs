@@ -766,6 +766,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_budget_pause_is_announced_as_input_required_with_its_figures() {
+        let pending = serde_json::json!({"kind": "budget", "budget": "tenant", "used": 160,
+            "limit": 100, "question": "raise it"});
+        let (kind, data) = pending_event(&pending);
+        assert_eq!(kind, EventType::InputRequired);
+        assert_eq!(data["kind"], "budget");
+        assert!(data["tool_call_id"].is_null());
+        assert_eq!(
+            (&data["used"], &data["limit"]),
+            (&pending["used"], &pending["limit"])
+        );
+        assert_eq!(data["question"], "raise it");
+        let ask = serde_json::json!({"kind": "input", "tool_call_id": "c1", "question": "q"});
+        let (kind, data) = pending_event(&ask);
+        assert_eq!(kind, EventType::InputRequired);
+        assert!(
+            data.get("kind").is_none(),
+            "an ask's event is unchanged: {data}"
+        );
+    }
+
+    #[test]
     fn keys_follow_the_design_names() {
         let k = Keys::new("agentfleet");
         let id = Uuid::nil();

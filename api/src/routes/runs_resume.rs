@@ -1,5 +1,5 @@
-//! `POST /v1/runs/{id}/resume`: `{"input": "..."}` answers a question; `{"decisions": [...]}`
-//! settles pending confirmations. The run goes back to `queued`, `run_resumed` is appended,
+//! `POST /v1/runs/{id}/resume`: `{"input": "..."}` answers a question (or continues a run
+//! paused on its tenant's token budget); `{"decisions": [...]}` settles pending confirmations. The run goes back to `queued`, `run_resumed` is appended,
 //! the list loses its expiry, and the run is published for whichever worker is free.
 
 use std::time::Duration;
@@ -19,7 +19,8 @@ use crate::routes::{PathId, view};
 use crate::state::AppState;
 use crate::validate;
 
-/// Exactly one of `input` (answers a question) or `decisions` (settles confirmations).
+/// Exactly one of `input` (answers a question, or continues after a budget pause) or
+/// `decisions` (settles confirmations).
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResumeBody {

@@ -26,8 +26,10 @@ pub struct Run {
     pub max_iterations: i32,
     /// How many times a worker has claimed the run.
     pub attempt: i32,
-    /// While the run waits: `{"kind": "input", ...}` (a question) or
-    /// `{"kind": "confirmation", "tool_calls": [...]}`; otherwise null.
+    /// While the run waits: `{"kind": "input", ...}` (a question),
+    /// `{"kind": "confirmation", "tool_calls": [...]}`, or `{"kind": "budget", "budget",
+    /// "used", "limit", "question"}` (the tenant's daily token budget, answered with
+    /// `input`); otherwise null.
     #[schema(value_type = Option<Object>)]
     pub pending: Option<Value>,
     pub usage: Usage,

@@ -1064,6 +1064,57 @@ mod tests {
         ));
     }
 
+    /// A budget pause has no tool call to answer: the resume records the input as a user
+    /// message only, and queues the run.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_budget_pause_resumes_with_a_user_message_only(pool: PgPool) {
+        let run = new_run(&pool).await;
+        let key: (Uuid,) = sqlx::query_as("SELECT id FROM api_keys")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let claimed = claim(&pool, run.id, "w", LEASE).await.unwrap().unwrap();
+        let pending = serde_json::json!({"kind": "budget", "budget": "tenant", "used": 5,
+            "limit": 1, "question": "raise it"});
+        let mut tx = pool.begin().await.unwrap();
+        wait(
+            &mut tx,
+            claimed.fence(),
+            RunStatus::WaitingForInput,
+            &pending,
+            3,
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        let resumed = resume(
+            &pool,
+            run.tenant_id,
+            run.id,
+            ResumeInput::Answer("go on".into()),
+            key.0,
+        )
+        .await
+        .unwrap();
+        assert_eq!(resumed.run.status, RunStatus::Queued);
+        assert_eq!(resumed.pending, pending);
+        let users: Vec<(Value,)> = sqlx::query_as(
+            "SELECT body FROM messages WHERE run_id = $1 AND role = 'user' ORDER BY id",
+        )
+        .bind(run.id)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(users.len(), 2, "the run's input, then the resume's");
+        assert!(users[1].0.to_string().contains("go on"), "{:?}", users[1]);
+        let (calls,): (i64,) = sqlx::query_as("SELECT count(*) FROM tool_calls WHERE run_id = $1")
+            .bind(run.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(calls, 0);
+    }
+
     #[sqlx::test(migrations = "../migrations")]
     async fn the_schema_refuses_impossible_states(pool: PgPool) {
         let run = new_run(&pool).await;

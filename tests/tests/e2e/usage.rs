@@ -364,6 +364,58 @@ async fn with_pause_configured_a_tenant_over_budget_waits_for_input_until_raised
     );
 }
 
+/// Under fair dispatch a budget pause frees the tenant's running slot like any pause: with a
+/// running limit of 1, the second run starts once the first pauses (and pauses at once, before
+/// any model call); after the raise, both resumes are dispatched and complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_pause_frees_the_tenants_running_slot() {
+    let env = TestEnv::with(&[
+        ("worker.on_budget_exceeded", "pause"),
+        ("limits.max_running_runs", "1"),
+    ])
+    .await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    set_tenant_limits(&env, app.tenant_id, json!({"tokens_per_day": 100})).await;
+    let tools = json!([http_tool(&env, "echo", "/echo")]);
+    let script = json!([echo_turn("a", usage(150, 10)), {"content": "done"}]);
+    let first = app
+        .start_run(&scripted_run(script.clone(), tools.clone()))
+        .await;
+    let second = app.start_run(&scripted_run(script, tools)).await;
+    let ids = [
+        first["id"].as_str().unwrap(),
+        second["id"].as_str().unwrap(),
+    ];
+    let (fair,): (bool,) = sqlx::query_as("SELECT bool_and(fair) FROM runs WHERE tenant_id = $1")
+        .bind(app.tenant_id)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert!(fair, "both runs go through fair dispatch");
+    for id in ids {
+        let waiting = app.wait_status(id, &["waiting_for_input"], T).await;
+        assert_eq!(waiting["pending"]["kind"], "budget", "{waiting}");
+    }
+    assert_eq!(
+        env.llm.request_count(),
+        1,
+        "the second run paused before its model call"
+    );
+
+    set_tenant_limits(&env, app.tenant_id, json!({"tokens_per_day": 100000})).await;
+    for id in ids {
+        let resp = app
+            .post(&format!("/v1/runs/{id}/resume"), &json!({"input": "go on"}))
+            .await;
+        assert_eq!(resp.status(), 202);
+    }
+    for id in ids {
+        let done = app.wait_status(id, &["completed", "failed"], T).await;
+        assert_eq!(done["status"], "completed", "{done}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_pause_configured_a_run_over_its_own_budget_still_fails() {
     let env = TestEnv::with(&[("worker.on_budget_exceeded", "pause")]).await;
