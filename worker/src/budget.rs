@@ -8,6 +8,8 @@
 //! between iterations: the calls of the turn that crossed the budget were recorded for
 //! dispatch with it and are settled as usual (they finish, a confirmation or a question
 //! still pauses the run, `complete` still completes it); only the next model call is refused.
+//! Refused means failed with `budget_exceeded`, or, for the tenant's budget with
+//! `worker.on_budget_exceeded = "pause"`, paused as waiting for input (`pause::for_budget`).
 
 use std::sync::Mutex;
 
