@@ -39,6 +39,15 @@ macro_rules! timing_cte {
 }
 
 pub mod batch;
+
+/// `status = 'running'` as a parameter of the grouped fenced writes (`turns::record_many`,
+/// `tool_calls::finish_many`, `transitions::end_many`). From the literal, the planner proves
+/// the partial indexes on `status` usable for the fence and, on a `runs` table it has no
+/// statistics for yet (a new database; autovacuum analyzes only after its naptime), plans a
+/// scan of one whole — every active run — instead of a primary-key probe per run, and the
+/// generic plan keeps it for the connection's life. With a parameter it cannot; the fence
+/// also names its ids (`r.id = ANY($1)`) so the primary key carries it.
+pub(crate) const RUNNING: &str = "running";
 pub mod create_many;
 pub mod dispatch;
 pub mod keys;

@@ -157,8 +157,8 @@ pub async fn finish_many(
                      error, message)),
          held AS (
             SELECT r.id FROM runs r
-            WHERE (r.id, r.attempt) IN (SELECT run_id, attempt FROM input)
-              AND r.status = 'running'
+            WHERE r.id = ANY($1) AND (r.id, r.attempt) IN (SELECT run_id, attempt FROM input)
+              AND r.status = $10
             FOR UPDATE),
          call AS (
             UPDATE tool_calls c SET status = t.status, result = t.result, error = t.error,
@@ -205,6 +205,7 @@ pub async fn finish_many(
             .map(|o| Json(&o.message))
             .collect::<Vec<_>>(),
     )
+    .bind(super::RUNNING)
     .fetch_all(&pool)
     .await?;
     Ok(super::turns::held_flags(

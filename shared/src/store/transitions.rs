@@ -299,7 +299,8 @@ pub async fn end_many(pool: PgPool, endings: Arc<Vec<Ending>>) -> Result<Vec<boo
                               lease_expires_at = NULL, finished_at = now(), updated_at = now(),
                               last_event_id = GREATEST(r.last_event_id, t.last_event_id)
             FROM input t
-            WHERE r.id = t.run_id AND r.attempt = t.attempt AND r.status = 'running'
+            WHERE r.id = ANY($1) AND r.id = t.run_id AND r.attempt = t.attempt
+              AND r.status = $6
             RETURNING r.id),
          ",
         timing_cte!(),
@@ -326,6 +327,7 @@ pub async fn end_many(pool: PgPool, endings: Arc<Vec<Ending>>) -> Result<Vec<boo
             .map(|e| timing_param(e.timing.as_ref()))
             .collect::<Vec<_>>(),
     )
+    .bind(super::RUNNING)
     .fetch_all(&pool)
     .await?;
     Ok(held_flags(endings.iter().map(|e| e.fence.run_id), &held))

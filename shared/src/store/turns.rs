@@ -99,7 +99,8 @@ pub async fn record_many(
                               last_event_id = GREATEST(r.last_event_id, t.last_event_id),
                               handbacks = 0
             FROM input t
-            WHERE r.id = t.run_id AND r.attempt = t.attempt AND r.status = 'running'
+            WHERE r.id = ANY($1) AND r.id = t.run_id AND r.attempt = t.attempt
+              AND r.status = $12
             RETURNING r.id, r.tenant_id, r.prompt_tokens + r.completion_tokens AS run_tokens),
          daily AS (
             INSERT INTO usage_daily AS u (tenant_id, day, prompt_tokens, completion_tokens,
@@ -173,6 +174,7 @@ pub async fn record_many(
             .collect::<Vec<_>>(),
     )
     .bind(turns.iter().map(|t| t.estimated_tokens).collect::<Vec<_>>())
+    .bind(super::RUNNING)
     .fetch_all(&pool)
     .await?;
     let mut by_run: std::collections::HashMap<Uuid, Committed> =
