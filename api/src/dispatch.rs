@@ -6,7 +6,7 @@ use uuid::Uuid;
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::store::tenants::Principal;
 
-use crate::routes::runs_create::PUBLISH_TIMEOUT;
+use crate::routes::runs_create::publish_bounded;
 use crate::state::AppState;
 
 /// Whether the caller's runs count against a running limit (and are so created held).
@@ -31,16 +31,5 @@ pub async fn publish(state: &AppState, ids: &[Uuid]) {
         return;
     }
     metrics::counter!("agentfleet_runs_dispatched_total").increment(ids.len() as u64);
-    match tokio::time::timeout(PUBLISH_TIMEOUT, state.publisher.publish_runs(ids)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            tracing::warn!(run_ids = ?e.failed, error = %e, "publish failed; the sweeper will re-enqueue");
-        }
-        Err(_) => {
-            tracing::warn!(
-                runs = ids.len(),
-                "publish timed out; the sweeper will re-enqueue"
-            );
-        }
-    }
+    publish_bounded(state, ids).await;
 }

@@ -19,7 +19,7 @@ use agentfleet_shared::store::{StoreError, create_many};
 
 use crate::auth::Caller;
 use crate::error::{ApiError, JsonBody};
-use crate::routes::runs_create::{CreateRun, PUBLISH_TIMEOUT, queued_data, validate};
+use crate::routes::runs_create::{CreateRun, publish_bounded, queued_data, validate};
 use crate::routes::view;
 use crate::state::AppState;
 
@@ -166,16 +166,5 @@ async fn announce_all(state: &AppState, runs: &[RunRow]) {
         return;
     }
     let ids: Vec<Uuid> = runs.iter().map(|r| r.id).collect();
-    match tokio::time::timeout(PUBLISH_TIMEOUT, state.publisher.publish_runs(&ids)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            tracing::warn!(run_ids = ?e.failed, error = %e, "publish failed; the sweeper will re-enqueue");
-        }
-        Err(_) => {
-            tracing::warn!(
-                runs = ids.len(),
-                "publish timed out; the sweeper will re-enqueue"
-            );
-        }
-    }
+    publish_bounded(state, &ids).await;
 }

@@ -84,12 +84,7 @@ impl TestEnv {
 
     /// The API as a separate OS process; returns it and its base URL.
     pub async fn spawn_api_process(&self, extra_env: &[(&str, &str)]) -> (ChildProcess, String) {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let listen = format!("127.0.0.1:{port}");
+        let listen = free_address();
         let bin = binary("agentfleet-api");
         let child = Command::new(&bin)
             .arg("serve")
@@ -129,6 +124,15 @@ impl TestEnv {
             .expect("spawn worker");
         ChildProcess { child: Some(child) }
     }
+}
+
+/// A loopback address with a port free right now, for a process to listen on.
+pub fn free_address() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port();
+    format!("127.0.0.1:{port}")
 }
 
 /// Path of a workspace binary next to the test executable's directory.

@@ -39,6 +39,20 @@ async fn count(env: &TestEnv, sql: &str, tenant: Uuid) -> i64 {
         .0
 }
 
+/// The most of `tenant`'s runs that were running at once: at each run's start, the runs that
+/// had started and not yet finished.
+async fn most_at_once(env: &TestEnv, tenant: Uuid) -> i64 {
+    count(
+        env,
+        "SELECT coalesce(max(n), 0) FROM (
+             SELECT (SELECT count(*) FROM runs o WHERE o.tenant_id = $1
+                       AND o.started_at <= r.started_at AND o.finished_at > r.started_at) AS n
+             FROM runs r WHERE r.tenant_id = $1) x",
+        tenant,
+    )
+    .await
+}
+
 /// Tenant A has 2,000 queued runs and a running limit of 8; tenant B's 5 runs all start while
 /// A still has more than 1,500 not started, A never has more than 8 runs in flight, and every
 /// run of A is dispatched in the end (each end dispatches the next).
@@ -118,17 +132,8 @@ async fn a_small_tenant_is_not_stuck_behind_a_big_backlog() {
         },
     )
     .await;
-    // Never more than the limit running at once: at each run's start, the runs of A that had
-    // started and not yet finished.
-    let most = count(
-        &env,
-        "SELECT coalesce(max(n), 0) FROM (
-             SELECT (SELECT count(*) FROM runs o WHERE o.tenant_id = $1
-                       AND o.started_at <= r.started_at AND o.finished_at > r.started_at) AS n
-             FROM runs r WHERE r.tenant_id = $1) x",
-        a,
-    )
-    .await;
+    // Never more than the limit running at once.
+    let most = most_at_once(&env, a).await;
     assert!(most <= LIMIT, "{most} of A's runs overlapped");
 }
 
@@ -248,15 +253,7 @@ async fn a_killed_worker_neither_loses_held_runs_nor_breaks_the_limit() {
     )
     .await;
     assert!(recovered >= 1, "the killed worker's runs were recovered");
-    let most = count(
-        &env,
-        "SELECT coalesce(max(n), 0) FROM (
-             SELECT (SELECT count(*) FROM runs o WHERE o.tenant_id = $1
-                       AND o.started_at <= r.started_at AND o.finished_at > r.started_at) AS n
-             FROM runs r WHERE r.tenant_id = $1) x",
-        app.tenant_id,
-    )
-    .await;
+    let most = most_at_once(&env, app.tenant_id).await;
     assert!(most <= 2, "{most} runs overlapped under a limit of 2");
 }
 
@@ -277,12 +274,7 @@ async fn suspension_holds_queued_runs_and_the_backlog_is_exported() {
     tenants::set_suspended(&env.pool, app.tenant_id, true)
         .await
         .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    let listen = free_address();
     let _worker = env.spawn_worker_process(&[("worker.metrics_listen", &listen)]);
     let gauge = format!(
         "agentfleet_tenant_held_runs{{tenant=\"{}\"}} 4",
