@@ -2,8 +2,8 @@
 --
 -- `limits` holds only what an operator set for this tenant (e.g. {"max_running_runs": 4});
 -- anything absent falls back to the configured default, so changing a default reaches every
--- tenant that never had its own value. A suspended tenant keeps its data and queued runs,
--- but its keys are refused and nothing of it starts.
+-- tenant that never had its own value. A suspended tenant keeps its data and queued runs
+-- (held, see 0007); its keys may still read and cancel, but nothing new of it starts.
 ALTER TABLE tenants
     ADD COLUMN limits jsonb NOT NULL DEFAULT '{}'::jsonb
         CONSTRAINT tenants_limits_object CHECK (jsonb_typeof(limits) = 'object'),
