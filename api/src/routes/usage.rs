@@ -24,12 +24,14 @@ pub struct UsageQuery {
 }
 
 /// `GET /v1/usage?from=YYYY-MM-DD&to=YYYY-MM-DD`: UTC days, both included; `to` defaults to
-/// today, `from` to 29 days before `to`; at most `api.max_usage_days` days.
+/// today, `from` to 29 days before `to`. Any two well-formed days are a valid question: a
+/// `from` after `to` covers no day, and a range longer than `api.max_usage_days` is cut to
+/// its last days (the answer's `from` and `to` say what it covers).
 #[utoipa::path(get, path = "/v1/usage", tag = "usage", operation_id = "get_usage",
     params(("from" = Option<String>, Query, description = "First UTC day (YYYY-MM-DD); 29 days before `to` when absent"),
            ("to" = Option<String>, Query, description = "Last UTC day (YYYY-MM-DD), included; today when absent")),
     responses((status = 200, description = "The tenant's usage per day and in total", body = view::UsageReport),
-              (status = 422, description = "A malformed day, `from` after `to`, or a range over `api.max_usage_days`", body = view::ErrorBody)))]
+              (status = 422, description = "A malformed day (not `YYYY-MM-DD`) or an unknown parameter", body = view::ErrorBody)))]
 pub async fn get_usage(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -82,8 +84,8 @@ fn add(a: &view::UsageFigures, b: &view::UsageFigures) -> view::UsageFigures {
     }
 }
 
-/// The requested days, checked: each a real `YYYY-MM-DD` day, `from` not after `to`, at most
-/// `max_days` days.
+/// The days to report: each a real `YYYY-MM-DD` day (else 422 naming it); `from` after `to` is
+/// an empty range; more than `max_days` days are cut to the last `max_days` up to `to`.
 fn range(
     from: Option<&str>,
     to: Option<&str>,
@@ -100,16 +102,13 @@ fn range(
             .checked_sub_days(Days::new(DEFAULT_DAYS - 1))
             .unwrap_or(NaiveDate::MIN),
     };
-    if from > to {
-        return Err(ApiError::invalid("from", "must not be after `to`"));
-    }
     let days = (to - from).num_days() + 1;
-    if days > i64::from(max_days) {
-        return Err(ApiError::invalid(
-            "to",
-            format!("the range covers {days} days; at most {max_days} (api.max_usage_days)"),
-        ));
-    }
+    let from = if days > i64::from(max_days) {
+        to.checked_sub_days(Days::new(u64::from(max_days.max(1)) - 1))
+            .unwrap_or(NaiveDate::MIN)
+    } else {
+        from
+    };
     Ok((from, to))
 }
 
@@ -163,13 +162,23 @@ mod tests {
             );
         }
         assert!(message(range(None, Some("2026-13-01"), today, 366)).starts_with("to: "));
-        assert!(
-            message(range(Some("2026-03-02"), Some("2026-03-01"), today, 366))
-                .starts_with("from: ")
+        // `from` after `to`: no day (the query finds none).
+        assert_eq!(
+            range(Some("2026-03-02"), Some("2026-03-01"), today, 366).unwrap(),
+            (d("2026-03-02"), d("2026-03-01"))
         );
-        assert!(
-            message(range(Some("2025-01-01"), Some("2026-03-01"), today, 366)).starts_with("to: ")
+        // Too long: the last 366 days up to `to`.
+        assert_eq!(
+            range(Some("2025-01-01"), Some("2026-03-01"), today, 366).unwrap(),
+            (d("2025-03-01"), d("2026-03-01"))
         );
-        assert!(range(Some("2025-03-01"), Some("2026-03-01"), today, 366).is_ok());
+        assert_eq!(
+            range(Some("0001-01-01"), Some("9999-12-31"), today, 366).unwrap(),
+            (d("9998-12-31"), d("9999-12-31"))
+        );
+        assert_eq!(
+            range(Some("2025-03-01"), Some("2026-03-01"), today, 366).unwrap(),
+            (d("2025-03-01"), d("2026-03-01"))
+        );
     }
 }
