@@ -47,6 +47,8 @@ pub struct Settings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
+    /// A server on this host (loopback or a Unix socket) is reached without TLS unless the URL
+    /// names `sslmode` (see `db::options`).
     pub url: String,
     pub max_connections: u32,
     pub connect_timeout_ms: u64,
