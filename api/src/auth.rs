@@ -123,7 +123,7 @@ pub async fn principal_from(
         .map(str::trim)
         .filter(|k| !k.is_empty() && k.len() <= 256)
         .ok_or_else(|| unauthorized("Authorization must be `Bearer <api key>`"))?;
-    let hash = tenants::hash_key(key);
+    let hash = agentfleet_shared::store::keys::hash_key(key);
     let principal = state
         .auth_cache
         .get_or_lookup(&hash, || tenants::authenticate_hash(&state.pool, &hash))

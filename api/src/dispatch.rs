@@ -6,7 +6,7 @@ use uuid::Uuid;
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::store::tenants::Principal;
 
-use crate::routes::runs_create::publish_bounded;
+use crate::publish::publish_bounded;
 use crate::state::AppState;
 
 /// Whether the caller's runs count against a running limit (and are so created held).

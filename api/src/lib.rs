@@ -9,6 +9,7 @@ pub mod error;
 pub mod hub;
 pub mod key_usage;
 pub mod layers;
+pub mod publish;
 pub mod quota;
 pub mod rate_limit;
 pub mod routes;

@@ -63,12 +63,11 @@ use governor::{Quota, RateLimiter as Governor};
 use redis::aio::ConnectionManager;
 use uuid::Uuid;
 
-use agentfleet_shared::config::RateLimitSettings;
+use agentfleet_shared::config::{RateLimitSettings, Settings};
 use agentfleet_shared::domain::Limits;
 use agentfleet_shared::store::tenants::Principal;
 
 use crate::error::ApiError;
-use crate::state::AppState;
 
 /// KEYS: the tenant's bucket. ARGV: emission interval (µs per request, may be fractional),
 /// burst (requests the bucket holds). Returns {allowed (0/1), remaining, wait µs (until a
@@ -306,16 +305,23 @@ impl RateLimiter {
     }
 }
 
+/// What [`limit_requests`] needs: the limiter and the configured default limits.
+pub type LayerState = (Arc<RateLimiter>, Arc<Settings>);
+
 /// Middleware of `/v1`, inside authentication: limits the request's tenant (the principal
 /// `auth` left in the extensions; requests without one are not counted).
-pub async fn limit_requests(State(state): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn limit_requests(
+    State((limiter, settings)): State<LayerState>,
+    req: Request,
+    next: Next,
+) -> Response {
     let Some(principal) = req.extensions().get::<Principal>().copied() else {
         return next.run(req).await;
     };
-    let Some(bucket) = Bucket::of(&principal.limits.over(&state.settings.limits)) else {
+    let Some(bucket) = Bucket::of(&principal.limits.over(&settings.limits)) else {
         return next.run(req).await;
     };
-    match state.rate_limiter.check(principal.tenant_id, bucket).await {
+    match limiter.check(principal.tenant_id, bucket).await {
         Decision::Allowed(headers) => {
             let mut response = next.run(req).await;
             headers.apply(response.headers_mut());

@@ -14,9 +14,6 @@ use axum::routing::{get, post};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use agentfleet_shared::store::StoreError;
-use agentfleet_shared::store::keys::KeyError;
-
 use super::{admin_keys, admin_tenants};
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -91,27 +88,6 @@ fn token_matches(headers: &HeaderMap, expected: &str) -> bool {
     let given = Sha256::digest(given.as_bytes());
     let expected = Sha256::digest(expected.as_bytes());
     given.ct_eq(&expected).into()
-}
-
-/// Store errors of the admin routes, as answers.
-pub(super) fn key_error(e: KeyError) -> ApiError {
-    match e {
-        KeyError::TenantNotFound => ApiError::not_found("tenant"),
-        KeyError::KeyNotFound => ApiError::not_found("key"),
-        KeyError::NotValid(id) => ApiError::new(
-            StatusCode::CONFLICT,
-            "key_not_valid",
-            format!("key {id} is revoked or expired; create a new key instead"),
-        ),
-        KeyError::Store(e) => ApiError::unexpected(e),
-    }
-}
-
-pub(super) fn tenant_error(e: StoreError) -> ApiError {
-    match e {
-        StoreError::NotFound => ApiError::not_found("tenant"),
-        e => ApiError::unexpected(e),
-    }
 }
 
 #[cfg(test)]

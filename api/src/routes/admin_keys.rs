@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use agentfleet_shared::store::keys::{self, CreatedKey, KeyInfo, MAX_SECS, Rotated};
 
 use super::PathId;
-use super::admin::key_error;
+use super::admin_errors::key_error;
 use crate::auth_invalidation::Invalidation;
 use crate::error::{ApiError, JsonBody};
 use crate::state::AppState;

@@ -13,7 +13,7 @@ use agentfleet_shared::store::keys::{self, KeyInfo};
 use agentfleet_shared::store::tenants::{self, TenantInfo};
 
 use super::PathId;
-use super::admin::{key_error, tenant_error};
+use super::admin_errors::{key_error, tenant_error};
 use crate::auth_invalidation::Invalidation;
 use crate::error::{ApiError, JsonBody, QueryParams};
 use crate::state::AppState;

@@ -1,6 +1,7 @@
 //! One file per endpoint.
 
 pub mod admin;
+pub mod admin_errors;
 pub mod admin_keys;
 pub mod admin_tenants;
 pub mod health;
@@ -52,11 +53,17 @@ pub fn router(state: &AppState) -> Router<AppState> {
         )
         .route("/v1/usage", get(usage::get_usage))
         // Layers run bottom-up: the key first, then the tenant's request rate.
-        .route_layer(from_fn_with_state(state.clone(), limit_requests))
+        .route_layer(from_fn_with_state(
+            (state.rate_limiter.clone(), state.settings.clone()),
+            limit_requests,
+        ))
         .route_layer(from_fn_with_state(state.clone(), require_key));
     let streams = Router::new()
         .route("/v1/runs/{id}/events", get(runs_events::run_events))
-        .route_layer(from_fn_with_state(state.clone(), limit_requests))
+        .route_layer(from_fn_with_state(
+            (state.rate_limiter.clone(), state.settings.clone()),
+            limit_requests,
+        ))
         .route_layer(from_fn_with_state(
             state.clone(),
             require_key_or_stream_token,

@@ -19,7 +19,8 @@ use agentfleet_shared::store::{StoreError, create_many};
 
 use crate::auth::Caller;
 use crate::error::{ApiError, JsonBody};
-use crate::routes::runs_create::{CreateRun, publish_bounded, queued_data, validate};
+use crate::publish::publish_bounded;
+use crate::routes::runs_create::{CreateRun, queued_data, validate};
 use crate::routes::view;
 use crate::state::AppState;
 

@@ -18,6 +18,7 @@ use agentfleet_shared::store::{StoreError, runs};
 
 use crate::auth::Caller;
 use crate::error::{ApiError, JsonBody};
+use crate::publish::PUBLISH_TIMEOUT;
 use crate::routes::view;
 use crate::state::AppState;
 use crate::validate;
@@ -284,24 +285,4 @@ pub async fn announce(state: &AppState, run: &RunRow) {
 /// The data of a run's `run_queued` event (shared with the batch's bulk announce).
 pub fn queued_data() -> Value {
     json!({"status": "queued"})
-}
-
-pub const PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Publishes runs already committed as one burst whose confirms are awaited together, within
-/// [`PUBLISH_TIMEOUT`]. Failures are logged, not returned: the sweeper re-publishes queued
-/// runs it finds idle.
-pub async fn publish_bounded(state: &AppState, ids: &[Uuid]) {
-    match tokio::time::timeout(PUBLISH_TIMEOUT, state.publisher.publish_runs(ids)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            tracing::warn!(run_ids = ?e.failed, error = %e, "publish failed; the sweeper will re-enqueue");
-        }
-        Err(_) => {
-            tracing::warn!(
-                runs = ids.len(),
-                "publish timed out; the sweeper will re-enqueue"
-            );
-        }
-    }
 }

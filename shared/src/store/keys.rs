@@ -7,12 +7,27 @@
 //! `api.auth_cache_ttl_ms`, which bounds how long a revocation takes to reach every replica.
 
 use chrono::{DateTime, Utc};
+use rand::RngCore;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::StoreError;
-use super::tenants::{generate_key, hash_key};
+
+pub const KEY_PREFIX: &str = "af_";
+
+/// What is stored of a key, and what a presented key is looked up by.
+pub fn hash_key(key: &str) -> Vec<u8> {
+    Sha256::digest(key.as_bytes()).to_vec()
+}
+
+/// A fresh key: `af_` and 32 random bytes in hex.
+pub fn generate_key() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    format!("{KEY_PREFIX}{}", hex::encode(bytes))
+}
 
 /// Longest key or tenant name, in characters (as `tenants.name` and `api_keys.name` check).
 pub const MAX_NAME_CHARS: usize = 200;

@@ -148,6 +148,12 @@ pub(crate) fn is_unique_violation(err: &sqlx::Error, constraint: &str) -> bool {
     }
 }
 
+/// Per item (by run id), whether the statement returned its run as held.
+pub(crate) fn held_flags(runs: impl Iterator<Item = Uuid>, held: &[(Uuid,)]) -> Vec<bool> {
+    runs.map(|run| held.iter().any(|(id,)| *id == run))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,27 +1,13 @@
 //! Tenants and API keys. Only a SHA-256 of a key is stored.
 
 use chrono::{DateTime, Utc};
-use rand::RngCore;
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::StoreError;
+use super::keys::hash_key;
 use crate::domain::LimitOverrides;
-
-pub const KEY_PREFIX: &str = "af_";
-
-pub fn hash_key(key: &str) -> Vec<u8> {
-    Sha256::digest(key.as_bytes()).to_vec()
-}
-
-/// A fresh key: `af_` and 32 random bytes in hex.
-pub fn generate_key() -> String {
-    let mut bytes = [0u8; 32];
-    rand::rng().fill_bytes(&mut bytes);
-    format!("{KEY_PREFIX}{}", hex::encode(bytes))
-}
 
 pub struct CreatedTenant {
     pub tenant_id: Uuid,

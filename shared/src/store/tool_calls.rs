@@ -208,7 +208,7 @@ pub async fn finish_many(
     .bind(super::RUNNING)
     .fetch_all(&pool)
     .await?;
-    Ok(super::turns::held_flags(
+    Ok(super::held_flags(
         outcomes.iter().map(|o| o.fence.run_id),
         &held,
     ))

@@ -17,8 +17,9 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use super::held_flags;
 use super::runs::RunRow;
-use super::turns::{IterationTiming, held_flags, timing_param};
+use super::turns::{IterationTiming, timing_param};
 use super::{Fence, StoreError, is_unique_violation, lock_fenced, messages};
 use crate::domain::{AgentSpec, RunStatus};
 

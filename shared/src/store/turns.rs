@@ -192,12 +192,6 @@ struct CommittedRow {
     committed: Committed,
 }
 
-/// Per item (by run id), whether the statement returned its run as held.
-pub(crate) fn held_flags(runs: impl Iterator<Item = Uuid>, held: &[(Uuid,)]) -> Vec<bool> {
-    runs.map(|run| held.iter().any(|(id,)| *id == run))
-        .collect()
-}
-
 /// What one iteration cost, for the framework-time statistics (`iterations`).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct IterationTiming {

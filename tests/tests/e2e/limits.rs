@@ -6,7 +6,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use agentfleet_shared::store::tenants;
+use agentfleet_shared::store::keys;
 use agentfleet_tests::harness::*;
 
 /// Sets a tenant's own limits, as an operator would (before its key is first used, so the
@@ -22,7 +22,7 @@ async fn set_limits(env: &TestEnv, tenant: Uuid, limits: Value) {
 
 async fn tenant_of_key(env: &TestEnv, key: &str) -> Uuid {
     sqlx::query_scalar("SELECT tenant_id FROM api_keys WHERE key_hash = $1")
-        .bind(tenants::hash_key(key))
+        .bind(keys::hash_key(key))
         .fetch_one(&env.pool)
         .await
         .expect("key's tenant")
