@@ -107,15 +107,30 @@ async fn wait_refused(http: &reqwest::Client, bases: &[&str], key: &str, within:
     }
 }
 
+/// Two API processes on the environment's database, and a tenant of its own.
+async fn two_replicas_and_a_tenant(
+    env: &TestEnv,
+    name: &str,
+) -> (
+    ChildProcess,
+    String,
+    ChildProcess,
+    String,
+    agentfleet_shared::store::tenants::CreatedTenant,
+) {
+    let (a, base_a) = env.spawn_api_process(&[]).await;
+    let (b, base_b) = env.spawn_api_process(&[]).await;
+    let tenant = agentfleet_shared::store::tenants::create(&env.pool, name)
+        .await
+        .unwrap();
+    (a, base_a, b, base_b, tenant)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_redis_announcement_the_ttl_still_bounds_a_revocation() {
     let env = TestEnv::with(&[("api.auth_cache_ttl_ms", "1000")]).await;
-    let (_a, base_a) = env.spawn_api_process(&[]).await;
-    let (_b, base_b) = env.spawn_api_process(&[]).await;
+    let (_a, base_a, _b, base_b, tenant) = two_replicas_and_a_tenant(&env, "lost message").await;
     let http = reqwest::Client::new();
-    let tenant = agentfleet_shared::store::tenants::create(&env.pool, "lost message")
-        .await
-        .unwrap();
     for base in [&base_a, &base_b] {
         assert_eq!(list_status(&http, base, &tenant.api_key).await, 200);
     }
@@ -136,12 +151,8 @@ async fn without_the_redis_announcement_the_ttl_still_bounds_a_revocation() {
 async fn a_revocation_by_the_cli_reaches_both_replicas_long_before_the_ttl() {
     // A ten-minute cache: only the Redis announcement can end the key within the deadline.
     let env = TestEnv::with(&[("api.auth_cache_ttl_ms", "600000")]).await;
-    let (_a, base_a) = env.spawn_api_process(&[]).await;
-    let (_b, base_b) = env.spawn_api_process(&[]).await;
+    let (_a, base_a, _b, base_b, tenant) = two_replicas_and_a_tenant(&env, "announced").await;
     let http = reqwest::Client::new();
-    let tenant = agentfleet_shared::store::tenants::create(&env.pool, "announced")
-        .await
-        .unwrap();
     // Both replicas listen (a replica clears its cache when it subscribes, which would
     // otherwise race the "cached" check below).
     let channel = agentfleet_api::auth_invalidation::channel(&env.prefix);
