@@ -190,6 +190,23 @@ def resolve(name: str, code: dict[str, str]) -> tuple[str, str] | None:
     return None
 
 
+def self_test() -> None:
+    """The lexer and the exposition reader on known input, so a broken checker cannot pass."""
+    cases = {
+        'histogram_quantile(0.99, sum by (le) (rate(a_seconds_bucket{k="v"}[5m])))': {"a_seconds_bucket"},
+        "max(a) / clamp_min(sum(rate(b_total[5m:1m])) or vector(0), 1e-3) > 300": {"a", "b_total"},
+        'up{job=~".*x.*"} == 0 or absent(x_info) unless on (i) y offset 5m': {"up", "x_info", "y"},
+    }
+    for expr, want in cases.items():
+        got = promql_metric_names(expr)
+        if got != want:
+            problem(f"self-test: {expr!r} gave {sorted(got)}, want {sorted(want)}")
+    text = "# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_sum 1\nh_count 1\n# TYPE g gauge\ng 3\nu 1\n"
+    got = exposition_families(text)
+    if got != {"h": "histogram", "g": "gauge", "u": "untyped"}:
+        problem(f"self-test: exposition read as {got}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--metrics", nargs="+", type=Path, default=[],
@@ -199,7 +216,10 @@ def main() -> int:
     args = ap.parse_args()
 
     print("== dashboard and alert rules against the metrics the code exports")
+    self_test()
     code = exported_by_code()
+    if "agentfleet_runnable_runs" not in code or "agentfleet_no_such_metric" in code:
+        problem("the metric names were not read from the code")
     used: dict[str, str] = {}  # family -> type, of agentfleet's metrics the queries use
     queries = dashboard_exprs() + rule_exprs()
     for where, expr in queries:
