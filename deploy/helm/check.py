@@ -55,6 +55,10 @@ MUST_FAIL = {
         ["--set", "autoscaling.enabled=true", "--set", "autoscaling.minReplicas=0"],
         "minReplicas",
     ),
+    "an API disruption budget no drain can meet": (
+        ["--set", "api.replicas=2"],
+        "minAvailable",
+    ),
     "ServiceMonitor without API metrics": (
         ["--set", "serviceMonitor.enabled=true", "--set", "config.api.metrics_listen="],
         "metrics_listen",

@@ -195,6 +195,9 @@ checksum/secret: {{ include (print $.Template.BasePath "/secret.yaml") . | sha25
 {{- if and .Values.autoscaling.enabled (lt (int64 .Values.autoscaling.minReplicas) 1) }}
 {{- fail "autoscaling.minReplicas must be at least 1: workers export the scaling signal" }}
 {{- end }}
+{{- if and .Values.api.pdb.enabled (kindIs "float64" .Values.api.pdb.minAvailable) (ge (int64 .Values.api.pdb.minAvailable) (int64 .Values.api.replicas)) }}
+{{- fail (printf "api.pdb.minAvailable (%v) must be below api.replicas (%v), or no node could ever be drained" .Values.api.pdb.minAvailable .Values.api.replicas) }}
+{{- end }}
 {{- if and .Values.config.database.migrate_on_start .Values.migrations.enabled }}
 {{- fail "config.database.migrate_on_start and migrations.enabled: choose one (the Job is the safe one)" }}
 {{- end }}
