@@ -99,6 +99,10 @@ impl Worker {
         let health = if settings.worker.metrics_listen.is_empty() {
             None
         } else {
+            // Installed now, not at the first scrape: what is recorded before it would be lost,
+            // and `agentfleet_runs_in_flight` (the autoscaling signal) would go negative when a
+            // run taken before the first scrape ends after it.
+            telemetry::metrics_handle();
             Some(
                 tokio::net::TcpListener::bind(&settings.worker.metrics_listen)
                     .await
