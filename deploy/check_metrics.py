@@ -11,7 +11,7 @@
   Metrics appear there only once set, so the files must come from a process that did the
   work (an end-to-end test); without `--strict` a metric missing from them is only reported.
 
-    python3 deploy/check_metrics.py [--metrics api.txt worker.txt [--strict]]
+    python3 deploy/check_metrics.py [--metrics api.txt worker.txt [--strict] [--require NAME...]]
 
 Exit 0 when all hold, 1 otherwise (every problem printed).
 """
@@ -213,6 +213,8 @@ def main() -> int:
                     help="files holding /metrics output of the API and workers")
     ap.add_argument("--strict", action="store_true",
                     help="a metric the queries use must be in the --metrics files")
+    ap.add_argument("--require", nargs="+", default=[],
+                    help="metrics that must be in the --metrics files")
     args = ap.parse_args()
 
     print("== dashboard and alert rules against the metrics the code exports")
@@ -252,6 +254,9 @@ def main() -> int:
               f"used metrics present" + (f"; not present: {', '.join(unseen)}" if unseen else ""))
         if unseen and args.strict:
             problem(f"/metrics lacks {', '.join(unseen)}")
+        for name in args.require:
+            if name not in families:
+                problem(f"/metrics lacks {name}, which must be there")
     if problems:
         print(f"metrics check: {len(problems)} problem(s)")
         return 1
