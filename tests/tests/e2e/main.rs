@@ -3,6 +3,7 @@
 mod api_contract;
 mod chaos;
 mod combined;
+mod ctl;
 mod fairness;
 mod faults;
 mod foundation;
