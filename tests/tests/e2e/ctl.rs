@@ -64,11 +64,10 @@ fn ctl(app: &TestApp, scratch: &Scratch) -> Command {
 }
 
 async fn run(mut cmd: Command, args: &[&str]) -> Output {
-    let out = tokio::time::timeout(T, cmd.args(args).output())
+    tokio::time::timeout(T, cmd.args(args).output())
         .await
         .unwrap_or_else(|_| panic!("agentfleetctl {args:?} did not finish in time"))
-        .expect("agentfleetctl runs");
-    out
+        .expect("agentfleetctl runs")
 }
 
 fn text(b: &[u8]) -> String {
