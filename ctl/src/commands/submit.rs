@@ -208,7 +208,9 @@ pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
             body["metadata"] = m.clone();
         }
         let key = file.idempotency_key(first, last);
-        let (status, view) = post_batch(ctx, &body, &key).await?;
+        let (status, view) = post_batch(ctx, &body, &key)
+            .await
+            .map_err(|e| name_the_line(e, &file, first))?;
         let id = view["id"]
             .as_str()
             .ok_or_else(|| CtlError::Protocol("the batch answer has no `id`".into()))?
@@ -252,6 +254,21 @@ pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A refusal naming `runs[i]…` of a chunk names the file's line instead (`line 1234
+/// (runs[233]…)`), so the file can be fixed; the chunks before it were accepted and a re-run
+/// after the fix resumes.
+fn name_the_line(e: CtlError, file: &Checked, first: usize) -> CtlError {
+    let CtlError::Api(mut r) = e else { return e };
+    if let Some(rest) = r.message.strip_prefix("runs[")
+        && let Some((i, _)) = rest.split_once(']')
+        && let Ok(i) = i.parse::<usize>()
+        && let Some(item) = file.items.get(first + i)
+    {
+        r.message = format!("line {}: {}", item.line, r.message);
+    }
+    CtlError::Api(r)
 }
 
 /// One chunk: 202 (created) or 200 (the key's existing batch), with retries (the key makes
@@ -315,5 +332,19 @@ mod tests {
         let meta = check_bytes(text.into_bytes(), Some(&json!({"a": 1}))).unwrap();
         assert_ne!(f.idempotency_key(0, 1), meta.idempotency_key(0, 1));
         assert!(f.idempotency_key(0, 1).len() <= 200);
+        let refusal = |m: &str| {
+            CtlError::Api(crate::error::ApiRefusal {
+                status: 422,
+                code: "invalid_request".into(),
+                message: m.into(),
+            })
+        };
+        let named = name_the_line(refusal("runs[1].agent.model: unknown"), &f, 1);
+        assert!(
+            named.to_string().contains("line 4: runs[1].agent.model"),
+            "{named}"
+        );
+        let other = name_the_line(refusal("runs: too many"), &f, 0);
+        assert!(other.to_string().contains(": runs: too many"), "{other}");
     }
 }

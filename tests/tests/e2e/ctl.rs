@@ -655,6 +655,42 @@ async fn submit_on_a_non_tty_prints_plain_progress_and_waits_for_the_batches() {
         0,
     );
     assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 2);
+
+    // --wait exits 1 when a run failed.
+    let failing = scripted_run(json!([{"status": 400}]), json!([]));
+    let file = s.file("failing.jsonl", &format!("{failing}\n"));
+    let (o, _) = expect(
+        &run(
+            ctl(&app, &s),
+            &[
+                "submit",
+                file.to_str().unwrap(),
+                "--wait",
+                "--poll-ms",
+                "200",
+            ],
+        )
+        .await,
+        1,
+    );
+    assert!(o.contains("completed 0, failed 1, cancelled 0"), "{o}");
+
+    // A line the API refuses: the error names the file's line; the chunks before it stand.
+    let mut unknown_model = scripted_run(json!([]), json!([]));
+    unknown_model["agent"]["tools"] = json!("not a list");
+    let file = s.file("refused.jsonl", &format!("{}{unknown_model}\n", jsonl(2)));
+    let (_, e) = expect(
+        &run(
+            ctl(&app, &s),
+            &["submit", file.to_str().unwrap(), "--chunk-size", "2"],
+        )
+        .await,
+        1,
+    );
+    assert!(
+        e.contains("invalid_request") && e.contains("line 3: runs[0]"),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -725,4 +761,14 @@ async fn submit_resumed_after_an_interrupt_creates_no_duplicates() {
         assert_eq!(items.len(), 1, "line-{i} once: {items:?}");
         assert!(items[0]["run_id"].is_string(), "{items:?}");
     }
+
+    // Cancelling a batch cancels its queued run.
+    let (o, _) = expect(
+        &run(ctl(&app, &s), &["batch", "cancel", &ids[0], "--json"]).await,
+        0,
+    );
+    let v: Value = serde_json::from_str(&o).unwrap();
+    assert_eq!(v["id"], ids[0].as_str());
+    let run_id = by["line-1"][0]["run_id"].as_str().unwrap().to_owned();
+    app.wait_status(&run_id, &["cancelled"], T).await;
 }
