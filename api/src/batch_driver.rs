@@ -229,7 +229,7 @@ async fn cancel_runs(state: &AppState, tenant: Uuid, ids: &[Uuid]) {
                     last_event_id,
                     ..
                 }) => {
-                    crate::announce::cancelled(state, id, thread_id, previous, last_event_id).await
+                    crate::announce::cancelled(state, id, thread_id, previous, last_event_id).await;
                 }
                 Ok(Cancelled::Already) | Err(StoreError::WrongStatus { .. }) => {}
                 Err(e) => {
