@@ -78,9 +78,24 @@ impl Client {
     /// out. 2xx is returned; 4xx becomes `CtlError::Api`; 5xx/429/network errors after the
     /// last retry become `CtlError::Unavailable` (with the API's code when it sent one).
     pub async fn send(&self, retry: Retry, make: impl Fn() -> RequestBuilder) -> Result<Response> {
+        self.send_within(retry, self.timeout, make).await
+    }
+
+    /// `send` with another bound on the wait for the answer's head (a large upload).
+    pub async fn send_within(
+        &self,
+        retry: Retry,
+        head: Duration,
+        make: impl Fn() -> RequestBuilder,
+    ) -> Result<Response> {
         let mut attempt = 0u32;
         loop {
-            let outcome = make().send().await;
+            // Bounds the wait for the answer's head, streams included (their body is
+            // bounded by the caller's idle timeout).
+            let outcome = match tokio::time::timeout(head, make().send()).await {
+                Ok(o) => o.map_err(Some),
+                Err(_) => Err(None),
+            };
             let last = attempt >= self.retries;
             let wait = match outcome {
                 Ok(resp) if resp.status().is_success() => return Ok(resp),
@@ -101,12 +116,15 @@ impl Client {
                     retry_after(&resp).unwrap_or_else(|| self.backoff_for(attempt))
                 }
                 Err(e) => {
-                    let surely_unsent = e.is_connect();
-                    let transient = surely_unsent
-                        || (retry == Retry::Idempotent
-                            && (e.is_timeout() || e.is_request() || e.is_body()));
+                    // `None`: no answer within the timeout.
+                    let surely_unsent = e.as_ref().is_some_and(reqwest::Error::is_connect);
+                    let transient = surely_unsent || retry == Retry::Idempotent;
                     if !transient || last {
-                        return Err(CtlError::Unavailable(describe(&e)));
+                        let why = match &e {
+                            Some(e) => describe(e),
+                            None => format!("no answer within {}s", head.as_secs()),
+                        };
+                        return Err(CtlError::Unavailable(why));
                     }
                     self.backoff_for(attempt)
                 }

@@ -4,7 +4,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 
 #[derive(Debug)]
 pub enum Progress {
@@ -31,9 +31,16 @@ impl Progress {
         if std::io::stderr().is_terminal() {
             let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
             let style = ProgressStyle::with_template(&format!(
-                "{verb} [{{bar:40.cyan/blue}}] {{pos}}/{{len}} {noun} ({{per_sec}}, eta {{eta}})"
+                "{verb} [{{bar:40.cyan/blue}}] {{pos}}/{{len}} {noun} ({{rate}}, eta {{eta}})"
             ))
             .unwrap_or_else(|_| ProgressStyle::default_bar())
+            // indicatif's own `per_sec` shows four decimals; whole runs a second read better.
+            .with_key(
+                "rate",
+                |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = write!(w, "{:.0}/s", state.per_sec());
+                },
+            )
             .progress_chars("=> ");
             bar.set_style(style);
             bar.enable_steady_tick(Duration::from_millis(200));

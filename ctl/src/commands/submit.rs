@@ -278,7 +278,7 @@ async fn post_batch(ctx: &Ctx, body: &Value, key: &str) -> Result<(StatusCode, V
     // A large chunk takes longer to upload than a plain request.
     let timeout = c.timeout.max(Duration::from_secs(60));
     let resp = c
-        .send(Retry::Idempotent, || {
+        .send_within(Retry::Idempotent, timeout, || {
             c.request(Method::POST, "/v1/batches", Some(timeout))
                 .header("Idempotency-Key", key)
                 .json(body)

@@ -438,6 +438,94 @@ async fn tail_reconnects_with_last_event_id_after_a_dropped_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_are_bounded_honour_retry_after_and_a_silent_api_times_out() {
+    // A stand-in API that answers 503 (Retry-After: 0) to its first `fail` requests.
+    let hits = Arc::new(Mutex::new(0u32));
+    let fail = Arc::new(Mutex::new(2u32));
+    let (h, f) = (hits.clone(), fail.clone());
+    let handler = move |AxumPath(id): AxumPath<String>| {
+        let (h, f) = (h.clone(), f.clone());
+        async move {
+            let n = {
+                let mut h = h.lock().unwrap();
+                *h += 1;
+                *h
+            };
+            if n <= *f.lock().unwrap() {
+                let body = json!({"error": {"code": "unavailable", "message": "try later"}});
+                return (
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    [("retry-after", "0")],
+                    axum::Json(body),
+                )
+                    .into_response();
+            }
+            axum::Json(json!({"id": id, "status": "completed"})).into_response()
+        }
+    };
+    let router = axum::Router::new().route("/v1/runs/{id}", axum::routing::get(handler));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let s = Scratch::new();
+    let at = |api: String| {
+        let mut cmd = bare(&s);
+        cmd.env("AGENTFLEET_API", api).env("AGENTFLEET_KEY", "k");
+        cmd
+    };
+    let id = uuid::Uuid::new_v4().to_string();
+    let (o, _) = expect(
+        &run(
+            at(format!("http://{addr}")),
+            &["runs", "get", &id, "--json"],
+        )
+        .await,
+        0,
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&o).unwrap()["status"],
+        "completed"
+    );
+    assert_eq!(*hits.lock().unwrap(), 3, "two 503s, then the answer");
+    // Fewer retries than failures: exit 3 with the API's code.
+    *hits.lock().unwrap() = 0;
+    let (_, e) = expect(
+        &run(
+            at(format!("http://{addr}")),
+            &["--retries", "1", "runs", "get", &id],
+        )
+        .await,
+        3,
+    );
+    assert!(e.contains("unavailable") && e.contains("try later"), "{e}");
+    assert_eq!(*hits.lock().unwrap(), 2, "one retry, no more");
+    server.abort();
+
+    // An API that accepts connections and never answers: the timeout, then exit 3.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((sock, _)) = silent.accept().await {
+            held.push(sock);
+        }
+    });
+    let (_, e) = expect(
+        &run(
+            at(format!("http://{silent_addr}")),
+            &["--timeout", "1", "--retries", "1", "runs", "get", &id],
+        )
+        .await,
+        3,
+    );
+    assert!(
+        e.contains("no answer within 1s") || e.contains("timed out"),
+        "{e}"
+    );
+    holder.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configuration_errors_exit_2_with_a_message_and_the_config_file_works() {
     let env = TestEnv::new().await;
     let app = env.spawn_api().await;
