@@ -61,14 +61,14 @@ pub async fn run(ctx: &Ctx, cmd: &RunsCommand) -> Result<()> {
             let rows = page["data"].as_array().cloned().unwrap_or_default();
             println!(
                 "{:<36}  {:<24}  {:<24}  {:>5}  {:>8}",
-                "ID", "STATUS", "CREATED", "ITER", "TOKENS"
+                "ID", "STATUS", "CREATED (UTC)", "ITER", "TOKENS"
             );
             for r in &rows {
                 println!(
                     "{:<36}  {:<24}  {:<24}  {:>5}  {:>8}",
                     s(r, "id"),
                     s(r, "status"),
-                    clip(s(r, "created_at"), 24),
+                    short_time(s(r, "created_at")),
                     r["iteration"].as_i64().unwrap_or(0),
                     r["usage"]["total_tokens"].as_i64().unwrap_or(0)
                 );
@@ -102,6 +102,11 @@ pub async fn run(ctx: &Ctx, cmd: &RunsCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `2026-11-23T21:07:12.123456Z` as `2026-11-23 21:07:12` (UTC), for the table.
+fn short_time(t: &str) -> String {
+    t.get(..19).unwrap_or(t).replacen('T', " ", 1)
 }
 
 /// `runs get` in text: one fact a line, the pending question or calls spelled out.
