@@ -1,10 +1,12 @@
 //! `submit FILE.jsonl`: every non-blank line is a run (the body of `POST /v1/runs`, plus an
 //! optional `custom_id`, `line-<n>` by default). The file is checked whole before anything is
 //! sent, then sent in chunks of `--chunk-size` runs, one `POST /v1/batches` each, whose
-//! `Idempotency-Key` is derived from the file's content (and `--metadata`) and the chunk's
+//! `Idempotency-Key` is a hash of that very request body (and `--label`) with the chunk's
 //! range. Re-running the same command after Ctrl-C, a crash or a timeout re-sends every chunk;
 //! the API answers the ones it already has with the existing batch (200) and creates nothing
-//! twice. (The same key needs the same chunk, so resume with the same `--chunk-size`.)
+//! twice. Keys follow the chunks' content, not the file's: fixing a line the API refused
+//! changes only its own chunk's key, so a re-run after the fix still finds the chunks before
+//! it. (The same chunks need the same `--chunk-size`.)
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -37,6 +39,10 @@ pub struct Args {
     /// A JSON object recorded as every batch's metadata.
     #[arg(long)]
     pub metadata: Option<String>,
+    /// Mixed into the idempotency keys: the same file submitted again under another label
+    /// makes new runs (without it, a re-submission is a resume and creates nothing).
+    #[arg(long)]
+    pub label: Option<String>,
     /// Then follow the batches until every run is finished; exit 1 if any failed or was
     /// cancelled.
     #[arg(long)]
@@ -59,14 +65,14 @@ struct Item {
 pub struct Checked {
     bytes: Vec<u8>,
     items: Vec<Item>,
-    /// sha256 over the file and the metadata: names the submission in idempotency keys.
+    /// sha256 of the file, for the record (`--json`).
     pub digest: String,
 }
 
 /// Reads and checks the whole file: every line JSON object with a string `input` and an
 /// object `agent`; `custom_id`, when given, a string of 1..=128 characters, unique in the
 /// file. The first problem is an error naming its line.
-pub fn check(path: &PathBuf, metadata: Option<&Value>) -> Result<Checked> {
+pub fn check(path: &PathBuf) -> Result<Checked> {
     let len = std::fs::metadata(path)
         .map_err(CtlError::io(format!("reading {}", path.display())))?
         .len();
@@ -77,13 +83,13 @@ pub fn check(path: &PathBuf, metadata: Option<&Value>) -> Result<Checked> {
         )));
     }
     let bytes = std::fs::read(path).map_err(CtlError::io(format!("reading {}", path.display())))?;
-    check_bytes(bytes, metadata).map_err(|e| match e {
+    check_bytes(bytes).map_err(|e| match e {
         CtlError::Usage(m) => CtlError::Usage(format!("{}: {m}", path.display())),
         other => other,
     })
 }
 
-pub fn check_bytes(bytes: Vec<u8>, metadata: Option<&Value>) -> Result<Checked> {
+pub fn check_bytes(bytes: Vec<u8>) -> Result<Checked> {
     let mut items = Vec::new();
     let mut seen: HashSet<String> = HashSet::new();
     let mut start = 0usize;
@@ -132,13 +138,7 @@ pub fn check_bytes(bytes: Vec<u8>, metadata: Option<&Value>) -> Result<Checked> 
     if items.is_empty() {
         return Err(CtlError::Usage("no runs in the file".into()));
     }
-    let mut h = Sha256::new();
-    h.update(&bytes);
-    h.update([0u8]);
-    if let Some(m) = metadata {
-        h.update(m.to_string().as_bytes());
-    }
-    let digest = hex::encode(h.finalize());
+    let digest = hex::encode(Sha256::digest(&bytes));
     Ok(Checked {
         bytes,
         items,
@@ -159,15 +159,13 @@ impl Checked {
         self.items.is_empty()
     }
 
-    /// The key of the chunk of items `first..=last` (0-based): the same file, metadata and
-    /// range give the same key, so a re-run finds the batch the first run made.
-    pub fn idempotency_key(&self, first: usize, last: usize) -> String {
-        format!(
-            "agentfleetctl-{}-{}-{}",
-            &self.digest[..40],
-            first + 1,
-            last + 1
-        )
+    /// The request body of items `first..=last` (0-based).
+    fn body(&self, first: usize, last: usize, metadata: Option<&Value>) -> Value {
+        let mut body = json!({"runs": self.runs(first, last)});
+        if let Some(m) = metadata {
+            body["metadata"] = m.clone();
+        }
+        body
     }
 
     /// The `runs` of items `first..=last`, each with its `custom_id`.
@@ -194,7 +192,7 @@ pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
             _ => return Err(CtlError::Usage("--metadata must be a JSON object".into())),
         },
     };
-    let file = check(&a.file, metadata.as_ref())?;
+    let file = check(&a.file)?;
     let total = file.len();
     let size = a.chunk_size as usize;
     let mut progress = Progress::new("submitted", "runs", total as u64, ctx.quiet);
@@ -203,11 +201,8 @@ pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
     let mut first = 0usize;
     while first < total {
         let last = (first + size).min(total) - 1;
-        let mut body = json!({"runs": file.runs(first, last)});
-        if let Some(m) = &metadata {
-            body["metadata"] = m.clone();
-        }
-        let key = file.idempotency_key(first, last);
+        let body = file.body(first, last, metadata.as_ref());
+        let key = idempotency_key(&body, a.label.as_deref(), first, last);
         let (status, view) = post_batch(ctx, &body, &key)
             .await
             .map_err(|e| name_the_line(e, &file, first))?;
@@ -254,6 +249,21 @@ pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The key of one chunk: the same body (runs, custom_ids, metadata) and label give the same
+/// key, so a re-run finds the batch the first run made; any other body gets another key
+/// (never the API's 409 for a key reused with another body). serde_json's maps are sorted, so
+/// one body always serializes to the same bytes.
+pub fn idempotency_key(body: &Value, label: Option<&str>, first: usize, last: usize) -> String {
+    let mut h = Sha256::new();
+    if let Some(l) = label {
+        h.update(l.as_bytes());
+    }
+    h.update([0u8]);
+    h.update(body.to_string().as_bytes());
+    let digest = hex::encode(h.finalize());
+    format!("agentfleetctl-{}-{}-{}", &digest[..40], first + 1, last + 1)
 }
 
 /// A refusal naming `runs[i]…` of a chunk names the file's line instead (`line 1234
@@ -312,7 +322,7 @@ mod tests {
             ),
             ("\n \n".to_owned(), "no runs"),
         ] {
-            let e = check_bytes(text.into_bytes(), None).unwrap_err();
+            let e = check_bytes(text.into_bytes()).unwrap_err();
             assert!(e.to_string().contains(want), "{e} / {want}");
             assert_eq!(e.exit_code(), 2);
         }
@@ -321,17 +331,31 @@ mod tests {
     #[test]
     fn chunks_carry_custom_ids_and_keys_are_stable_per_content_and_range() {
         let text = format!("{}\n\n{}\n{}", line("a"), line("b"), line("c"));
-        let f = check_bytes(text.clone().into_bytes(), None).unwrap();
+        let f = check_bytes(text.clone().into_bytes()).unwrap();
         assert_eq!(f.len(), 3);
         let runs = f.runs(0, 1);
         assert_eq!(runs[0]["custom_id"], "line-1");
         assert_eq!(runs[1]["custom_id"], "line-3", "physical line numbers");
-        let again = check_bytes(text.clone().into_bytes(), None).unwrap();
-        assert_eq!(f.idempotency_key(0, 1), again.idempotency_key(0, 1));
-        assert_ne!(f.idempotency_key(0, 1), f.idempotency_key(2, 2));
-        let meta = check_bytes(text.into_bytes(), Some(&json!({"a": 1}))).unwrap();
-        assert_ne!(f.idempotency_key(0, 1), meta.idempotency_key(0, 1));
-        assert!(f.idempotency_key(0, 1).len() <= 200);
+        let key = |f: &Checked, first, last, meta: Option<&Value>, label| {
+            idempotency_key(&f.body(first, last, meta), label, first, last)
+        };
+        let again = check_bytes(text.into_bytes()).unwrap();
+        assert_eq!(key(&f, 0, 1, None, None), key(&again, 0, 1, None, None));
+        assert_ne!(key(&f, 0, 1, None, None), key(&f, 2, 2, None, None));
+        assert_ne!(
+            key(&f, 0, 1, None, None),
+            key(&f, 0, 1, Some(&json!({"a": 1})), None)
+        );
+        assert_ne!(
+            key(&f, 0, 1, None, None),
+            key(&f, 0, 1, None, Some("again"))
+        );
+        assert!(key(&f, 0, 1, None, None).len() <= 200);
+        // A fixed line changes its own chunk's key only.
+        let fixed = format!("{}\n\n{}\n{}", line("a"), line("b"), line("C"));
+        let fixed = check_bytes(fixed.into_bytes()).unwrap();
+        assert_eq!(key(&f, 0, 1, None, None), key(&fixed, 0, 1, None, None));
+        assert_ne!(key(&f, 2, 2, None, None), key(&fixed, 2, 2, None, None));
         let refusal = |m: &str| {
             CtlError::Api(crate::error::ApiRefusal {
                 status: 422,

@@ -593,9 +593,14 @@ async fn configuration_errors_exit_2_with_a_message_and_the_config_file_works() 
 // ---- submit and batches (need the batches API: POST /v1/batches and friends) ----
 
 fn jsonl(lines: usize) -> String {
+    jsonl_of("answer", lines)
+}
+
+fn jsonl_of(prefix: &str, lines: usize) -> String {
     (1..=lines)
         .map(|i| {
-            scripted_run(json!([{"content": format!("answer {i}")}]), json!([])).to_string() + "\n"
+            scripted_run(json!([{"content": format!("{prefix} {i}")}]), json!([])).to_string()
+                + "\n"
         })
         .collect()
 }
@@ -763,10 +768,14 @@ async fn submit_on_a_non_tty_prints_plain_progress_and_waits_for_the_batches() {
     );
     assert!(o.contains("completed 0, failed 1, cancelled 0"), "{o}");
 
-    // A line the API refuses: the error names the file's line; the chunks before it stand.
-    let mut unknown_model = scripted_run(json!([]), json!([]));
-    unknown_model["agent"]["tools"] = json!("not a list");
-    let file = s.file("refused.jsonl", &format!("{}{unknown_model}\n", jsonl(2)));
+    // A line the API refuses: the error names the file's line; the chunk before it was
+    // created, and after the fix a re-run creates only the rest.
+    let mut refused = scripted_run(json!([{"content": "fixed"}]), json!([]));
+    refused["agent"]["tools"] = json!("not a list");
+    let file = s.file(
+        "refused.jsonl",
+        &format!("{}{refused}\n", jsonl_of("other", 2)),
+    );
     let (_, e) = expect(
         &run(
             ctl(&app, &s),
@@ -779,6 +788,41 @@ async fn submit_on_a_non_tty_prints_plain_progress_and_waits_for_the_batches() {
         e.contains("invalid_request") && e.contains("line 3: runs[0]"),
         "{e}"
     );
+    wait_run_count(&app, 8).await;
+    refused["agent"]["tools"] = json!([]);
+    let file = s.file(
+        "refused.jsonl",
+        &format!("{}{refused}\n", jsonl_of("other", 2)),
+    );
+    let (o, _) = expect(
+        &run(
+            ctl(&app, &s),
+            &["submit", file.to_str().unwrap(), "--chunk-size", "2"],
+        )
+        .await,
+        0,
+    );
+    assert!(o.contains("lines 1-2: 2 runs already submitted"), "{o}");
+    assert!(o.contains("lines 3-3: 1 runs created"), "{o}");
+    wait_run_count(&app, 9).await;
+    // The same file again on purpose: another --label makes new runs.
+    let (o, _) = expect(
+        &run(
+            ctl(&app, &s),
+            &[
+                "submit",
+                file.to_str().unwrap(),
+                "--chunk-size",
+                "2",
+                "--label",
+                "twice",
+            ],
+        )
+        .await,
+        0,
+    );
+    assert_eq!(o.matches(" created").count(), 2, "{o}");
+    wait_run_count(&app, 12).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
