@@ -495,3 +495,37 @@ async fn a_crash_mid_way_is_finished_by_the_next_api_without_duplicates() {
     .unwrap();
     assert_eq!(counts, (N as i64, N as i64, 0));
 }
+
+/// `POST /v1/batches` has its own body limit (`api.max_batch_body_bytes`); the other routes
+/// keep `api.max_body_bytes`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_has_a_body_limit_of_its_own() {
+    let env = TestEnv::with(&[
+        ("api.max_body_bytes", "1048576"),
+        ("api.max_batch_body_bytes", "2097152"),
+    ])
+    .await;
+    let app = env.spawn_api().await;
+    // About 1.5 MiB: over the general limit, within the batch's.
+    let big = |n: usize| {
+        let runs: Vec<Value> = (0..n)
+            .map(|i| {
+                json!({"custom_id": format!("c{i}"), "input": "x".repeat(200_000),
+                       "agent": {"model": "mock"}})
+            })
+            .collect();
+        json!({ "runs": runs })
+    };
+    let (status, batch) = submit(&app, &big(8), None).await;
+    assert_eq!(status, 202, "{batch}");
+    assert_eq!(batch["total"], 8);
+    let resp = app.post("/v1/runs/batch", &big(8)).await;
+    assert_eq!(
+        resp.status(),
+        413,
+        "the synchronous batch keeps api.max_body_bytes"
+    );
+    let (status, err) = submit(&app, &big(12), None).await;
+    assert_eq!(status, 413);
+    assert_eq!(err["error"]["code"], "payload_too_large");
+}
