@@ -529,3 +529,41 @@ async fn a_batch_has_a_body_limit_of_its_own() {
     assert_eq!(status, 413);
     assert_eq!(err["error"]["code"], "payload_too_large");
 }
+
+/// A tenant with a running limit: its batch's runs are created held and dispatched in turn,
+/// never more than the limit at once, and all of them complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_respects_the_tenants_running_limit() {
+    const N: usize = 120;
+    let mut settings = FAST.to_vec();
+    settings.push(("limits.max_running_runs", "4"));
+    settings.push(("api.batch_chunk_size", "50"));
+    let env = TestEnv::with(&settings).await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker_with(&[("worker.concurrency", "16")]).await;
+    let (status, batch) = submit(&app, &batch_body(N), None).await;
+    assert_eq!(status, 202);
+    let id = batch["id"].as_str().unwrap().to_owned();
+    let done = wait_batch(&app, &id, "completed", Duration::from_secs(120)).await;
+    assert_eq!(done["counts"]["completed"], N, "{done}");
+    assert_eq!(
+        one(
+            &env,
+            "SELECT count(*) FROM runs WHERE batch_id = $1 AND fair",
+            &id
+        )
+        .await,
+        N as i64,
+        "created fair (held until dispatched)"
+    );
+    let most = one(
+        &env,
+        "SELECT coalesce(max(n), 0) FROM (
+             SELECT (SELECT count(*) FROM runs o WHERE o.batch_id = $1
+                       AND o.started_at <= r.started_at AND o.finished_at > r.started_at) AS n
+             FROM runs r WHERE r.batch_id = $1) x",
+        &id,
+    )
+    .await;
+    assert!((1..=4).contains(&most), "at most 4 at once, saw {most}");
+}
