@@ -78,6 +78,13 @@ async fn drive(state: &AppState, batch: Uuid, owner: &str) -> Result<(), StoreEr
             return Ok(());
         };
         match held.status.as_str() {
+            "creating" if held.suspended => {
+                // Nothing of a suspended tenant starts. The driver stops and its lease runs
+                // out; each take-over (one per `api.batch_lease_ms`) looks again.
+                tx.commit().await?;
+                tracing::info!(%batch, "tenant suspended: batch creation paused");
+                return Ok(());
+            }
             "creating" => {
                 let chunk = create_chunk(state, &mut tx, batch, &held).await?;
                 tx.commit().await?;

@@ -391,6 +391,12 @@ fn constrain(doc: &mut Value, settings: &Settings) {
             "Why; at most {} bytes", api.max_input_bytes)}),
     );
 
+    replace(
+        doc,
+        &format!("{schemas}/Batch/properties/status"),
+        json!({"type": "string",
+               "enum": ["creating", "in_progress", "completed", "cancelling", "cancelled"]}),
+    );
     // Answers: the pending and error objects, and message bodies, are free-form JSON.
     replace(
         doc,

@@ -256,6 +256,8 @@ pub struct Held {
     pub status: String,
     pub tenant_id: Uuid,
     pub fair: bool,
+    /// The tenant is suspended: nothing new of it may start, so no run is created for now.
+    pub suspended: bool,
 }
 
 /// Locks the batch row until the transaction ends and renews `owner`'s lease by `lease_ms`;
@@ -267,20 +269,23 @@ pub async fn renew(
     owner: &str,
     lease_ms: u64,
 ) -> Result<Option<Held>, StoreError> {
-    let row: Option<(String, Uuid, bool)> = sqlx::query_as(
-        "UPDATE batches SET lease_expires_at = now() + make_interval(secs => $3::bigint / 1000.0)
-          WHERE id = $1 AND lease_owner = $2
-          RETURNING status, tenant_id, fair",
+    let row: Option<(String, Uuid, bool, bool)> = sqlx::query_as(
+        "UPDATE batches b
+            SET lease_expires_at = now() + make_interval(secs => $3::bigint / 1000.0)
+           FROM tenants t
+          WHERE b.id = $1 AND b.lease_owner = $2 AND t.id = b.tenant_id
+          RETURNING b.status, b.tenant_id, b.fair, t.suspended_at IS NOT NULL",
     )
     .bind(id)
     .bind(owner)
     .bind(lease_ms as i64)
     .fetch_optional(conn)
     .await?;
-    Ok(row.map(|(status, tenant_id, fair)| Held {
+    Ok(row.map(|(status, tenant_id, fair, suspended)| Held {
         status,
         tenant_id,
         fair,
+        suspended,
     }))
 }
 

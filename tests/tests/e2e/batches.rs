@@ -495,3 +495,75 @@ async fn a_crash_mid_way_is_finished_by_the_next_api_without_duplicates() {
     .unwrap();
     assert_eq!(counts, (N as i64, N as i64, 0));
 }
+
+/// `POST /v1/batches` has its own body limit (`api.max_batch_body_bytes`); the other routes
+/// keep `api.max_body_bytes`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_has_a_body_limit_of_its_own() {
+    let env = TestEnv::with(&[
+        ("api.max_body_bytes", "1048576"),
+        ("api.max_batch_body_bytes", "2097152"),
+    ])
+    .await;
+    let app = env.spawn_api().await;
+    // About 1.5 MiB: over the general limit, within the batch's.
+    let big = |n: usize| {
+        let runs: Vec<Value> = (0..n)
+            .map(|i| {
+                json!({"custom_id": format!("c{i}"), "input": "x".repeat(200_000),
+                       "agent": {"model": "mock"}})
+            })
+            .collect();
+        json!({ "runs": runs })
+    };
+    let (status, batch) = submit(&app, &big(8), None).await;
+    assert_eq!(status, 202, "{batch}");
+    assert_eq!(batch["total"], 8);
+    let resp = app.post("/v1/runs/batch", &big(8)).await;
+    assert_eq!(
+        resp.status(),
+        413,
+        "the synchronous batch keeps api.max_body_bytes"
+    );
+    let (status, err) = submit(&app, &big(12), None).await;
+    assert_eq!(status, 413);
+    assert_eq!(err["error"]["code"], "payload_too_large");
+}
+
+/// A tenant with a running limit: its batch's runs are created held and dispatched in turn,
+/// never more than the limit at once, and all of them complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_respects_the_tenants_running_limit() {
+    const N: usize = 120;
+    let mut settings = FAST.to_vec();
+    settings.push(("limits.max_running_runs", "4"));
+    settings.push(("api.batch_chunk_size", "50"));
+    let env = TestEnv::with(&settings).await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker_with(&[("worker.concurrency", "16")]).await;
+    let (status, batch) = submit(&app, &batch_body(N), None).await;
+    assert_eq!(status, 202);
+    let id = batch["id"].as_str().unwrap().to_owned();
+    let done = wait_batch(&app, &id, "completed", Duration::from_secs(120)).await;
+    assert_eq!(done["counts"]["completed"], N, "{done}");
+    assert_eq!(
+        one(
+            &env,
+            "SELECT count(*) FROM runs WHERE batch_id = $1 AND fair",
+            &id
+        )
+        .await,
+        N as i64,
+        "created fair (held until dispatched)"
+    );
+    let most = one(
+        &env,
+        "SELECT coalesce(max(n), 0) FROM (
+             SELECT (SELECT count(*) FROM runs o WHERE o.batch_id = $1
+                       AND o.started_at <= r.started_at AND o.finished_at > r.started_at) AS n
+             FROM runs r WHERE r.batch_id = $1) x",
+        &id,
+    )
+    .await;
+    assert!((1..=4).contains(&most), "at most 4 at once, saw {most}");
+}
