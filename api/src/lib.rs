@@ -1,9 +1,11 @@
 //! agentfleet-api: the HTTP API. It validates and records runs, enqueues them, and streams
 //! their events; it never runs an agent itself.
 
+pub mod announce;
 pub mod auth;
 pub mod auth_cache;
 pub mod auth_invalidation;
+pub mod batch_driver;
 pub mod dispatch;
 pub mod error;
 pub mod hub;

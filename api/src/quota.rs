@@ -45,6 +45,11 @@ pub fn check_batch_size(
         &limits_of(state, principal),
         state.settings.api.max_batch_runs,
     );
+    check_batch_len(runs, max)
+}
+
+/// 422 naming `runs` unless `runs` is within 1..=`max`.
+pub fn check_batch_len(runs: usize, max: usize) -> Result<(), ApiError> {
     if runs == 0 || runs > max {
         if runs > max {
             metrics::counter!("agentfleet_requests_limited_total", "reason" => "batch_size")

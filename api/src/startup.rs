@@ -110,6 +110,7 @@ impl Application {
             settings: settings.clone(),
             shutdown: shutdown.clone(),
         };
+        let sweeper_state = state.clone();
         let router = build_router(state);
         let listener = TcpListener::bind(&settings.api.listen)
             .await
@@ -134,6 +135,7 @@ impl Application {
             listener_cache,
             shutdown.clone(),
         );
+        crate::batch_driver::spawn_sweeper(sweeper_state);
         flusher.0.spawn_flusher(
             flusher.1,
             Duration::from_millis(settings.api.key_last_used_flush_ms),

@@ -145,6 +145,21 @@ pub struct ApiSettings {
     pub max_tokens_total: i64,
     /// Widest `from..=to` range of `GET /v1/usage`, in days.
     pub max_usage_days: u32,
+    /// Most items of one `POST /v1/batches` (a tenant's `max_batch_size` may lower it).
+    pub max_batch_items: usize,
+    /// Request limit of `POST /v1/batches` alone (every other route keeps `max_body_bytes`).
+    pub max_batch_body_bytes: usize,
+    /// Runs of a batch created per transaction: each chunk is one short transaction, so a big
+    /// batch never holds locks other writers wait for.
+    pub batch_chunk_size: usize,
+    /// How often `GET /v1/batches/{id}/events` looks at the counts (one query per stream).
+    pub batch_progress_interval_ms: u64,
+    /// Lease of the replica driving a batch (creating or cancelling its runs), renewed by each
+    /// chunk; once expired, another replica's sweep takes the batch over.
+    pub batch_lease_ms: u64,
+    /// How often each replica sweeps unfinished batches: takes over batches whose lease
+    /// expired, records `started_at`, and finishes batches whose runs have all ended.
+    pub batch_sweep_interval_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -358,6 +373,12 @@ key_last_used_flush_ms = 60000
 metrics_listen = ""
 max_tokens_total = 1000000000
 max_usage_days = 366
+max_batch_items = 10000
+max_batch_body_bytes = 33554432
+batch_chunk_size = 500
+batch_progress_interval_ms = 1000
+batch_lease_ms = 10000
+batch_sweep_interval_ms = 1000
 
 [worker]
 concurrency = 16
@@ -531,6 +552,38 @@ impl Settings {
         }
         if self.api.max_usage_days == 0 {
             return Err(invalid("api.max_usage_days", "must be at least 1"));
+        }
+        if !(1..=1_000_000).contains(&self.api.max_batch_items) {
+            return Err(invalid("api.max_batch_items", "must be within 1..=1000000"));
+        }
+        if self.api.max_batch_body_bytes < self.api.max_body_bytes {
+            return Err(invalid(
+                "api.max_batch_body_bytes",
+                "must be at least api.max_body_bytes",
+            ));
+        }
+        if !(1..=10_000).contains(&self.api.batch_chunk_size) {
+            return Err(invalid("api.batch_chunk_size", "must be within 1..=10000"));
+        }
+        for (key, ms) in [
+            (
+                "api.batch_progress_interval_ms",
+                self.api.batch_progress_interval_ms,
+            ),
+            (
+                "api.batch_sweep_interval_ms",
+                self.api.batch_sweep_interval_ms,
+            ),
+        ] {
+            if ms == 0 {
+                return Err(invalid(key, "must be positive"));
+            }
+        }
+        if self.api.batch_lease_ms < 2 * self.api.batch_sweep_interval_ms.max(1000) {
+            return Err(invalid(
+                "api.batch_lease_ms",
+                "must be at least twice api.batch_sweep_interval_ms, and at least 2000",
+            ));
         }
         if self.worker.concurrency == 0 {
             return Err(invalid("worker.concurrency", "must be at least 1"));

@@ -4,6 +4,11 @@ pub mod admin;
 pub mod admin_errors;
 pub mod admin_keys;
 pub mod admin_tenants;
+pub mod batches_cancel;
+pub mod batches_create;
+pub mod batches_events;
+pub mod batches_get;
+pub mod batches_results;
 pub mod health;
 pub mod openapi;
 pub mod runs_batch;
@@ -20,6 +25,7 @@ pub mod usage;
 pub mod view;
 
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 
@@ -52,6 +58,25 @@ pub fn router(state: &AppState) -> Router<AppState> {
             get(threads_events::thread_events),
         )
         .route("/v1/usage", get(usage::get_usage))
+        // A batch may be far larger than any other request: its own body limit.
+        .route(
+            "/v1/batches",
+            post(batches_create::submit_batch)
+                .layer(DefaultBodyLimit::max(
+                    state.settings.api.max_batch_body_bytes,
+                ))
+                .get(batches_get::list_batches),
+        )
+        .route("/v1/batches/{id}", get(batches_get::get_batch))
+        .route(
+            "/v1/batches/{id}/results",
+            get(batches_results::batch_results),
+        )
+        .route(
+            "/v1/batches/{id}/cancel",
+            post(batches_cancel::cancel_batch),
+        )
+        .route("/v1/batches/{id}/events", get(batches_events::batch_events))
         // Layers run bottom-up: the key first, then the tenant's request rate.
         .route_layer(from_fn_with_state(
             (state.rate_limiter.clone(), state.settings.clone()),

@@ -39,6 +39,12 @@ use crate::validate::MAX_ID;
         super::threads_messages::list_messages,
         super::threads_events::thread_events,
         super::usage::get_usage,
+        super::batches_create::submit_batch,
+        super::batches_get::list_batches,
+        super::batches_get::get_batch,
+        super::batches_results::batch_results,
+        super::batches_cancel::cancel_batch,
+        super::batches_events::batch_events,
         super::health::healthz,
         super::health::readyz,
         openapi,
@@ -57,6 +63,8 @@ use crate::validate::MAX_ID;
     components(schemas(
         CreateRun,
         super::runs_batch::CreateBatch,
+        super::batches_create::SubmitBatch,
+        super::batches_create::BatchItem,
         ResumeBody,
         DecisionBody,
         AgentSpec,
@@ -71,6 +79,10 @@ use crate::validate::MAX_ID;
         view::UsageFigures,
         view::RunPage,
         view::BatchCreated,
+        view::Batch,
+        view::BatchCounts,
+        view::BatchUsage,
+        view::BatchPage,
         view::Message,
         view::MessagePage,
         view::StreamToken,
@@ -221,6 +233,43 @@ fn constrain(doc: &mut Value, settings: &Settings) {
         json!({"anyOf": [json_object(), {"type": "null"}], "description": format!(
             "Free-form; at most {} bytes as JSON (`api.max_metadata_bytes`)", api.max_metadata_bytes)}),
     );
+    // A batch's item: the same rules as a run request, and its `custom_id`.
+    let p = format!("{schemas}/BatchItem/properties");
+    replace(
+        doc,
+        &format!("{p}/input"),
+        json!({"type": "string", "pattern": user_text(), "description": format!(
+            "The user message: not blank, no NUL, at most {} bytes of UTF-8 (`api.max_input_bytes`)",
+            api.max_input_bytes)}),
+    );
+    replace(
+        doc,
+        &format!("{p}/metadata"),
+        json!({"anyOf": [json_object(), {"type": "null"}], "description": format!(
+            "Free-form; at most {} bytes as JSON (`api.max_metadata_bytes`)", api.max_metadata_bytes)}),
+    );
+    replace(
+        doc,
+        &format!("{p}/custom_id"),
+        json!({"type": "string", "minLength": 1,
+               "maxLength": super::batches_create::MAX_CUSTOM_ID_CHARS, "pattern": no_nul(),
+               "description": "Unique within the batch; the results name the item by it"}),
+    );
+    let p = format!("{schemas}/SubmitBatch/properties");
+    replace(
+        doc,
+        &format!("{p}/metadata"),
+        json!({"anyOf": [json_object(), {"type": "null"}], "description": format!(
+            "Free-form; at most {} bytes as JSON (`api.max_metadata_bytes`)", api.max_metadata_bytes)}),
+    );
+    set(doc, &format!("{p}/runs"), "minItems", json!(1));
+    set(
+        doc,
+        &format!("{p}/runs"),
+        "maxItems",
+        json!(api.max_batch_items),
+    );
+    set(doc, &format!("{p}/runs"), "uniqueItems", json!(true));
     let p = format!("{schemas}/AgentSpec/properties");
     let models: Vec<&String> = settings.models.keys().collect();
     replace(
@@ -342,6 +391,12 @@ fn constrain(doc: &mut Value, settings: &Settings) {
             "Why; at most {} bytes", api.max_input_bytes)}),
     );
 
+    replace(
+        doc,
+        &format!("{schemas}/Batch/properties/status"),
+        json!({"type": "string",
+               "enum": ["creating", "in_progress", "completed", "cancelling", "cancelled"]}),
+    );
     // Answers: the pending and error objects, and message bodies, are free-form JSON.
     replace(
         doc,
@@ -365,6 +420,26 @@ fn constrain(doc: &mut Value, settings: &Settings) {
     parameter(doc, "/v1/usage", "get", "to")["schema"] = day;
     parameter(doc, "/v1/runs", "get", "cursor")["schema"] =
         json!({"type": "string", "pattern": super::runs_list::CURSOR_PATTERN});
+    parameter(doc, "/v1/batches", "get", "limit")["schema"] = page(api.default_page_size);
+    parameter(doc, "/v1/batches", "get", "before")["schema"] =
+        json!({"type": "string", "pattern": super::runs_list::CURSOR_PATTERN});
+    parameter(doc, "/v1/batches/{id}/results", "get", "status")["schema"] =
+        json!({"type": "string", "enum": ["finished"]});
+    parameter(doc, "/v1/batches", "post", "Idempotency-Key")["schema"] = json!({
+        "type": "string", "minLength": 1, "maxLength": super::batches_create::MAX_KEY_CHARS,
+        "pattern": "^[!-~]([\t -~]{0,198}[!-~])?$",
+    });
+    doc["paths"]["/v1/batches/{id}/events"]["get"]["responses"]["200"]["content"]["text/event-stream"]
+        ["schema"] = json!({
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"type": "string", "enum": ["progress", "batch_completed"]},
+            "data": {"type": "string", "contentMediaType": "application/json",
+                     "contentSchema": {"$ref": "#/components/schemas/Batch"}},
+            "retry": {"type": "integer", "minimum": 0},
+        },
+    });
     let id = json!({"type": "integer", "minimum": 0, "maximum": MAX_ID});
     parameter(doc, "/v1/threads/{id}/messages", "get", "after")["schema"] = id.clone();
     parameter(doc, "/v1/runs/{id}/events", "get", "after")["schema"] = id;
@@ -522,7 +597,7 @@ fn add_error_responses(doc: &mut Value) {
         let has_id = path.contains("{id}");
         let starts_work = matches!(
             op.get("operationId").and_then(Value::as_str),
-            Some("create_run" | "create_batch" | "resume_run")
+            Some("create_run" | "create_batch" | "submit_batch" | "resume_run")
         );
         let responses = op
             .entry("responses")
@@ -668,7 +743,7 @@ mod tests {
             }
         }
         assert_eq!(
-            operations, 14,
+            operations, 20,
             "the admin API is absent without api.admin_token"
         );
         let mut with_admin = settings();

@@ -1,7 +1,8 @@
 //! `POST /v1/runs/batch`: many runs in one request, for teams that submit thousands. The batch
 //! is all or nothing: every run is validated first (errors name `runs[i].field`), then all are
 //! committed at once (the runs on new threads as one multi-row statement, see
-//! `store::create_many`), then announced in bulk: one Redis round trip for every
+//! `store::create_many`, with a batch handle so `/v1/batches/{id}` serves them too), then
+//! announced in bulk: one Redis round trip for every
 //! `run_queued`, one burst of publishes whose confirms are awaited together.
 
 use axum::Json;
@@ -12,15 +13,14 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use agentfleet_shared::events::{EventType, Expiry, Floor, NewEvent};
+use agentfleet_shared::store::batches::{self, NewBatch, NewItem};
 use agentfleet_shared::store::runs::RunRow;
 use agentfleet_shared::store::transitions::{self, NewRun};
 use agentfleet_shared::store::{StoreError, create_many};
 
 use crate::auth::Caller;
 use crate::error::{ApiError, JsonBody};
-use crate::publish::publish_bounded;
-use crate::routes::runs_create::{CreateRun, queued_data, validate};
+use crate::routes::runs_create::{CreateRun, validate};
 use crate::routes::view;
 use crate::state::AppState;
 
@@ -73,99 +73,90 @@ pub async fn create_batch(
             on_new_threads.push((i, new));
         }
     }
-    let created = commit(&state, on_threads, on_new_threads).await?;
+    let (batch_id, created) =
+        commit(&state, caller.tenant_id, fair, on_threads, on_new_threads).await?;
     metrics::counter!("agentfleet_runs_created_total").increment(created.len() as u64);
-    announce_all(&state, &created).await;
+    crate::announce::announce_all(&state, &created).await;
     let runs = created.iter().map(view::run).collect();
-    Ok((StatusCode::ACCEPTED, Json(view::BatchCreated { runs })))
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(view::BatchCreated { batch_id, runs }),
+    ))
 }
 
-/// Commits every run, all or nothing, and returns them in request order (`i` is a run's index
-/// in the request). Runs on existing threads go first, one by one through
-/// `transitions::create` (each locks its thread and checks it has no active run, so the first
-/// refusal is the lowest such index, as before); the runs on new threads are then one
-/// statement. A batch of only new threads needs no transaction: its one statement is atomic.
+/// Commits every run and the batch handle (`batches`, status `in_progress`, one item per run
+/// with its index as `custom_id`), all or nothing, and returns the batch id and the runs in
+/// request order (`i` is a run's index in the request). Runs on existing threads go first, one
+/// by one through `transitions::create` (each locks its thread and checks it has no active
+/// run, so the first refusal is the lowest such index, as before); the runs on new threads are
+/// then one statement, and the handle one more.
 async fn commit(
     state: &AppState,
+    tenant: Uuid,
+    fair: bool,
     on_threads: Vec<(usize, NewRun)>,
     on_new_threads: Vec<(usize, NewRun)>,
-) -> Result<Vec<RunRow>, ApiError> {
+) -> Result<(Uuid, Vec<RunRow>), ApiError> {
+    let batch_id = Uuid::now_v7();
     let (new_at, new_runs): (Vec<usize>, Vec<NewRun>) = on_new_threads.into_iter().unzip();
     let mut created: Vec<(usize, RunRow)> = Vec::with_capacity(new_runs.len() + on_threads.len());
-    if on_threads.is_empty() {
-        let rows = create_many::create_on_new_threads(&state.pool, &new_runs)
-            .await
-            .map_err(ApiError::unexpected)?;
-        created.extend(new_at.into_iter().zip(rows));
-    } else {
-        let mut tx = state.pool.begin().await.map_err(ApiError::unexpected)?;
-        for (i, new) in on_threads {
-            match transitions::create(&mut tx, new).await {
-                Ok(row) => created.push((i, row)),
-                Err(StoreError::NotFound) => {
-                    // As for a single run: 404, naming the run.
-                    return Err(ApiError::new(
-                        StatusCode::NOT_FOUND,
-                        "not_found",
-                        format!("runs[{i}].thread_id: thread not found"),
-                    ));
-                }
-                Err(StoreError::ThreadBusy { thread_id, run_id }) => {
-                    return Err(ApiError::new(
-                        StatusCode::CONFLICT,
-                        "thread_busy",
-                        format!("runs[{i}]: thread {thread_id} already has an active run {run_id}"),
-                    ));
-                }
-                Err(e) => return Err(ApiError::unexpected(e)),
+    let mut tx = state.pool.begin().await.map_err(ApiError::unexpected)?;
+    let mut adopted = Vec::with_capacity(on_threads.len());
+    for (i, new) in on_threads {
+        match transitions::create(&mut tx, new).await {
+            Ok(row) => {
+                adopted.push(row.id);
+                created.push((i, row));
             }
+            Err(StoreError::NotFound) => {
+                // As for a single run: 404, naming the run.
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    format!("runs[{i}].thread_id: thread not found"),
+                ));
+            }
+            Err(StoreError::ThreadBusy { thread_id, run_id }) => {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "thread_busy",
+                    format!("runs[{i}]: thread {thread_id} already has an active run {run_id}"),
+                ));
+            }
+            Err(e) => return Err(ApiError::unexpected(e)),
         }
-        let rows = create_many::create_on_new_threads(&mut *tx, &new_runs)
+    }
+    if !adopted.is_empty() {
+        batches::adopt_runs(&mut tx, batch_id, &adopted)
             .await
             .map_err(ApiError::unexpected)?;
-        created.extend(new_at.into_iter().zip(rows));
-        tx.commit().await.map_err(ApiError::unexpected)?;
     }
+    let rows = create_many::create_on_new_threads_in(&mut *tx, &new_runs, Some(batch_id))
+        .await
+        .map_err(ApiError::unexpected)?;
+    created.extend(new_at.into_iter().zip(rows));
     created.sort_unstable_by_key(|(i, _)| *i);
-    Ok(created.into_iter().map(|(_, row)| row).collect())
-}
-
-/// `announce` for a whole batch: every `run_queued` (event 1 of each run) in one Redis round
-/// trip, then every message as one burst on the confirm channel, the confirms awaited
-/// together, within the same bound as one run's publish. The runs are already durable, so
-/// failures are logged, not returned: the sweeper re-publishes queued runs it finds idle.
-async fn announce_all(state: &AppState, runs: &[RunRow]) {
-    let data = queued_data();
-    let events: Vec<NewEvent<'_>> = runs
+    let handle = NewBatch {
+        id: batch_id,
+        tenant_id: tenant,
+        status: "in_progress",
+        metadata: json!({}),
+        idempotency_key: None,
+        request_hash: None,
+        fair,
+        lease: None,
+    };
+    let items: Vec<NewItem> = created
         .iter()
-        .map(|run| NewEvent {
-            run_id: run.id,
-            thread_id: run.thread_id,
-            kind: EventType::RunQueued,
-            data: &data,
+        .map(|(i, row)| NewItem {
+            custom_id: i.to_string(),
+            body: None,
+            run_id: Some(row.id),
         })
         .collect();
-    match state
-        .bus
-        .append_many(&events, 0, Floor::Exact(0), Expiry::Persist)
+    batches::insert(&mut *tx, &handle, &items)
         .await
-    {
-        Ok(outcomes) => {
-            for (run, outcome) in runs.iter().zip(outcomes) {
-                if let Err(e) = outcome {
-                    tracing::warn!(run_id = %run.id, error = %e, "could not append run_queued");
-                }
-            }
-        }
-        Err(e) => {
-            tracing::warn!(runs = runs.len(), error = %e, "could not append run_queued for a batch");
-        }
-    }
-    if let Some(held) = runs.iter().find(|r| r.held) {
-        // The tenant has a running limit: what fits its window is dispatched, oldest first.
-        crate::dispatch::dispatch_and_publish(state, held.tenant_id).await;
-        return;
-    }
-    let ids: Vec<Uuid> = runs.iter().map(|r| r.id).collect();
-    publish_bounded(state, &ids).await;
+        .map_err(ApiError::unexpected)?;
+    tx.commit().await.map_err(ApiError::unexpected)?;
+    Ok((batch_id, created.into_iter().map(|(_, row)| row).collect()))
 }

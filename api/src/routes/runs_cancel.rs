@@ -5,9 +5,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use serde_json::json;
 
-use agentfleet_shared::events::{EventType, Expiry, FINAL_FENCE, Floor, NewEvent};
 use agentfleet_shared::store::transitions::{self, Cancelled};
 use agentfleet_shared::store::{StoreError, runs};
 
@@ -64,34 +62,7 @@ pub async fn cancel_run(
         ..
     } = outcome
     {
-        metrics::counter!("agentfleet_runs_total", "status" => "cancelled").increment(1);
-        // The final fence shuts the stream to the worker: nothing follows run_cancelled.
-        let data = json!({"previous_status": previous});
-        let event = NewEvent {
-            run_id: id,
-            thread_id,
-            kind: EventType::RunCancelled,
-            data: &data,
-        };
-        // Ids continue past every one handed out, whether or not Redis still has the list;
-        // the id of `run_cancelled` is recorded so a stream rebuilt later ends with it.
-        let listed = state.bus.len(id).await.unwrap_or(0);
-        let floor = Floor::Recorded((last_event_id as u64).max(listed));
-        match state
-            .bus
-            .append(event, FINAL_FENCE, floor, Expiry::Expire)
-            .await
-        {
-            Ok(appended) => {
-                if let Err(e) = runs::record_last_event_id(&state.pool, id, appended.id).await {
-                    tracing::warn!(run_id = %id, error = %e, "could not record run_cancelled's id");
-                }
-            }
-            Err(e) => tracing::warn!(run_id = %id, error = %e, "could not append run_cancelled"),
-        }
-        if let Err(e) = state.bus.send_control(id, "cancel").await {
-            tracing::warn!(run_id = %id, error = %e, "could not hint the worker; its lease renewal will see the cancel");
-        }
+        crate::announce::cancelled(&state, id, thread_id, previous, last_event_id).await;
     }
     let run = runs::get_for_tenant(&state.pool, caller.tenant_id, id)
         .await

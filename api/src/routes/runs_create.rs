@@ -253,7 +253,7 @@ fn is_idempotency_race(e: &sqlx::Error) -> bool {
 /// so a stalled broker cannot hold the request. A held run (its tenant has a running limit)
 /// is not published: its tenant's runs are dispatched in turn instead (`crate::dispatch`).
 pub async fn announce(state: &AppState, run: &RunRow) {
-    let data = queued_data();
+    let data = crate::announce::queued_data();
     let event = NewEvent {
         run_id: run.id,
         thread_id: run.thread_id,
@@ -280,9 +280,4 @@ pub async fn announce(state: &AppState, run: &RunRow) {
             tracing::warn!(run_id = %run.id, "publish timed out; the sweeper will re-enqueue");
         }
     }
-}
-
-/// The data of a run's `run_queued` event (shared with the batch's bulk announce).
-pub fn queued_data() -> Value {
-    json!({"status": "queued"})
 }

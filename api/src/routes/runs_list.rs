@@ -78,7 +78,7 @@ pub async fn list_runs(
 /// exactly that form (the pattern the OpenAPI document gives).
 pub const CURSOR_PATTERN: &str = "^[0-9]{1,16}_[0-9a-f]{32}$";
 
-mod base64_cursor {
+pub mod base64_cursor {
     use chrono::{DateTime, Utc};
     use uuid::Uuid;
 

@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use agentfleet_shared::domain::{AgentSpec, RunStatus};
+use agentfleet_shared::store::batches::{BatchRow, Counts};
 use agentfleet_shared::store::messages::MessageRow;
 use agentfleet_shared::store::runs::RunRow;
 
@@ -134,7 +135,93 @@ pub struct RunPage {
 /// The runs of a batch, in request order.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct BatchCreated {
+    /// The batch these runs make up (`GET /v1/batches/{id}`, its results and events).
+    pub batch_id: Uuid,
     pub runs: Vec<Run>,
+}
+
+/// A batch: what its items have come to.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Batch {
+    pub id: Uuid,
+    /// `creating` (runs still being created), `in_progress`, `completed` (every run ended),
+    /// `cancelling`, `cancelled` (every run ended after a cancel).
+    pub status: String,
+    /// Items submitted.
+    pub total: i64,
+    pub counts: BatchCounts,
+    pub usage: BatchUsage,
+    #[schema(value_type = Object)]
+    pub metadata: Value,
+    pub created_at: DateTime<Utc>,
+    /// When its first run started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When its last run ended (status `completed` or `cancelled`).
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// Items per status: `pending` = no run created yet; the others are the statuses of the
+/// items' runs (an item that could get no run, its thread busy or gone, counts as `failed`;
+/// after a cancel, items never created count as `cancelled`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, ToSchema)]
+pub struct BatchCounts {
+    pub pending: i64,
+    pub queued: i64,
+    pub running: i64,
+    pub waiting_for_input: i64,
+    pub waiting_for_confirmation: i64,
+    pub completed: i64,
+    pub failed: i64,
+    pub cancelled: i64,
+}
+
+/// What the batch's runs used.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, ToSchema)]
+pub struct BatchUsage {
+    /// Prompt + completion tokens of all its runs.
+    pub total_tokens: i64,
+}
+
+/// A batch with its counts.
+pub fn batch(row: &BatchRow, counts: &Counts) -> Batch {
+    let total = i64::from(row.total);
+    let mut c = BatchCounts {
+        pending: counts.pending,
+        queued: counts.of("queued"),
+        running: counts.of("running"),
+        waiting_for_input: counts.of("waiting_for_input"),
+        waiting_for_confirmation: counts.of("waiting_for_confirmation"),
+        completed: counts.of("completed"),
+        failed: counts.of("failed"),
+        cancelled: counts.of("cancelled"),
+    };
+    // Items that got an error instead of a run.
+    c.failed += (total - counts.created() - counts.pending).max(0);
+    if row.is_cancelled() {
+        c.cancelled += c.pending;
+        c.pending = 0;
+    }
+    Batch {
+        id: row.id,
+        status: row.status.clone(),
+        total,
+        counts: c,
+        usage: BatchUsage {
+            total_tokens: counts.total_tokens,
+        },
+        metadata: row.metadata.0.clone(),
+        created_at: row.created_at,
+        started_at: row.started_at,
+        finished_at: row.finished_at,
+    }
+}
+
+/// A page of batches, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchPage {
+    pub batches: Vec<Batch>,
+    /// Pass as `before` for the next page; null on the last page.
+    pub next: Option<String>,
 }
 
 /// One message of a thread.

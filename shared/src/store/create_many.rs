@@ -29,9 +29,9 @@ WITH input AS (
     INSERT INTO threads (id, tenant_id) SELECT thread_id, tenant_id FROM input),
  run AS (
     INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata,
-                      idempotency_key, request_hash, max_iterations, held, fair)
+                      idempotency_key, request_hash, max_iterations, held, fair, batch_id)
     SELECT id, tenant_id, thread_id, 'queued', agent, metadata,
-           idempotency_key, request_hash, max_iterations, fair, fair FROM input
+           idempotency_key, request_hash, max_iterations, fair, fair, $11::uuid FROM input
     RETURNING *),
  message AS (
     INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
@@ -45,6 +45,16 @@ SELECT * FROM run";
 pub async fn create_on_new_threads<'e>(
     executor: impl sqlx::PgExecutor<'e>,
     runs: &[NewRun],
+) -> Result<Vec<RunRow>, StoreError> {
+    create_on_new_threads_in(executor, runs, None).await
+}
+
+/// [`create_on_new_threads`], the runs belonging to batch `batch` (`runs.batch_id`; `None`:
+/// no batch) from their insert on, so no later update touches the hot rows.
+pub async fn create_on_new_threads_in<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    runs: &[NewRun],
+    batch: Option<Uuid>,
 ) -> Result<Vec<RunRow>, StoreError> {
     if runs.is_empty() {
         return Ok(Vec::new());
@@ -84,6 +94,7 @@ pub async fn create_on_new_threads<'e>(
         .bind(&max_iterations)
         .bind(&bodies)
         .bind(&fair)
+        .bind(batch)
         .fetch_all(executor)
         .await?;
     in_order(&ids, rows)

@@ -39,6 +39,7 @@ macro_rules! timing_cte {
 }
 
 pub mod batch;
+pub mod batches;
 
 /// `status = 'running'` as a parameter of the grouped fenced writes (`turns::record_many`,
 /// `tool_calls::finish_many`, `transitions::end_many`). From the literal, the planner proves

@@ -1,8 +1,10 @@
 //! End-to-end tests against real Postgres, RabbitMQ and Redis. One binary, several modules.
 
 mod api_contract;
+mod batches;
 mod chaos;
 mod combined;
+mod ctl;
 mod fairness;
 mod faults;
 mod foundation;

@@ -1,0 +1,96 @@
+//! What the API tells Redis and RabbitMQ after it committed a run's change: shared by the run
+//! routes and the batch driver (`crate::batch_driver`), which must say the same things.
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use agentfleet_shared::domain::RunStatus;
+use agentfleet_shared::events::{EventType, Expiry, FINAL_FENCE, Floor, NewEvent};
+use agentfleet_shared::store::runs::{self, RunRow};
+
+use crate::publish::publish_bounded;
+use crate::state::AppState;
+
+/// The data of a run's `run_queued` event (shared with the batch's bulk announce).
+pub fn queued_data() -> Value {
+    json!({"status": "queued"})
+}
+
+/// `announce` for a whole batch: every `run_queued` (event 1 of each run) in one Redis round
+/// trip, then every message as one burst on the confirm channel, the confirms awaited
+/// together, within the same bound as one run's publish. The runs are already durable, so
+/// failures are logged, not returned: the sweeper re-publishes queued runs it finds idle.
+pub async fn announce_all(state: &AppState, runs: &[RunRow]) {
+    let data = queued_data();
+    let events: Vec<NewEvent<'_>> = runs
+        .iter()
+        .map(|run| NewEvent {
+            run_id: run.id,
+            thread_id: run.thread_id,
+            kind: EventType::RunQueued,
+            data: &data,
+        })
+        .collect();
+    match state
+        .bus
+        .append_many(&events, 0, Floor::Exact(0), Expiry::Persist)
+        .await
+    {
+        Ok(outcomes) => {
+            for (run, outcome) in runs.iter().zip(outcomes) {
+                if let Err(e) = outcome {
+                    tracing::warn!(run_id = %run.id, error = %e, "could not append run_queued");
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(runs = runs.len(), error = %e, "could not append run_queued for a batch");
+        }
+    }
+    if let Some(held) = runs.iter().find(|r| r.held) {
+        // The tenant has a running limit: what fits its window is dispatched, oldest first.
+        crate::dispatch::dispatch_and_publish(state, held.tenant_id).await;
+        return;
+    }
+    let ids: Vec<Uuid> = runs.iter().map(|r| r.id).collect();
+    publish_bounded(state, &ids).await;
+}
+
+/// After `transitions::cancel` moved a run to `cancelled`: `run_cancelled` (with the final
+/// fence, so nothing follows it) and the hint that stops its worker at once.
+pub async fn cancelled(
+    state: &AppState,
+    id: Uuid,
+    thread_id: Uuid,
+    previous: RunStatus,
+    last_event_id: i64,
+) {
+    metrics::counter!("agentfleet_runs_total", "status" => "cancelled").increment(1);
+    // The final fence shuts the stream to the worker: nothing follows run_cancelled.
+    let data = json!({"previous_status": previous});
+    let event = NewEvent {
+        run_id: id,
+        thread_id,
+        kind: EventType::RunCancelled,
+        data: &data,
+    };
+    // Ids continue past every one handed out, whether or not Redis still has the list;
+    // the id of `run_cancelled` is recorded so a stream rebuilt later ends with it.
+    let listed = state.bus.len(id).await.unwrap_or(0);
+    let floor = Floor::Recorded((last_event_id as u64).max(listed));
+    match state
+        .bus
+        .append(event, FINAL_FENCE, floor, Expiry::Expire)
+        .await
+    {
+        Ok(appended) => {
+            if let Err(e) = runs::record_last_event_id(&state.pool, id, appended.id).await {
+                tracing::warn!(run_id = %id, error = %e, "could not record run_cancelled's id");
+            }
+        }
+        Err(e) => tracing::warn!(run_id = %id, error = %e, "could not append run_cancelled"),
+    }
+    if let Err(e) = state.bus.send_control(id, "cancel").await {
+        tracing::warn!(run_id = %id, error = %e, "could not hint the worker; its lease renewal will see the cancel");
+    }
+}
