@@ -644,4 +644,76 @@ mod tests {
             "only once"
         );
     }
+
+    /// Runs made for items count by status; an item's run, error and answer reach its line.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn counts_and_results_follow_the_items(pool: PgPool) {
+        let t = tenant(&pool).await;
+        let batch = insert(&pool, &new_batch(t, None), &items(3))
+            .await
+            .unwrap()
+            .unwrap();
+        let agent: crate::domain::AgentSpec =
+            serde_json::from_value(json!({"model": "m"})).unwrap();
+        let run = crate::store::transitions::NewRun {
+            id: Uuid::now_v7(),
+            tenant_id: t,
+            thread_id: None,
+            agent,
+            max_iterations: 3,
+            metadata: json!({}),
+            idempotency_key: None,
+            request_hash: None,
+            input: "hi".into(),
+            fair: false,
+        };
+        let run_id = run.id;
+        let mut tx = pool.begin().await.unwrap();
+        crate::store::create_many::create_on_new_threads_in(&mut *tx, &[run], Some(batch.id))
+            .await
+            .unwrap();
+        set_outcomes(
+            &mut tx,
+            batch.id,
+            &[0, 1],
+            &[Some(run_id), None],
+            &[
+                None,
+                Some(json!({"code": "thread_busy", "message": "busy"})),
+            ],
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        let c = counts(&pool, batch.id).await.unwrap();
+        assert_eq!(c.runs, [("queued".to_owned(), 1)]);
+        assert_eq!((c.pending, c.active(), c.created()), (1, 1, 1));
+        let page = results_page(&pool, batch.id, -1, 2).await.unwrap();
+        assert_eq!(page.len(), 2, "the page size holds");
+        assert_eq!(page[0].run_id, Some(run_id));
+        assert_eq!(page[0].status.as_deref(), Some("queued"));
+        assert!(
+            page[0].answer.is_none(),
+            "only a completed run has an answer"
+        );
+        assert_eq!(
+            page[1].item_error.as_ref().unwrap().0["code"],
+            "thread_busy"
+        );
+        let rest = results_page(&pool, batch.id, page[1].position, 2)
+            .await
+            .unwrap();
+        assert_eq!(rest.iter().map(|r| r.position).collect::<Vec<_>>(), [2]);
+        let mut conn = pool.acquire().await.unwrap();
+        let body = pending_items(&mut conn, batch.id, 10).await.unwrap();
+        assert_eq!(body.len(), 1);
+        assert_eq!(body[0].body.as_ref().unwrap().0, json!({"i": 2}));
+        let cleared: (Option<Json<Value>>,) =
+            sqlx::query_as("SELECT body FROM batch_items WHERE batch_id = $1 AND position = 0")
+                .bind(batch.id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert!(cleared.0.is_none(), "a made item's request is dropped");
+    }
 }
