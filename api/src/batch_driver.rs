@@ -104,9 +104,14 @@ async fn drive(state: &AppState, batch: Uuid, owner: &str) -> Result<(), StoreEr
                     finish(state, batch).await?;
                     return Ok(());
                 }
-                cancel_runs(state, held.tenant_id, &ids).await;
+                let failed = cancel_runs(state, held.tenant_id, &ids).await;
                 if held.fair {
                     crate::dispatch::dispatch_and_publish(state, held.tenant_id).await;
+                }
+                if failed == ids.len() {
+                    // Not one went through: no tight loop. The lease runs out and a sweep
+                    // tries again (one attempt per `api.batch_lease_ms`).
+                    return Ok(());
                 }
             }
             _ => {
@@ -225,8 +230,10 @@ async fn create_chunk(
 }
 
 /// Cancels runs as `POST /v1/runs/{id}/cancel` does (the same events and hints), a few at once.
-/// A run that ended meanwhile is left as it is.
-async fn cancel_runs(state: &AppState, tenant: Uuid, ids: &[Uuid]) {
+/// A run that ended meanwhile is left as it is. Returns how many could not be cancelled.
+async fn cancel_runs(state: &AppState, tenant: Uuid, ids: &[Uuid]) -> usize {
+    let failed = std::sync::atomic::AtomicUsize::new(0);
+    let failed_ref = &failed;
     futures_util::stream::iter(ids.iter().copied())
         .for_each_concurrent(CANCELS_IN_FLIGHT, |id| async move {
             match transitions::cancel(&state.pool, tenant, id).await {
@@ -240,11 +247,13 @@ async fn cancel_runs(state: &AppState, tenant: Uuid, ids: &[Uuid]) {
                 }
                 Ok(Cancelled::Already) | Err(StoreError::WrongStatus { .. }) => {}
                 Err(e) => {
+                    failed_ref.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::warn!(run_id = %id, error = %e, "cancelling a batch's run failed; retried next chunk");
                 }
             }
         })
         .await;
+    failed.into_inner()
 }
 
 /// Finishes the batch if none of its runs is active; exactly one caller finishes it.
