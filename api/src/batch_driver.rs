@@ -7,9 +7,10 @@
 //!   chunk of cancels. Each chunk first locks the batch row and renews the lease, so chunks
 //!   and a cancel are serialized and a driver that lost its lease stops.
 //! - **The sweep** (every replica, `api.batch_sweep_interval_ms`) takes over batches whose
-//!   lease expired (their replica died mid-way), records `started_at`, and finishes batches
-//!   none of whose runs is active: one short statement per unfinished batch, nothing on the
-//!   path of a run.
+//!   lease expired (their replica died mid-way) and finishes batches none of whose runs is
+//!   active: one short statement per unfinished batch, nothing on the path of a run.
+//!   `started_at` is recorded by the first read whose counts show a run past `queued` (and
+//!   by the finish), not by the sweep: a backlog that has not started costs it nothing.
 
 use std::time::Duration;
 
@@ -297,7 +298,7 @@ pub fn spawn_sweeper(state: AppState) {
     });
 }
 
-/// One sweep: take over orphaned batches, note starts, finish what has ended.
+/// One sweep: take over orphaned batches, finish what has ended.
 pub async fn sweep(state: &AppState) -> Result<(), StoreError> {
     let owner = new_owner();
     let api = &state.settings.api;
@@ -308,9 +309,6 @@ pub async fn sweep(state: &AppState) -> Result<(), StoreError> {
         spawn(state.clone(), batch, owner.clone());
     }
     for batch in batches::unfinished(&state.pool, SWEEP_BATCHES).await? {
-        if !batch.started && batch.status != "cancelling" {
-            batches::note_started(&state.pool, batch.id).await?;
-        }
         if matches!(batch.status.as_str(), "in_progress" | "cancelling") {
             finish(state, batch.id).await?;
         }

@@ -432,13 +432,12 @@ pub async fn active_runs(pool: &PgPool, id: Uuid, limit: i64) -> Result<Vec<Uuid
 pub struct Unfinished {
     pub id: Uuid,
     pub status: String,
-    pub started: bool,
 }
 
 /// Up to `limit` batches not yet finished (index `batches_unfinished`), oldest first.
 pub async fn unfinished(pool: &PgPool, limit: i64) -> Result<Vec<Unfinished>, StoreError> {
     Ok(sqlx::query_as::<_, Unfinished>(
-        "SELECT id, status, started_at IS NOT NULL AS started FROM batches
+        "SELECT id, status FROM batches
           WHERE status IN ('creating', 'in_progress', 'cancelling')
           ORDER BY created_at LIMIT $1",
     )
@@ -448,16 +447,19 @@ pub async fn unfinished(pool: &PgPool, limit: i64) -> Result<Vec<Unfinished>, St
 }
 
 /// Records `started_at` once a run of the batch has started: the earliest start among them.
-pub async fn note_started(pool: &PgPool, id: Uuid) -> Result<(), StoreError> {
-    sqlx::query(
+/// Returns it (`None` while no run has started). Called only by a reader whose counts show a
+/// run past `queued` while `started_at` is unset, so it scans the batch's runs about once.
+pub async fn note_started(pool: &PgPool, id: Uuid) -> Result<Option<DateTime<Utc>>, StoreError> {
+    let row: Option<(Option<DateTime<Utc>>,)> = sqlx::query_as(
         "UPDATE batches b SET started_at = s.first
            FROM (SELECT min(started_at) AS first FROM runs WHERE batch_id = $1) s
-          WHERE b.id = $1 AND b.started_at IS NULL AND s.first IS NOT NULL",
+          WHERE b.id = $1 AND b.started_at IS NULL AND s.first IS NOT NULL
+          RETURNING b.started_at",
     )
     .bind(id)
-    .execute(pool)
+    .fetch_optional(pool)
     .await?;
-    Ok(())
+    Ok(row.and_then(|(at,)| at))
 }
 
 /// `in_progress -> completed` or `cancelling -> cancelled` once none of the batch's runs is
