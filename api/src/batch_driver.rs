@@ -7,9 +7,10 @@
 //!   chunk of cancels. Each chunk first locks the batch row and renews the lease, so chunks
 //!   and a cancel are serialized and a driver that lost its lease stops.
 //! - **The sweep** (every replica, `api.batch_sweep_interval_ms`) takes over batches whose
-//!   lease expired (their replica died mid-way), records `started_at`, and finishes batches
-//!   none of whose runs is active: one short statement per unfinished batch, nothing on the
-//!   path of a run.
+//!   lease expired (their replica died mid-way) and finishes batches none of whose runs is
+//!   active: one short statement per unfinished batch, nothing on the path of a run.
+//!   `started_at` is recorded by the first read whose counts show a run past `queued` (and
+//!   by the finish), not by the sweep: a backlog that has not started costs it nothing.
 
 use std::time::Duration;
 
@@ -104,9 +105,14 @@ async fn drive(state: &AppState, batch: Uuid, owner: &str) -> Result<(), StoreEr
                     finish(state, batch).await?;
                     return Ok(());
                 }
-                cancel_runs(state, held.tenant_id, &ids).await;
+                let failed = cancel_runs(state, held.tenant_id, &ids).await;
                 if held.fair {
                     crate::dispatch::dispatch_and_publish(state, held.tenant_id).await;
+                }
+                if failed == ids.len() {
+                    // Not one went through: no tight loop. The lease runs out and a sweep
+                    // tries again (one attempt per `api.batch_lease_ms`).
+                    return Ok(());
                 }
             }
             _ => {
@@ -225,8 +231,10 @@ async fn create_chunk(
 }
 
 /// Cancels runs as `POST /v1/runs/{id}/cancel` does (the same events and hints), a few at once.
-/// A run that ended meanwhile is left as it is.
-async fn cancel_runs(state: &AppState, tenant: Uuid, ids: &[Uuid]) {
+/// A run that ended meanwhile is left as it is. Returns how many could not be cancelled.
+async fn cancel_runs(state: &AppState, tenant: Uuid, ids: &[Uuid]) -> usize {
+    let failed = std::sync::atomic::AtomicUsize::new(0);
+    let failed_ref = &failed;
     futures_util::stream::iter(ids.iter().copied())
         .for_each_concurrent(CANCELS_IN_FLIGHT, |id| async move {
             match transitions::cancel(&state.pool, tenant, id).await {
@@ -240,11 +248,13 @@ async fn cancel_runs(state: &AppState, tenant: Uuid, ids: &[Uuid]) {
                 }
                 Ok(Cancelled::Already) | Err(StoreError::WrongStatus { .. }) => {}
                 Err(e) => {
+                    failed_ref.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::warn!(run_id = %id, error = %e, "cancelling a batch's run failed; retried next chunk");
                 }
             }
         })
         .await;
+    failed.into_inner()
 }
 
 /// Finishes the batch if none of its runs is active; exactly one caller finishes it.
@@ -288,7 +298,7 @@ pub fn spawn_sweeper(state: AppState) {
     });
 }
 
-/// One sweep: take over orphaned batches, note starts, finish what has ended.
+/// One sweep: take over orphaned batches, finish what has ended.
 pub async fn sweep(state: &AppState) -> Result<(), StoreError> {
     let owner = new_owner();
     let api = &state.settings.api;
@@ -299,9 +309,6 @@ pub async fn sweep(state: &AppState) -> Result<(), StoreError> {
         spawn(state.clone(), batch, owner.clone());
     }
     for batch in batches::unfinished(&state.pool, SWEEP_BATCHES).await? {
-        if !batch.started && batch.status != "cancelling" {
-            batches::note_started(&state.pool, batch.id).await?;
-        }
         if matches!(batch.status.as_str(), "in_progress" | "cancelling") {
             finish(state, batch.id).await?;
         }

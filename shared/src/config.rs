@@ -158,7 +158,7 @@ pub struct ApiSettings {
     /// chunk; once expired, another replica's sweep takes the batch over.
     pub batch_lease_ms: u64,
     /// How often each replica sweeps unfinished batches: takes over batches whose lease
-    /// expired, records `started_at`, and finishes batches whose runs have all ended.
+    /// expired, and finishes batches whose runs have all ended.
     pub batch_sweep_interval_ms: u64,
 }
 

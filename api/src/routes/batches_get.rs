@@ -40,7 +40,8 @@ pub async fn load(
     }
 }
 
-/// The batch with its counts. When the counts show every run ended but the batch is not yet
+/// The batch with its counts. `started_at` is recorded by the first such read whose counts
+/// show a run past `queued`. When the counts show every run ended but the batch is not yet
 /// marked finished (the sweep comes within `api.batch_sweep_interval_ms`), it is finished now,
 /// so an answer never shows all runs ended under a status that says otherwise.
 pub async fn view_of(state: &AppState, row: BatchRow) -> Result<view::Batch, ApiError> {
@@ -48,6 +49,14 @@ pub async fn view_of(state: &AppState, row: BatchRow) -> Result<view::Batch, Api
         .await
         .map_err(ApiError::unexpected)?;
     let ended = counts.active() == 0 && (counts.pending == 0 || row.is_cancelled());
+    let mut row = row;
+    // (A finished batch's was settled by the finish.)
+    if row.started_at.is_none() && !row.is_finished() && counts.created() > counts.of("queued") {
+        // A run has left `queued`: the batch's start is recorded now, once.
+        row.started_at = batches::note_started(&state.pool, row.id)
+            .await
+            .map_err(ApiError::unexpected)?;
+    }
     let row = if ended && matches!(row.status.as_str(), "in_progress" | "cancelling") {
         crate::batch_driver::finish(state, row.id)
             .await

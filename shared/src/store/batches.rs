@@ -432,13 +432,12 @@ pub async fn active_runs(pool: &PgPool, id: Uuid, limit: i64) -> Result<Vec<Uuid
 pub struct Unfinished {
     pub id: Uuid,
     pub status: String,
-    pub started: bool,
 }
 
 /// Up to `limit` batches not yet finished (index `batches_unfinished`), oldest first.
 pub async fn unfinished(pool: &PgPool, limit: i64) -> Result<Vec<Unfinished>, StoreError> {
     Ok(sqlx::query_as::<_, Unfinished>(
-        "SELECT id, status, started_at IS NOT NULL AS started FROM batches
+        "SELECT id, status FROM batches
           WHERE status IN ('creating', 'in_progress', 'cancelling')
           ORDER BY created_at LIMIT $1",
     )
@@ -448,16 +447,19 @@ pub async fn unfinished(pool: &PgPool, limit: i64) -> Result<Vec<Unfinished>, St
 }
 
 /// Records `started_at` once a run of the batch has started: the earliest start among them.
-pub async fn note_started(pool: &PgPool, id: Uuid) -> Result<(), StoreError> {
-    sqlx::query(
+/// Returns it (`None` while no run has started). Called only by a reader whose counts show a
+/// run past `queued` while `started_at` is unset, so it scans the batch's runs about once.
+pub async fn note_started(pool: &PgPool, id: Uuid) -> Result<Option<DateTime<Utc>>, StoreError> {
+    let row: Option<(Option<DateTime<Utc>>,)> = sqlx::query_as(
         "UPDATE batches b SET started_at = s.first
            FROM (SELECT min(started_at) AS first FROM runs WHERE batch_id = $1) s
-          WHERE b.id = $1 AND b.started_at IS NULL AND s.first IS NOT NULL",
+          WHERE b.id = $1 AND b.started_at IS NULL AND s.first IS NOT NULL
+          RETURNING b.started_at",
     )
     .bind(id)
-    .execute(pool)
+    .fetch_optional(pool)
     .await?;
-    Ok(())
+    Ok(row.and_then(|(at,)| at))
 }
 
 /// `in_progress -> completed` or `cancelling -> cancelled` once none of the batch's runs is
@@ -643,5 +645,77 @@ mod tests {
             finish(&mut conn, batch.id).await.unwrap().is_none(),
             "only once"
         );
+    }
+
+    /// Runs made for items count by status; an item's run, error and answer reach its line.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn counts_and_results_follow_the_items(pool: PgPool) {
+        let t = tenant(&pool).await;
+        let batch = insert(&pool, &new_batch(t, None), &items(3))
+            .await
+            .unwrap()
+            .unwrap();
+        let agent: crate::domain::AgentSpec =
+            serde_json::from_value(json!({"model": "m"})).unwrap();
+        let run = crate::store::transitions::NewRun {
+            id: Uuid::now_v7(),
+            tenant_id: t,
+            thread_id: None,
+            agent,
+            max_iterations: 3,
+            metadata: json!({}),
+            idempotency_key: None,
+            request_hash: None,
+            input: "hi".into(),
+            fair: false,
+        };
+        let run_id = run.id;
+        let mut tx = pool.begin().await.unwrap();
+        crate::store::create_many::create_on_new_threads_in(&mut *tx, &[run], Some(batch.id))
+            .await
+            .unwrap();
+        set_outcomes(
+            &mut tx,
+            batch.id,
+            &[0, 1],
+            &[Some(run_id), None],
+            &[
+                None,
+                Some(json!({"code": "thread_busy", "message": "busy"})),
+            ],
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        let c = counts(&pool, batch.id).await.unwrap();
+        assert_eq!(c.runs, [("queued".to_owned(), 1)]);
+        assert_eq!((c.pending, c.active(), c.created()), (1, 1, 1));
+        let page = results_page(&pool, batch.id, -1, 2).await.unwrap();
+        assert_eq!(page.len(), 2, "the page size holds");
+        assert_eq!(page[0].run_id, Some(run_id));
+        assert_eq!(page[0].status.as_deref(), Some("queued"));
+        assert!(
+            page[0].answer.is_none(),
+            "only a completed run has an answer"
+        );
+        assert_eq!(
+            page[1].item_error.as_ref().unwrap().0["code"],
+            "thread_busy"
+        );
+        let rest = results_page(&pool, batch.id, page[1].position, 2)
+            .await
+            .unwrap();
+        assert_eq!(rest.iter().map(|r| r.position).collect::<Vec<_>>(), [2]);
+        let mut conn = pool.acquire().await.unwrap();
+        let body = pending_items(&mut conn, batch.id, 10).await.unwrap();
+        assert_eq!(body.len(), 1);
+        assert_eq!(body[0].body.as_ref().unwrap().0, json!({"i": 2}));
+        let cleared: (Option<Json<Value>>,) =
+            sqlx::query_as("SELECT body FROM batch_items WHERE batch_id = $1 AND position = 0")
+                .bind(batch.id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert!(cleared.0.is_none(), "a made item's request is dropped");
     }
 }
