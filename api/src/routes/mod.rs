@@ -18,6 +18,11 @@ pub mod threads_events;
 pub mod threads_messages;
 pub mod usage;
 pub mod view;
+pub mod webhooks_create;
+pub mod webhooks_delete;
+pub mod webhooks_deliveries;
+pub mod webhooks_get;
+pub mod webhooks_list;
 
 use axum::Router;
 use axum::middleware::from_fn_with_state;
@@ -52,6 +57,18 @@ pub fn router(state: &AppState) -> Router<AppState> {
             get(threads_events::thread_events),
         )
         .route("/v1/usage", get(usage::get_usage))
+        .route(
+            "/v1/webhooks",
+            post(webhooks_create::create_webhook).get(webhooks_list::list_webhooks),
+        )
+        .route(
+            "/v1/webhooks/{id}",
+            get(webhooks_get::get_webhook).delete(webhooks_delete::delete_webhook),
+        )
+        .route(
+            "/v1/webhooks/{id}/deliveries",
+            get(webhooks_deliveries::list_deliveries),
+        )
         // Layers run bottom-up: the key first, then the tenant's request rate.
         .route_layer(from_fn_with_state(
             (state.rate_limiter.clone(), state.settings.clone()),
