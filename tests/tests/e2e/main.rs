@@ -17,3 +17,4 @@ mod streams;
 mod tenancy;
 mod usage;
 mod validation;
+mod webhooks;
