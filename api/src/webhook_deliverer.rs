@@ -167,6 +167,9 @@ impl Deliverer {
         // Test-only: the process dies after the claim committed and before anything was sent.
         failpoint::hit("webhook_before_send");
         let outcome = self.send(&delivery).await;
+        // Test-only: the process dies after the receiver answered, before the outcome is
+        // recorded: the delivery goes again, with the same id.
+        failpoint::hit("webhook_after_send");
         let label = match &outcome {
             Outcome::Delivered { .. } => "delivered",
             Outcome::Failed { give_up: true, .. } => "given_up",
