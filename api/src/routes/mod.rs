@@ -23,6 +23,7 @@ pub mod webhooks_delete;
 pub mod webhooks_deliveries;
 pub mod webhooks_get;
 pub mod webhooks_list;
+pub mod webhooks_rotate;
 
 use axum::Router;
 use axum::middleware::from_fn_with_state;
@@ -68,6 +69,10 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route(
             "/v1/webhooks/{id}/deliveries",
             get(webhooks_deliveries::list_deliveries),
+        )
+        .route(
+            "/v1/webhooks/{id}/rotate-secret",
+            post(webhooks_rotate::rotate_secret),
         )
         // Layers run bottom-up: the key first, then the tenant's request rate.
         .route_layer(from_fn_with_state(

@@ -44,6 +44,7 @@ use crate::validate::MAX_ID;
         super::webhooks_get::get_webhook,
         super::webhooks_delete::delete_webhook,
         super::webhooks_deliveries::list_deliveries,
+        super::webhooks_rotate::rotate_secret,
         super::health::healthz,
         super::health::readyz,
         openapi,
@@ -85,6 +86,7 @@ use crate::validate::MAX_ID;
         view::Readiness,
         super::webhooks_create::CreateWebhook,
         super::webhooks_create::WebhookCreated,
+        super::webhooks_rotate::RotateSecret,
         super::webhooks_list::WebhookList,
         super::webhooks_deliveries::DeliveryPage,
         agentfleet_shared::store::webhooks::Endpoint,
@@ -427,6 +429,12 @@ fn constrain_webhooks(doc: &mut Value, settings: &Settings) {
         json!({"type": ["string", "null"], "maxLength": super::webhooks_create::MAX_DESCRIPTION_CHARS,
                "pattern": no_nul()}),
     );
+    replace(
+        doc,
+        "/components/schemas/RotateSecret/properties/secret",
+        json!({"type": ["string", "null"], "pattern": "^whsec_[A-Za-z0-9+/]{32,88}={0,2}$",
+               "description": "`whsec_` and the standard base64 of 24 to 64 bytes; generated when absent"}),
+    );
     let path = "/v1/webhooks/{id}/deliveries";
     parameter(doc, path, "get", "limit")["schema"] = json!({"type": "integer", "minimum": 1,
         "maximum": api.max_page_size,
@@ -717,7 +725,7 @@ mod tests {
             }
         }
         assert_eq!(
-            operations, 19,
+            operations, 20,
             "the admin API is absent without api.admin_token"
         );
         let mut with_admin = settings();

@@ -151,6 +151,26 @@ pub async fn get_endpoint(pool: &PgPool, tenant: Uuid, id: Uuid) -> Result<Endpo
     .ok_or(StoreError::NotFound)
 }
 
+/// Replaces an endpoint's secret; every attempt from now on (retries of earlier deliveries
+/// included) is signed with the new one.
+pub async fn set_secret(
+    pool: &PgPool,
+    tenant: Uuid,
+    id: Uuid,
+    secret: &str,
+) -> Result<Endpoint, StoreError> {
+    sqlx::query_as::<_, Endpoint>(sqlx::AssertSqlSafe(format!(
+        "UPDATE webhook_endpoints SET secret = $3 WHERE id = $1 AND tenant_id = $2
+         RETURNING {ENDPOINT_COLUMNS}"
+    )))
+    .bind(id)
+    .bind(tenant)
+    .bind(secret)
+    .fetch_optional(pool)
+    .await?
+    .ok_or(StoreError::NotFound)
+}
+
 /// Deletes an endpoint and, with it, its deliveries: pending ones are never sent (an attempt
 /// in flight at that moment still completes, and its outcome is recorded nowhere).
 pub async fn delete_endpoint(

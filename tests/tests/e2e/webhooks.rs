@@ -485,6 +485,18 @@ async fn registration_is_checked_and_a_deleted_endpoint_gets_nothing_more() {
         .get_as(&format!("/v1/webhooks/{endpoint}"), &other)
         .await;
     assert_eq!(resp.status(), 404, "another tenant's endpoint");
+    // A rotation signs everything from now on with the new secret.
+    let resp = app
+        .post(
+            &format!("/v1/webhooks/{endpoint}/rotate-secret"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let rotated: Value = resp.json().await.unwrap();
+    let new_secret = rotated["secret"].as_str().unwrap();
+    assert!(new_secret.starts_with("whsec_") && new_secret != secret);
+    receiver.trust(new_secret);
 
     // A name is judged when it resolves: localhost is loopback, which only a literal
     // address with its port is opened to.
