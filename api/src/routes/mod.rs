@@ -23,6 +23,7 @@ pub mod webhooks_delete;
 pub mod webhooks_deliveries;
 pub mod webhooks_get;
 pub mod webhooks_list;
+pub mod webhooks_retry;
 pub mod webhooks_rotate;
 
 use axum::Router;
@@ -69,6 +70,10 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route(
             "/v1/webhooks/{id}/deliveries",
             get(webhooks_deliveries::list_deliveries),
+        )
+        .route(
+            "/v1/webhooks/{id}/deliveries/{delivery_id}/retry",
+            post(webhooks_retry::retry_delivery),
         )
         .route(
             "/v1/webhooks/{id}/rotate-secret",

@@ -45,6 +45,7 @@ use crate::validate::MAX_ID;
         super::webhooks_delete::delete_webhook,
         super::webhooks_deliveries::list_deliveries,
         super::webhooks_rotate::rotate_secret,
+        super::webhooks_retry::retry_delivery,
         super::health::healthz,
         super::health::readyz,
         openapi,
@@ -725,7 +726,7 @@ mod tests {
             }
         }
         assert_eq!(
-            operations, 20,
+            operations, 21,
             "the admin API is absent without api.admin_token"
         );
         let mut with_admin = settings();

@@ -153,6 +153,51 @@ impl Backoff {
     }
 }
 
+/// What a manual retry found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Retried {
+    /// Due now again (it was delivered or given up); its id and body are unchanged.
+    Now(DeliveryInfo),
+    /// Still pending: it is retried anyway.
+    AlreadyPending,
+    NotFound,
+}
+
+/// Makes a delivered or given-up delivery of `endpoint` due again at once (same id, same
+/// body: a receiver that deduplicates sees it as a repeat).
+pub async fn retry(pool: &PgPool, endpoint: Uuid, id: Uuid) -> Result<Retried, StoreError> {
+    let row = sqlx::query_as::<_, DeliveryInfo>(
+        "WITH found AS (
+            SELECT id, status FROM webhook_deliveries WHERE id = $2 AND endpoint_id = $1
+            FOR UPDATE),
+         again AS (
+            UPDATE webhook_deliveries d
+               SET status = 'pending', finished_at = NULL, next_attempt_at = now()
+              FROM found WHERE d.id = found.id AND found.status <> 'pending'
+            RETURNING d.*)
+         SELECT id, endpoint_id, event, status, attempts, last_status_code, last_error,
+                next_attempt_at, last_attempt_at, created_at, finished_at
+           FROM again",
+    )
+    .bind(endpoint)
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    if let Some(row) = row {
+        return Ok(Retried::Now(row));
+    }
+    let exists: Option<(Uuid,)> =
+        sqlx::query_as("SELECT id FROM webhook_deliveries WHERE id = $2 AND endpoint_id = $1")
+            .bind(endpoint)
+            .bind(id)
+            .fetch_optional(pool)
+            .await?;
+    Ok(match exists {
+        Some(_) => Retried::AlreadyPending,
+        None => Retried::NotFound,
+    })
+}
+
 /// One delivery as its tenant sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct DeliveryInfo {
@@ -423,6 +468,14 @@ mod tests {
             give_up: false,
         };
         assert!(record(&pool, second[0].id, 2, &failed).await.unwrap());
+        assert_eq!(
+            retry(&pool, endpoint, second[0].id).await.unwrap(),
+            Retried::AlreadyPending
+        );
+        assert_eq!(
+            retry(&pool, endpoint, Uuid::now_v7()).await.unwrap(),
+            Retried::NotFound
+        );
         let listed = list(&pool, endpoint, None, 10).await.unwrap();
         assert_eq!(listed.len(), 1);
         assert_eq!(
@@ -453,6 +506,13 @@ mod tests {
         assert_eq!(listed[0].status, "delivered");
         assert!(listed[0].next_attempt_at.is_none());
         assert!(claim_due(&pool, 10, LEASE).await.unwrap().is_empty());
+        // A manual retry makes it due again under the same id.
+        let Retried::Now(again) = retry(&pool, endpoint, third[0].id).await.unwrap() else {
+            panic!("a delivered delivery can be retried");
+        };
+        assert_eq!((again.status.as_str(), again.attempts), ("pending", 3));
+        let fourth = claim_due(&pool, 10, LEASE).await.unwrap();
+        assert_eq!((fourth[0].id, fourth[0].attempts), (third[0].id, 4));
         // Deleting the endpoint deletes its deliveries.
         webhooks::delete_endpoint(&pool, tenant, endpoint)
             .await

@@ -663,6 +663,7 @@ async fn the_openapi_document_describes_every_operation_of_this_deployment() {
             "POST /v1/runs/{id}/resume",
             "POST /v1/runs/{id}/stream-token",
             "POST /v1/webhooks",
+            "POST /v1/webhooks/{id}/deliveries/{delivery_id}/retry",
             "POST /v1/webhooks/{id}/rotate-secret",
         ]
     );

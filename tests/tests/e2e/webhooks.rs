@@ -554,6 +554,33 @@ async fn registration_is_checked_and_a_deleted_endpoint_gets_nothing_more() {
         "given up after webhooks.max_attempts: {attempt}"
     );
     assert!(attempt["finished_at"].is_string() && attempt["next_attempt_at"].is_null());
+    // A given-up delivery can be sent again by hand, under the same id.
+    let delivery = attempt["id"].as_str().unwrap();
+    let app = &app;
+    let retry = |d: String| {
+        let url = format!("/v1/webhooks/{refused_id}/deliveries/{d}/retry");
+        async move { app.post(&url, &json!({})).await }
+    };
+    let resp = retry(delivery.to_owned()).await;
+    assert_eq!(resp.status(), 200);
+    let again: Value = resp.json().await.unwrap();
+    assert_eq!(
+        (again["id"].as_str(), again["status"].as_str()),
+        (Some(delivery), Some("pending"))
+    );
+    wait_for("the retried delivery given up again", T, || async {
+        let page: Value = app
+            .get(&format!("/v1/webhooks/{refused_id}/deliveries"))
+            .await
+            .json()
+            .await
+            .ok()?;
+        let d = &page["data"][0];
+        (d["status"] == "failed" && d["attempts"] == 3).then_some(())
+    })
+    .await;
+    assert_eq!(retry(uuid::Uuid::now_v7().to_string()).await.status(), 404);
+    assert_eq!(retry("nope".into()).await.status(), 422);
 
     // A cancel that is refused changes nothing and writes no delivery.
     let resp = app
