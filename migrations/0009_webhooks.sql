@@ -43,6 +43,8 @@ CREATE TABLE webhook_deliveries (
 );
 -- Due deliveries, oldest due first: the deliverer's claim.
 CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE status = 'pending';
+-- Finished deliveries by age: their removal after `webhooks.keep_finished_ms`.
+CREATE INDEX webhook_deliveries_finished ON webhook_deliveries (finished_at) WHERE status <> 'pending';
 -- An endpoint's deliveries, newest first: `GET /v1/webhooks/{id}/deliveries`.
 CREATE INDEX webhook_deliveries_endpoint ON webhook_deliveries (endpoint_id, created_at DESC, id DESC);
 

@@ -77,8 +77,39 @@ pub fn spawn(pool: PgPool, settings: &Settings, shutdown: CancellationToken) -> 
         deliverer.poll(),
         shutdown.clone(),
     ));
+    tokio::spawn(purge(
+        deliverer.pool.clone(),
+        Duration::from_millis(deliverer.settings.keep_finished_ms),
+        shutdown.clone(),
+    ));
     tokio::spawn(deliverer.run(wake, shutdown));
     Ok(())
+}
+
+/// How often finished deliveries past `webhooks.keep_finished_ms` are removed, and how many
+/// one statement removes (a backlog is removed in several, each short).
+const PURGE_EVERY: Duration = Duration::from_secs(60);
+const PURGE_BATCH: i64 = 1000;
+
+/// Removes old finished deliveries, so the outbox holds what is pending plus a window of
+/// history. Every replica does it; concurrent purges only find less to delete.
+async fn purge(pool: PgPool, keep: Duration, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(PURGE_EVERY) => {}
+        }
+        loop {
+            match webhook_deliveries::purge_finished(&pool, keep, PURGE_BATCH).await {
+                Ok(n) if n as i64 == PURGE_BATCH && !shutdown.is_cancelled() => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not remove old webhook deliveries");
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// Forwards notifications of committed deliveries to `wake`. It holds one connection of the

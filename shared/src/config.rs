@@ -297,6 +297,9 @@ pub struct WebhookSettings {
     pub max_response_bytes: usize,
     pub max_endpoints_per_tenant: u32,
     pub max_url_bytes: usize,
+    /// Delivered and given-up deliveries are removed this long after they finished (the
+    /// deliveries listing shows them until then).
+    pub keep_finished_ms: u64,
 }
 
 impl WebhookSettings {
@@ -307,6 +310,7 @@ impl WebhookSettings {
             ("webhooks.connect_timeout_ms", self.connect_timeout_ms),
             ("webhooks.backoff_base_ms", self.backoff_base_ms),
             ("webhooks.retry_for_ms", self.retry_for_ms),
+            ("webhooks.keep_finished_ms", self.keep_finished_ms),
         ] {
             if v == 0 {
                 return Err(invalid(key, "must be positive"));
@@ -531,6 +535,7 @@ max_attempts = 100
 max_response_bytes = 4096
 max_endpoints_per_tenant = 20
 max_url_bytes = 2048
+keep_finished_ms = 604800000
 "#;
 
 impl Settings {

@@ -125,6 +125,22 @@ pub async fn record(
     Ok(done.rows_affected() == 1)
 }
 
+/// Deletes up to `limit` deliveries that finished (delivered or given up) more than `age` ago;
+/// returns how many.
+pub async fn purge_finished(pool: &PgPool, age: Duration, limit: i64) -> Result<u64, StoreError> {
+    let done = sqlx::query(
+        "DELETE FROM webhook_deliveries WHERE id IN (
+            SELECT id FROM webhook_deliveries
+             WHERE status <> 'pending' AND finished_at < now() - make_interval(secs => $1)
+             LIMIT $2)",
+    )
+    .bind(age.as_secs_f64())
+    .bind(limit)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// The retry schedule.
 #[derive(Debug, Clone, Copy)]
 pub struct Backoff {
@@ -513,6 +529,18 @@ mod tests {
         assert_eq!((again.status.as_str(), again.attempts), ("pending", 3));
         let fourth = claim_due(&pool, 10, LEASE).await.unwrap();
         assert_eq!((fourth[0].id, fourth[0].attempts), (third[0].id, 4));
+        // Finished deliveries are kept for a while, then removed.
+        assert_eq!(
+            purge_finished(&pool, Duration::from_secs(60), 10)
+                .await
+                .unwrap(),
+            0
+        );
+        assert_eq!(
+            purge_finished(&pool, Duration::ZERO, 10).await.unwrap(),
+            0,
+            "pending again"
+        );
         // Deleting the endpoint deletes its deliveries.
         webhooks::delete_endpoint(&pool, tenant, endpoint)
             .await
@@ -522,5 +550,30 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(n, 0);
+    }
+
+    /// Finished deliveries are kept for `webhooks.keep_finished_ms`, then removed; pending
+    /// ones never are.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn finished_deliveries_are_purged_after_their_keep(pool: PgPool) {
+        let (tenant, _) = tenant_with_endpoint(&pool, &["batch.completed"]).await;
+        let mut conn = pool.acquire().await.unwrap();
+        for _ in 0..2 {
+            webhooks::enqueue(&mut conn, tenant, "batch.completed", serde_json::json!({}))
+                .await
+                .unwrap();
+        }
+        drop(conn);
+        let claimed = claim_due(&pool, 1, LEASE).await.unwrap();
+        let ok = Outcome::Delivered { status_code: 200 };
+        assert!(record(&pool, claimed[0].id, 1, &ok).await.unwrap());
+        let keep = Duration::from_secs(60);
+        assert_eq!(purge_finished(&pool, keep, 10).await.unwrap(), 0, "kept");
+        assert_eq!(purge_finished(&pool, Duration::ZERO, 10).await.unwrap(), 1);
+        let (left,): (String,) = sqlx::query_as("SELECT status FROM webhook_deliveries")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(left, "pending");
     }
 }
