@@ -25,7 +25,7 @@ use agentfleet_shared::domain::AgentSpec;
 use agentfleet_shared::store::batches::{self, BatchRow, Held};
 use agentfleet_shared::store::runs::RunRow;
 use agentfleet_shared::store::transitions::{self, Cancelled, NewRun};
-use agentfleet_shared::store::{StoreError, create_many};
+use agentfleet_shared::store::{StoreError, create_many, webhooks};
 
 use crate::state::AppState;
 
@@ -268,13 +268,17 @@ pub async fn finish(state: &AppState, batch: Uuid) -> Result<Option<BatchRow>, S
     Ok(finished)
 }
 
-/// HOOK(webhooks): runs inside the transaction that finished `batch` (status `completed` or
-/// `cancelled`, `finished_at` set), exactly once per batch whichever replica finishes it.
-/// Record the `batch.completed` webhook delivery here (e.g. an outbox row), so it commits
-/// together with the status change or not at all.
-pub async fn finished_hook(_tx: &mut PgConnection, batch: &BatchRow) -> Result<(), StoreError> {
+/// Runs inside the transaction that finished `batch` (status `completed` or `cancelled`,
+/// `finished_at` set), exactly once per batch whichever replica finishes it: the
+/// `batch.completed` webhook deliveries (the batch's view, as `GET /v1/batches/{id}` shows it)
+/// commit together with the status change or not at all.
+pub async fn finished_hook(tx: &mut PgConnection, batch: &BatchRow) -> Result<(), StoreError> {
     metrics::counter!("agentfleet_batches_finished_total", "status" => batch.status.clone())
         .increment(1);
+    let counts = batches::counts(&mut *tx, batch.id).await?;
+    let data = serde_json::to_value(crate::routes::view::batch(batch, &counts))
+        .expect("a batch view serializes");
+    webhooks::enqueue(tx, batch.tenant_id, "batch.completed", data).await?;
     Ok(())
 }
 

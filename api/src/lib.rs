@@ -21,5 +21,7 @@ pub mod stream;
 pub mod stream_token;
 pub mod suspension;
 pub mod validate;
+pub mod webhook_deliverer;
+pub mod webhook_signing;
 
 pub use startup::Application;

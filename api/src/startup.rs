@@ -95,6 +95,7 @@ impl Application {
         let key_usage = Arc::new(crate::key_usage::KeyUsage::default());
         let flusher = (key_usage.clone(), pool.clone());
         let listener_cache = auth_cache.clone();
+        let state_pool = pool.clone();
         let state = AppState {
             creates,
             dispatches,
@@ -135,6 +136,8 @@ impl Application {
             listener_cache,
             shutdown.clone(),
         );
+        crate::webhook_deliverer::spawn(state_pool, &settings, shutdown.clone())
+            .context("starting the webhook deliverer")?;
         crate::batch_driver::spawn_sweeper(sweeper_state);
         flusher.0.spawn_flusher(
             flusher.1,
@@ -248,7 +251,7 @@ fn cors_layer(origins: &str) -> tower_http::cors::CorsLayer {
     };
     CorsLayer::new()
         .allow_origin(allow)
-        .allow_methods([Method::GET, Method::POST])
+        .allow_methods([Method::GET, Method::POST, Method::DELETE])
         .allow_headers([
             header::AUTHORIZATION,
             header::CONTENT_TYPE,

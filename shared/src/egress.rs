@@ -93,6 +93,27 @@ impl EgressPolicy {
         literal && self.check_url(&url).is_err()
     }
 
+    /// Whether the allowlist itself opens this URL's address: a literal IP in a listed range
+    /// (on the listed port, if one is), or a listed host name (likewise). Such an address is
+    /// the operator's own network, where plain `http://` webhook URLs are accepted.
+    pub fn lists(&self, url: &Url) -> bool {
+        let (Some(port), Some(host)) = (url.port_or_known_default(), url.host_str()) else {
+            return false;
+        };
+        if let Ok(ip) = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+        {
+            let ip = canonical(ip);
+            return self.allow.iter().any(|e| {
+                matches!(e, Entry::Net { net, port: want }
+                    if net.contains(&ip) && want.is_none_or(|w| w == port))
+            });
+        }
+        self.host_entries(host).any(|p| p.is_none_or(|p| p == port))
+    }
+
     /// Whether the allowlist names `host` (then its addresses are trusted). Only a URL whose
     /// port the entry allows gets this far (`check_url`).
     pub fn trusts_name(&self, host: &str) -> bool {
@@ -346,6 +367,17 @@ mod tests {
             "names are judged when resolved"
         );
         assert!(!p.refuses_literal("https://8.8.8.8/"));
+    }
+
+    #[test]
+    fn listed_addresses_are_known_as_such() {
+        let p = EgressPolicy::parse("127.0.0.1:9000, 10.0.0.0/8, hooks.internal").unwrap();
+        assert!(p.lists(&url("http://127.0.0.1:9000/h")));
+        assert!(!p.lists(&url("http://127.0.0.1:9001/h")));
+        assert!(p.lists(&url("http://10.2.3.4/h")));
+        assert!(p.lists(&url("http://hooks.internal:8080/h")));
+        assert!(!p.lists(&url("http://example.com/h")), "public, not listed");
+        assert!(!p.lists(&url("http://8.8.8.8/h")));
     }
 
     #[test]

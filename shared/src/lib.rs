@@ -6,6 +6,7 @@ pub mod config;
 pub mod db;
 pub mod domain;
 pub mod egress;
+pub mod egress_client;
 pub mod events;
 pub mod failpoint;
 pub mod infra;

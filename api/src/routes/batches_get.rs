@@ -9,7 +9,7 @@ use agentfleet_shared::store::batches::{self, BatchRow};
 
 use crate::auth::Caller;
 use crate::error::{ApiError, QueryParams};
-use crate::routes::runs_list::base64_cursor::{decode, encode};
+use crate::routes::runs_list::cursor::{decode, encode};
 use crate::routes::{PathId, view};
 use crate::state::AppState;
 use crate::validate;

@@ -23,6 +23,13 @@ pub mod threads_events;
 pub mod threads_messages;
 pub mod usage;
 pub mod view;
+pub mod webhooks_create;
+pub mod webhooks_delete;
+pub mod webhooks_deliveries;
+pub mod webhooks_get;
+pub mod webhooks_list;
+pub mod webhooks_retry;
+pub mod webhooks_rotate;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -77,6 +84,26 @@ pub fn router(state: &AppState) -> Router<AppState> {
             post(batches_cancel::cancel_batch),
         )
         .route("/v1/batches/{id}/events", get(batches_events::batch_events))
+        .route(
+            "/v1/webhooks",
+            post(webhooks_create::create_webhook).get(webhooks_list::list_webhooks),
+        )
+        .route(
+            "/v1/webhooks/{id}",
+            get(webhooks_get::get_webhook).delete(webhooks_delete::delete_webhook),
+        )
+        .route(
+            "/v1/webhooks/{id}/deliveries",
+            get(webhooks_deliveries::list_deliveries),
+        )
+        .route(
+            "/v1/webhooks/{id}/deliveries/{delivery_id}/retry",
+            post(webhooks_retry::retry_delivery),
+        )
+        .route(
+            "/v1/webhooks/{id}/rotate-secret",
+            post(webhooks_rotate::rotate_secret),
+        )
         // Layers run bottom-up: the key first, then the tenant's request rate.
         .route_layer(from_fn_with_state(
             (state.rate_limiter.clone(), state.settings.clone()),

@@ -45,6 +45,13 @@ use crate::validate::MAX_ID;
         super::batches_results::batch_results,
         super::batches_cancel::cancel_batch,
         super::batches_events::batch_events,
+        super::webhooks_create::create_webhook,
+        super::webhooks_list::list_webhooks,
+        super::webhooks_get::get_webhook,
+        super::webhooks_delete::delete_webhook,
+        super::webhooks_deliveries::list_deliveries,
+        super::webhooks_rotate::rotate_secret,
+        super::webhooks_retry::retry_delivery,
         super::health::healthz,
         super::health::readyz,
         openapi,
@@ -90,6 +97,13 @@ use crate::validate::MAX_ID;
         view::ErrorDetail,
         view::Health,
         view::Readiness,
+        super::webhooks_create::CreateWebhook,
+        super::webhooks_create::WebhookCreated,
+        super::webhooks_rotate::RotateSecret,
+        super::webhooks_list::WebhookList,
+        super::webhooks_deliveries::DeliveryPage,
+        agentfleet_shared::store::webhooks::Endpoint,
+        agentfleet_shared::store::webhook_deliveries::DeliveryInfo,
         super::admin_tenants::CreateTenant,
         super::admin_tenants::TenantView,
         super::admin_tenants::TenantCreated,
@@ -456,10 +470,54 @@ fn constrain(doc: &mut Value, settings: &Settings) {
         doc["paths"][path]["get"]["responses"]["200"]["content"]["text/event-stream"]["schema"] =
             sse_event_schema(&id_pattern);
     }
+    constrain_webhooks(doc, settings);
     parameter(doc, "/v1/runs", "post", "Idempotency-Key")["schema"] = json!({
         "type": "string", "minLength": 1, "maxLength": 255,
         "pattern": "^[!-~]([\t -~]{0,253}[!-~])?$",
     });
+}
+
+/// The rules of `POST /v1/webhooks` (`webhooks_create::check`) and the deliveries' page.
+fn constrain_webhooks(doc: &mut Value, settings: &Settings) {
+    let api = &settings.api;
+    let p = "/components/schemas/CreateWebhook/properties";
+    replace(
+        doc,
+        &format!("{p}/url"),
+        json!({"type": "string", "maxLength": settings.webhooks.max_url_bytes, "pattern": tool_url(),
+               "description": "`https://`, or `http://` to an address `egress.allow` lists; no credentials; an address the egress policy refuses is refused"}),
+    );
+    replace(
+        doc,
+        &format!("{p}/events"),
+        json!({"type": "array", "minItems": 1, "uniqueItems": true,
+               "items": {"type": "string", "enum": agentfleet_shared::store::webhooks::EVENTS}}),
+    );
+    replace(
+        doc,
+        &format!("{p}/secret"),
+        json!({"type": ["string", "null"], "pattern": "^whsec_[A-Za-z0-9+/]{32,88}={0,2}$",
+               "description": "`whsec_` and the standard base64 of 24 to 64 bytes; generated when absent"}),
+    );
+    replace(
+        doc,
+        &format!("{p}/description"),
+        json!({"type": ["string", "null"], "maxLength": super::webhooks_create::MAX_DESCRIPTION_CHARS,
+               "pattern": no_nul()}),
+    );
+    replace(
+        doc,
+        "/components/schemas/RotateSecret/properties/secret",
+        json!({"type": ["string", "null"], "pattern": "^whsec_[A-Za-z0-9+/]{32,88}={0,2}$",
+               "description": "`whsec_` and the standard base64 of 24 to 64 bytes; generated when absent"}),
+    );
+    let path = "/v1/webhooks/{id}/deliveries";
+    parameter(doc, path, "get", "limit")["schema"] = json!({"type": "integer", "minimum": 1,
+        "maximum": api.max_page_size,
+        "description": format!("Page size, 1 to {} (`api.max_page_size`); {} when absent",
+                               api.max_page_size, api.default_page_size)});
+    parameter(doc, path, "get", "cursor")["schema"] =
+        json!({"type": "string", "pattern": super::runs_list::CURSOR_PATTERN});
 }
 
 /// Every event type (docs/events.md); the match fails to compile when a type is added.
@@ -743,7 +801,7 @@ mod tests {
             }
         }
         assert_eq!(
-            operations, 20,
+            operations, 27,
             "the admin API is absent without api.admin_token"
         );
         let mut with_admin = settings();

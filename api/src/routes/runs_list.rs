@@ -1,6 +1,6 @@
 use axum::Json;
 use axum::extract::State;
-use base64_cursor::{decode, encode};
+use cursor::{decode, encode};
 use serde::Deserialize;
 
 use agentfleet_shared::domain::RunStatus;
@@ -78,7 +78,8 @@ pub async fn list_runs(
 /// exactly that form (the pattern the OpenAPI document gives).
 pub const CURSOR_PATTERN: &str = "^[0-9]{1,16}_[0-9a-f]{32}$";
 
-pub mod base64_cursor {
+/// Also the cursor of `GET /v1/webhooks/{id}/deliveries`.
+pub mod cursor {
     use chrono::{DateTime, Utc};
     use uuid::Uuid;
 

@@ -226,7 +226,10 @@ impl Counts {
 
 /// `GROUP BY status` over the batch's runs (index `runs_batch`) and the items still to
 /// create (index `batch_items_pending`), as one statement so both are of one moment.
-pub async fn counts(pool: &PgPool, id: Uuid) -> Result<Counts, StoreError> {
+pub async fn counts<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    id: Uuid,
+) -> Result<Counts, StoreError> {
     let rows: Vec<(String, i64, i64)> = sqlx::query_as(
         "SELECT status, count(*), coalesce(sum(prompt_tokens + completion_tokens), 0)::bigint
            FROM runs WHERE batch_id = $1 GROUP BY status
@@ -235,7 +238,7 @@ pub async fn counts(pool: &PgPool, id: Uuid) -> Result<Counts, StoreError> {
           WHERE batch_id = $1 AND run_id IS NULL AND error IS NULL",
     )
     .bind(id)
-    .fetch_all(pool)
+    .fetch_all(executor)
     .await?;
     let mut counts = Counts::default();
     for (status, n, tokens) in rows {

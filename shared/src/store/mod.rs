@@ -59,6 +59,8 @@ pub mod tool_calls;
 pub mod transitions;
 pub mod turns;
 pub mod usage;
+pub mod webhook_deliveries;
+pub mod webhooks;
 
 use uuid::Uuid;
 

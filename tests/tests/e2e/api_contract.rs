@@ -644,6 +644,7 @@ async fn the_openapi_document_describes_every_operation_of_this_deployment() {
     assert_eq!(
         operations,
         [
+            "DELETE /v1/webhooks/{id}",
             "GET /healthz",
             "GET /openapi.json",
             "GET /readyz",
@@ -659,11 +660,17 @@ async fn the_openapi_document_describes_every_operation_of_this_deployment() {
             "GET /v1/usage",
             "POST /v1/batches",
             "POST /v1/batches/{id}/cancel",
+            "GET /v1/webhooks",
+            "GET /v1/webhooks/{id}",
+            "GET /v1/webhooks/{id}/deliveries",
             "POST /v1/runs",
             "POST /v1/runs/batch",
             "POST /v1/runs/{id}/cancel",
             "POST /v1/runs/{id}/resume",
             "POST /v1/runs/{id}/stream-token",
+            "POST /v1/webhooks",
+            "POST /v1/webhooks/{id}/deliveries/{delivery_id}/retry",
+            "POST /v1/webhooks/{id}/rotate-secret",
         ]
     );
     let limit = doc["paths"]["/v1/runs"]["get"]["parameters"]

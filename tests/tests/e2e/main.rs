@@ -19,3 +19,4 @@ mod streams;
 mod tenancy;
 mod usage;
 mod validation;
+mod webhooks;

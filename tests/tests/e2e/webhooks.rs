@@ -1,0 +1,616 @@
+//! Webhooks: signed deliveries from the outbox, at least once with a stable id, through
+//! receiver errors and an API that dies between the commit and the send.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use sha2::Sha256;
+
+use agentfleet_tests::harness::*;
+
+const T: Duration = Duration::from_secs(60);
+
+/// Retries come back within a fraction of a second; a dead replica's claim lasts 3 s.
+const FAST: [(&str, &str); 5] = [
+    ("webhooks.poll_interval_ms", "200"),
+    ("webhooks.backoff_base_ms", "50"),
+    ("webhooks.backoff_max_ms", "200"),
+    ("webhooks.timeout_ms", "2000"),
+    ("webhooks.claim_lease_ms", "3000"),
+];
+
+const RUN_EVENTS: [&str; 5] = [
+    "run.waiting_for_input",
+    "run.waiting_for_confirmation",
+    "run.completed",
+    "run.failed",
+    "run.cancelled",
+];
+
+/// One request the receiver got.
+#[derive(Debug, Clone)]
+struct Received {
+    id: String,
+    body: Value,
+    /// The signature checked out with the endpoint's key, independently of product code.
+    signed: bool,
+    /// `webhook-timestamp` within five minutes of the receiver's clock.
+    fresh: bool,
+    answered: u16,
+}
+
+#[derive(Default)]
+struct ReceiverState {
+    key: Mutex<Option<Vec<u8>>>,
+    /// Attempts of each delivery id answered 500 before one is answered 200.
+    fail_first: usize,
+    got: Mutex<Vec<Received>>,
+}
+
+/// A webhook receiver on a free loopback port.
+struct Receiver {
+    addr: SocketAddr,
+    state: Arc<ReceiverState>,
+}
+
+impl Receiver {
+    async fn start(fail_first: usize) -> Receiver {
+        let state = Arc::new(ReceiverState {
+            fail_first,
+            ..Default::default()
+        });
+        let app = Router::new()
+            .route("/hooks", post(receive))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Receiver { addr, state }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/hooks", self.addr)
+    }
+
+    /// Takes the endpoint's secret as shown at creation.
+    fn trust(&self, secret: &str) {
+        let key = STANDARD
+            .decode(secret.strip_prefix("whsec_").expect("whsec_ prefix"))
+            .expect("base64");
+        *self.state.key.lock().unwrap() = Some(key);
+    }
+
+    fn got(&self) -> Vec<Received> {
+        self.state.got.lock().unwrap().clone()
+    }
+
+    /// The ids answered 200.
+    fn acknowledged(&self) -> Vec<Received> {
+        self.got()
+            .into_iter()
+            .filter(|r| r.answered == 200)
+            .collect()
+    }
+}
+
+async fn receive(
+    State(state): State<Arc<ReceiverState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let (id, timestamp, signatures) = (
+        header("webhook-id"),
+        header("webhook-timestamp"),
+        header("webhook-signature"),
+    );
+    let signed = state.key.lock().unwrap().as_ref().is_some_and(|key| {
+        let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
+        mac.update(format!("{id}.{timestamp}.").as_bytes());
+        mac.update(&body);
+        let expected = format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()));
+        signatures.split(' ').any(|s| s == expected)
+    });
+    let fresh = timestamp
+        .parse::<i64>()
+        .is_ok_and(|t| (chrono::Utc::now().timestamp() - t).abs() < 300);
+    let mut got = state.got.lock().unwrap();
+    let earlier = got.iter().filter(|r| r.id == id).count();
+    let answered = if earlier < state.fail_first { 500 } else { 200 };
+    got.push(Received {
+        id,
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        signed,
+        fresh,
+        answered,
+    });
+    StatusCode::from_u16(answered).unwrap()
+}
+
+fn risky(env: &TestEnv) -> Value {
+    let mut t = http_tool(env, "transfer", "/side-effect");
+    t["risk"] = json!("high");
+    t
+}
+
+async fn register(app: &TestApp, body: Value) -> (u16, Value) {
+    let resp = app.post("/v1/webhooks", &body).await;
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn deliveries_in_db(env: &TestEnv) -> i64 {
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM webhook_deliveries")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    n
+}
+
+/// The done-when of webhooks: each event arrives exactly once per delivery id, signed, though
+/// the receiver answers 500 to the first two attempts of each and the replica that claimed the
+/// first delivery dies after the change committed and before it sent anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_event_arrives_once_per_id_signed_through_500s_and_an_api_restart() {
+    let receiver = Receiver::start(2).await;
+    let env = TestEnv::with(&FAST).await;
+    let allow = format!("{},{}", env.tools.addr(), receiver.addr);
+    // This replica serves the tenant's calls and sends nothing.
+    let app = env
+        .spawn_api_with(&[("egress.allow", &allow), ("webhooks.enabled", "false")])
+        .await;
+    let (status, created) = register(
+        &app,
+        json!({"url": receiver.url(), "events": RUN_EVENTS, "description": "all run events"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    receiver.trust(created["secret"].as_str().unwrap());
+    let endpoint = created["id"].as_str().unwrap().to_owned();
+    // The sending replica dies right after its first claim commits.
+    let (mut doomed, _) = env
+        .spawn_api_process(&[
+            ("AGENTFLEET_FAILPOINTS", "webhook_before_send"),
+            ("AGENTFLEET__EGRESS__ALLOW", &allow),
+        ])
+        .await;
+    let _worker = env.spawn_worker().await;
+
+    let start = |turns: Value, tools: Value| {
+        let mut body = scripted_run(turns, tools);
+        body["metadata"] = json!({"case": "webhooks"});
+        body
+    };
+    let done = app
+        .start_run(&start(json!([{"content": "done"}]), json!([])))
+        .await;
+    let failing = app
+        .start_run(&start(json!([{"status": 400}]), json!([])))
+        .await;
+    let asking = app
+        .start_run(&start(
+            json!([{"tool_calls": [{"name": "ask", "arguments": {"text": "Which one?"}}]}]),
+            json!([]),
+        ))
+        .await;
+    let confirming = app
+        .start_run(&start(
+            json!([{"tool_calls": [{"name": "transfer", "arguments": {"amount": 5}}]}]),
+            json!([risky(&env)]),
+        ))
+        .await;
+    let id = |run: &Value| run["id"].as_str().unwrap().to_owned();
+    let (done, failing, asking, confirming) =
+        (id(&done), id(&failing), id(&asking), id(&confirming));
+    app.wait_status(&done, &["completed"], T).await;
+    app.wait_status(&failing, &["failed"], T).await;
+    app.wait_status(&asking, &["waiting_for_input"], T).await;
+    app.wait_status(&confirming, &["waiting_for_confirmation"], T)
+        .await;
+    let resp = app
+        .post(&format!("/v1/runs/{asking}/cancel"), &json!({}))
+        .await;
+    assert_eq!(resp.status(), 200);
+
+    assert_eq!(
+        doomed.wait_exit(T).await,
+        None,
+        "aborted by the failpoint after its claim"
+    );
+    assert!(receiver.got().is_empty(), "nothing was sent before it died");
+    let (claimed, pending): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE attempts > 0), count(*) FILTER (WHERE status = 'pending')
+         FROM webhook_deliveries",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert!(claimed >= 1, "the dead replica's claim is recorded");
+    assert_eq!(pending, 5, "every change wrote its delivery, none sent yet");
+
+    // A replica without the failpoint takes over once the dead one's claim lapses.
+    let (_sender, _) = env
+        .spawn_api_process(&[("AGENTFLEET__EGRESS__ALLOW", &allow)])
+        .await;
+    wait_for("five acknowledged deliveries", T, || async {
+        (receiver.acknowledged().len() >= 5).then_some(())
+    })
+    .await;
+    let delivered = wait_for("five deliveries recorded as delivered", T, || async {
+        let resp = app
+            .get(&format!("/v1/webhooks/{endpoint}/deliveries"))
+            .await;
+        let page: Value = resp.json().await.ok()?;
+        let data = page["data"].as_array()?.clone();
+        (data.len() == 5 && data.iter().all(|d| d["status"] == "delivered")).then_some(data)
+    })
+    .await;
+
+    let got = receiver.got();
+    assert!(
+        got.iter().all(|r| r.signed),
+        "every attempt is signed: {got:?}"
+    );
+    assert!(got.iter().all(|r| r.fresh), "timestamps are the attempt's");
+    let mut by_id: BTreeMap<&str, Vec<&Received>> = BTreeMap::new();
+    for r in &got {
+        by_id.entry(r.id.as_str()).or_default().push(r);
+    }
+    assert_eq!(by_id.len(), 5, "one delivery id per event: {got:#?}");
+    for (id, attempts) in &by_id {
+        let answers: Vec<u16> = attempts.iter().map(|r| r.answered).collect();
+        assert_eq!(
+            answers,
+            [500, 500, 200],
+            "delivery {id}: acknowledged once, after the 500s"
+        );
+        assert!(
+            attempts.iter().all(|r| r.body == attempts[0].body),
+            "the same body on every attempt of {id}"
+        );
+    }
+    let events: BTreeSet<(String, String)> = receiver
+        .acknowledged()
+        .iter()
+        .map(|r| {
+            (
+                r.body["type"].as_str().unwrap().to_owned(),
+                r.body["data"]["run_id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let expected: BTreeSet<(String, String)> = [
+        ("run.completed", &done),
+        ("run.failed", &failing),
+        ("run.waiting_for_input", &asking),
+        ("run.cancelled", &asking),
+        ("run.waiting_for_confirmation", &confirming),
+    ]
+    .into_iter()
+    .map(|(t, r)| (t.to_owned(), r.clone()))
+    .collect();
+    assert_eq!(events, expected);
+    let body_of = |event: &str| {
+        receiver
+            .acknowledged()
+            .into_iter()
+            .find(|r| r.body["type"] == event)
+            .unwrap()
+            .body
+    };
+    let failed = body_of("run.failed");
+    assert!(failed["data"]["error"]["code"].is_string(), "{failed}");
+    assert_eq!(failed["data"]["metadata"], json!({"case": "webhooks"}));
+    let asked = body_of("run.waiting_for_input");
+    assert_eq!(
+        asked["data"]["pending"]["question"], "Which one?",
+        "{asked}"
+    );
+    let confirm = body_of("run.waiting_for_confirmation");
+    assert_eq!(
+        confirm["data"]["pending"]["tool_calls"][0]["arguments"],
+        json!({"amount": 5}),
+        "{confirm}"
+    );
+    let cancelled = body_of("run.cancelled");
+    assert_eq!(cancelled["data"]["previous_status"], "waiting_for_input");
+    assert!(chrono::DateTime::parse_from_rfc3339(cancelled["timestamp"].as_str().unwrap()).is_ok());
+    // The listing shows each delivery's attempts under its stable id.
+    for d in &delivered {
+        let id = d["id"].as_str().unwrap();
+        assert!(by_id.contains_key(id), "{d}");
+        assert!(d["attempts"].as_i64().unwrap() >= 3, "{d}");
+        assert_eq!(d["last_status_code"], 200);
+        assert!(d["next_attempt_at"].is_null());
+    }
+    // A change that rolls back writes nothing: a completed run cannot be cancelled.
+    let resp = app
+        .post(&format!("/v1/runs/{done}/cancel"), &json!({}))
+        .await;
+    assert_eq!(resp.status(), 409);
+    assert_eq!(deliveries_in_db(&env).await, 5);
+}
+
+/// A replica that dies after the receiver acknowledged, before recording it, makes the
+/// delivery go again under the same id: at least once, deduplicable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_dying_after_the_send_redelivers_under_the_same_id() {
+    let receiver = Receiver::start(0).await;
+    let env = TestEnv::with(&FAST).await;
+    let allow = format!("{},{}", env.tools.addr(), receiver.addr);
+    let app = env
+        .spawn_api_with(&[("egress.allow", &allow), ("webhooks.enabled", "false")])
+        .await;
+    let (status, created) = register(
+        &app,
+        json!({"url": receiver.url(), "events": ["run.completed"]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    receiver.trust(created["secret"].as_str().unwrap());
+    let endpoint = created["id"].as_str().unwrap().to_owned();
+    let (mut doomed, _) = env
+        .spawn_api_process(&[
+            ("AGENTFLEET_FAILPOINTS", "webhook_after_send"),
+            ("AGENTFLEET__EGRESS__ALLOW", &allow),
+        ])
+        .await;
+    let _worker = env.spawn_worker().await;
+    let run = app
+        .start_run(&scripted_run(json!([{"content": "once"}]), json!([])))
+        .await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    assert_eq!(doomed.wait_exit(T).await, None, "aborted after its send");
+    assert_eq!(
+        receiver.acknowledged().len(),
+        1,
+        "acknowledged, not recorded"
+    );
+    let (_sender, _) = env
+        .spawn_api_process(&[("AGENTFLEET__EGRESS__ALLOW", &allow)])
+        .await;
+    let d = wait_for("the delivery recorded as delivered", T, || async {
+        let page: Value = app
+            .get(&format!("/v1/webhooks/{endpoint}/deliveries"))
+            .await
+            .json()
+            .await
+            .ok()?;
+        let d = page["data"].get(0)?.clone();
+        (d["status"] == "delivered").then_some(d)
+    })
+    .await;
+    let got = receiver.got();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(got.iter().all(|r| r.signed && r.answered == 200));
+    assert_eq!(got[0].id, got[1].id, "the same webhook-id both times");
+    assert_eq!(got[0].body, got[1].body);
+    assert_eq!(got[0].id, d["id"].as_str().unwrap());
+    assert_eq!(got[0].body["data"]["run_id"], run_id.as_str());
+    assert_eq!(d["attempts"], 2);
+}
+
+/// Registration is checked (egress policy, scheme, events, secret, count, tenancy); a name
+/// resolving to a refused address is refused at delivery; a deleted endpoint's deliveries are
+/// gone and its tenant's later changes write none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_is_checked_and_a_deleted_endpoint_gets_nothing_more() {
+    let receiver = Receiver::start(0).await;
+    let mut overrides = FAST.to_vec();
+    overrides.push(("webhooks.max_endpoints_per_tenant", "2"));
+    overrides.push(("webhooks.max_attempts", "2"));
+    let env = TestEnv::with(&overrides).await;
+    let allow = format!("{},{}", env.tools.addr(), receiver.addr);
+    let app = env.spawn_api_with(&[("egress.allow", &allow)]).await;
+    let _worker = env.spawn_worker().await;
+
+    for (body, field) in [
+        (
+            json!({"url": "http://10.0.0.1/h", "events": ["run.completed"]}),
+            "url:",
+        ),
+        (
+            json!({"url": "https://169.254.169.254/latest", "events": ["run.completed"]}),
+            "url:",
+        ),
+        (
+            json!({"url": "http://example.com/h", "events": ["run.completed"]}),
+            "url:",
+        ),
+        (
+            json!({"url": "https://u:p@example.com/h", "events": ["run.completed"]}),
+            "url:",
+        ),
+        (json!({"url": receiver.url(), "events": []}), "events:"),
+        (
+            json!({"url": receiver.url(), "events": ["run.started"]}),
+            "events[0]:",
+        ),
+        (
+            json!({"url": receiver.url(), "events": ["run.failed", "run.failed"]}),
+            "events[1]:",
+        ),
+        (
+            json!({"url": receiver.url(), "events": ["run.failed"], "secret": "whsec_short"}),
+            "secret:",
+        ),
+    ] {
+        let (status, err) = register(&app, body.clone()).await;
+        assert_eq!(status, 422, "{body} -> {err}");
+        let message = err["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with(field), "{body} -> {message}");
+    }
+
+    let secret = format!("whsec_{}", STANDARD.encode([42u8; 32]));
+    let (status, created) = register(
+        &app,
+        json!({"url": receiver.url(), "events": ["run.completed", "run.cancelled"], "secret": secret}),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(
+        created["secret"],
+        secret.as_str(),
+        "a supplied secret is kept"
+    );
+    receiver.trust(&secret);
+    let endpoint = created["id"].as_str().unwrap().to_owned();
+    let shown: Value = app
+        .get(&format!("/v1/webhooks/{endpoint}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(shown["events"], json!(["run.completed", "run.cancelled"]));
+    assert!(shown.get("secret").is_none(), "shown once only: {shown}");
+    let other = env.new_tenant_key().await;
+    let resp = app
+        .get_as(&format!("/v1/webhooks/{endpoint}"), &other)
+        .await;
+    assert_eq!(resp.status(), 404, "another tenant's endpoint");
+    // A rotation signs everything from now on with the new secret.
+    let resp = app
+        .post(
+            &format!("/v1/webhooks/{endpoint}/rotate-secret"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let rotated: Value = resp.json().await.unwrap();
+    let new_secret = rotated["secret"].as_str().unwrap();
+    assert!(new_secret.starts_with("whsec_") && new_secret != secret);
+    receiver.trust(new_secret);
+
+    // A name is judged when it resolves: localhost is loopback, which only a literal
+    // address with its port is opened to.
+    let port = receiver.addr.port();
+    let (status, refused) = register(
+        &app,
+        json!({"url": format!("https://localhost:{port}/hooks"), "events": ["run.completed"]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{refused}");
+    let (status, err) = register(
+        &app,
+        json!({"url": receiver.url(), "events": ["run.failed"]}),
+    )
+    .await;
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (422, Some("too_many_webhooks"))
+    );
+    let listed: Value = app.get("/v1/webhooks").await.json().await.unwrap();
+    assert_eq!(listed["data"].as_array().unwrap().len(), 2);
+
+    let run = app
+        .start_run(&scripted_run(json!([{"content": "hi"}]), json!([])))
+        .await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    app.wait_status(&run_id, &["completed"], T).await;
+    wait_for("the completed run's delivery", T, || async {
+        (receiver.acknowledged().len() == 1).then_some(())
+    })
+    .await;
+    let got = receiver.got();
+    assert!(got[0].signed && got[0].body["data"]["run_id"] == run_id.as_str());
+    let refused_id = refused["id"].as_str().unwrap();
+    let attempt = wait_for("the refused address's delivery given up", T, || async {
+        let page: Value = app
+            .get(&format!("/v1/webhooks/{refused_id}/deliveries"))
+            .await
+            .json()
+            .await
+            .ok()?;
+        let d = page["data"].get(0)?.clone();
+        (d["status"] == "failed").then_some(d)
+    })
+    .await;
+    assert!(
+        attempt["last_error"]
+            .as_str()
+            .unwrap()
+            .starts_with("egress_denied"),
+        "{attempt}"
+    );
+    assert_eq!(
+        attempt["attempts"], 2,
+        "given up after webhooks.max_attempts: {attempt}"
+    );
+    assert!(attempt["finished_at"].is_string() && attempt["next_attempt_at"].is_null());
+    // A given-up delivery can be sent again by hand, under the same id.
+    let delivery = attempt["id"].as_str().unwrap();
+    let app = &app;
+    let retry = |d: String| {
+        let url = format!("/v1/webhooks/{refused_id}/deliveries/{d}/retry");
+        async move { app.post(&url, &json!({})).await }
+    };
+    let resp = retry(delivery.to_owned()).await;
+    assert_eq!(resp.status(), 200);
+    let again: Value = resp.json().await.unwrap();
+    assert_eq!(
+        (again["id"].as_str(), again["status"].as_str()),
+        (Some(delivery), Some("pending"))
+    );
+    wait_for("the retried delivery given up again", T, || async {
+        let page: Value = app
+            .get(&format!("/v1/webhooks/{refused_id}/deliveries"))
+            .await
+            .json()
+            .await
+            .ok()?;
+        let d = &page["data"][0];
+        (d["status"] == "failed" && d["attempts"] == 3).then_some(())
+    })
+    .await;
+    assert_eq!(retry(uuid::Uuid::now_v7().to_string()).await.status(), 404);
+    assert_eq!(retry("nope".into()).await.status(), 422);
+
+    // A cancel that is refused changes nothing and writes no delivery.
+    let resp = app
+        .post(&format!("/v1/runs/{run_id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(resp.status(), 409);
+    assert_eq!(deliveries_in_db(&env).await, 2);
+
+    // Deleting stops it all: pending deliveries go with the endpoint, and new changes write
+    // none for it.
+    for id in [endpoint.as_str(), refused_id] {
+        let resp = app
+            .http
+            .delete(app.url(&format!("/v1/webhooks/{id}")))
+            .bearer_auth(&app.api_key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    assert_eq!(
+        app.get(&format!("/v1/webhooks/{endpoint}")).await.status(),
+        404
+    );
+    assert_eq!(deliveries_in_db(&env).await, 0);
+    let again = app
+        .start_run(&scripted_run(json!([{"content": "again"}]), json!([])))
+        .await;
+    app.wait_status(again["id"].as_str().unwrap(), &["completed"], T)
+        .await;
+    assert_eq!(deliveries_in_db(&env).await, 0);
+    assert_eq!(receiver.got().len(), 1);
+}
