@@ -614,3 +614,67 @@ async fn registration_is_checked_and_a_deleted_endpoint_gets_nothing_more() {
     assert_eq!(deliveries_in_db(&env).await, 0);
     assert_eq!(receiver.got().len(), 1);
 }
+
+/// `batch.completed` is written by the transaction that finishes the batch: one delivery,
+/// signed, carrying the batch's final view, though the receiver fails its first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_batch_sends_batch_completed_once_with_its_counts() {
+    let receiver = Receiver::start(1).await;
+    let env = TestEnv::with(&FAST).await;
+    let allow = format!("{},{}", env.tools.addr(), receiver.addr);
+    let app = env
+        .spawn_api_with(&[
+            ("egress.allow", &allow),
+            ("api.batch_sweep_interval_ms", "100"),
+        ])
+        .await;
+    let (status, created) = register(
+        &app,
+        json!({"url": receiver.url(), "events": ["batch.completed"]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    receiver.trust(created["secret"].as_str().unwrap());
+    let _worker = env.spawn_worker().await;
+    let runs: Vec<Value> = (0..3)
+        .map(|i| {
+            let mut run = scripted_run(json!([{"content": format!("answer {i}")}]), json!([]));
+            run["custom_id"] = json!(format!("item-{i}"));
+            run
+        })
+        .collect();
+    let resp = app.post("/v1/batches", &json!({"runs": runs})).await;
+    assert_eq!(resp.status().as_u16(), 202);
+    let batch: Value = resp.json().await.unwrap();
+    let batch_id = batch["id"].as_str().unwrap().to_owned();
+    let got = wait_for("batch.completed acknowledged", T, || async {
+        let got = receiver.acknowledged();
+        (!got.is_empty()).then_some(got)
+    })
+    .await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    let hook = &got[0];
+    assert!(hook.signed && hook.fresh, "{hook:?}");
+    assert_eq!(hook.body["type"], "batch.completed");
+    assert_eq!(hook.body["data"]["id"], batch_id.as_str());
+    assert_eq!(hook.body["data"]["status"], "completed");
+    assert_eq!(hook.body["data"]["total"], 3);
+    assert_eq!(hook.body["data"]["counts"]["completed"], 3);
+    let attempts = receiver.got();
+    assert_eq!(attempts.len(), 2, "one 500, then the 200: {attempts:?}");
+    assert!(attempts.iter().all(|r| r.id == hook.id));
+    // Reading the finished batch again finishes nothing twice.
+    let view: Value = app
+        .get(&format!("/v1/batches/{batch_id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["status"], "completed");
+    let (n,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM webhook_deliveries WHERE event = 'batch.completed'")
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!(n, 1);
+}
