@@ -1,6 +1,8 @@
 //! The demo: migrations, the API, two workers, the scripted LLM and a tool server; submits a
 //! few runs (one with a tool call, one that asks a question, one that needs a confirmation),
-//! answers them, prints one run's event stream, then shuts everything down cleanly.
+//! answers them, prints one run's event stream; registers a webhook, submits a small batch
+//! with `agentfleetctl submit --wait` and shows the signed `batch.completed` webhook arriving;
+//! then shuts everything down cleanly.
 //!
 //! Run it with `scripts/demo` (which starts the services and builds the binaries first).
 
@@ -130,6 +132,7 @@ async fn run(admin: &str) -> anyhow::Result<()> {
     }
     let llm = MockLlm::start().await?;
     let tools = ToolServer::start().await?;
+    let hooks = webhook_receiver::Receiver::start().await?;
     let api_port = free_port()?;
     let env = vec![
         ("AGENTFLEET__DATABASE__URL".to_string(), db_url.clone()),
@@ -139,8 +142,12 @@ async fn run(admin: &str) -> anyhow::Result<()> {
         ),
         ("AGENTFLEET__MODELS__DEMO__BASE_URL".into(), llm.base_url()),
         ("AGENTFLEET__MODELS__DEMO__MODEL".into(), "scripted".into()),
-        // The demo's tool server is on loopback, which tool calls may reach only when listed.
-        ("AGENTFLEET__EGRESS__ALLOW".into(), tools.addr().to_string()),
+        // The demo's tool server and webhook receiver are on loopback, which tool calls and
+        // webhooks may reach only when listed.
+        (
+            "AGENTFLEET__EGRESS__ALLOW".into(),
+            format!("{},{}", tools.addr(), hooks.addr()),
+        ),
         ("AGENTFLEET__REDIS__PREFIX".into(), PREFIX.into()),
         ("AGENTFLEET__AMQP__PREFIX".into(), PREFIX.into()),
         ("AGENTFLEET__TELEMETRY__LOG_FORMAT".into(), "pretty".into()),
@@ -215,6 +222,23 @@ async fn run(admin: &str) -> anyhow::Result<()> {
             Ok::<Value, anyhow::Error>(v)
         }
     };
+
+    step("registering a webhook for paused confirmations and finished batches");
+    let endpoint = post(
+        format!("{base}/v1/webhooks"),
+        json!({"url": hooks.url(), "events": ["run.waiting_for_confirmation", "batch.completed"],
+               "description": "the demo's receiver"}),
+    )
+    .await?;
+    hooks.trust(
+        endpoint["secret"]
+            .as_str()
+            .context("the secret, shown once")?,
+    )?;
+    println!(
+        "  endpoint {} -> {} ({})",
+        endpoint["id"], endpoint["url"], endpoint["events"]
+    );
 
     step("submitting runs");
     let plain = post(
@@ -316,6 +340,59 @@ async fn run(admin: &str) -> anyhow::Result<()> {
     }
     println!("  the tool server saw {} call(s)", tools.calls().len());
 
+    step("a small batch, submitted with agentfleetctl submit --wait");
+    let dir = std::env::temp_dir().join(format!("agentfleet-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let file = dir.join("batch.jsonl");
+    let lines: Vec<String> = ["Paris", "Lima", "Oslo"]
+        .iter()
+        .map(|city| {
+            json!({"custom_id": format!("city-{}", city.to_lowercase()),
+                   "input": script(json!([{"content": format!("{city} is a capital.")}])),
+                   "agent": agent(json!([]))})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&file, lines.join("\n") + "\n")?;
+    println!("  $ agentfleetctl submit {} --wait", file.display());
+    let status = Command::new(binary("agentfleetctl"))
+        .arg("submit")
+        .arg(&file)
+        .arg("--wait")
+        .env("AGENTFLEET_API", &base)
+        .env("AGENTFLEET_KEY", &key)
+        .status()?;
+    std::fs::remove_dir_all(&dir)?;
+    if !status.success() {
+        bail!("agentfleetctl submit exited with {status}");
+    }
+
+    step("the webhooks that arrived");
+    wait_for(
+        "the batch.completed webhook",
+        Duration::from_secs(30),
+        || async {
+            hooks
+                .received()
+                .iter()
+                .any(|h| h.body["type"] == "batch.completed")
+                .then_some(())
+        },
+    )
+    .await;
+    for h in hooks.received() {
+        println!(
+            "  {} {:<30} signature {} data.status={}",
+            h.id,
+            h.body["type"].as_str().unwrap_or(""),
+            if h.signed { "valid" } else { "INVALID" },
+            h.body["data"]["status"]
+        );
+    }
+    if hooks.received().iter().any(|h| !h.signed) {
+        bail!("a webhook arrived with a signature that does not check out");
+    }
+
     step("shutting down (SIGTERM: workers drain, then exit)");
     for w in &mut workers {
         let code = w.term()?;
@@ -325,6 +402,104 @@ async fn run(admin: &str) -> anyhow::Result<()> {
     println!("  {} exited with {code}", api.0);
     println!("\ndemo finished");
     Ok(())
+}
+
+mod webhook_receiver {
+    //! The demo's webhook receiver: checks each delivery's Standard Webhooks signature with the
+    //! endpoint's secret, the way a tenant's server would, and keeps what arrived.
+
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+
+    use axum::body::Bytes;
+    use axum::extract::State;
+    use axum::http::{HeaderMap, StatusCode};
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use hmac::{Hmac, Mac};
+    use serde_json::Value;
+    use sha2::Sha256;
+
+    #[derive(Debug, Clone)]
+    pub struct Delivery {
+        pub id: String,
+        pub body: Value,
+        pub signed: bool,
+    }
+
+    #[derive(Default)]
+    struct Inner {
+        key: Mutex<Vec<u8>>,
+        got: Mutex<Vec<Delivery>>,
+    }
+
+    pub struct Receiver {
+        addr: SocketAddr,
+        inner: Arc<Inner>,
+    }
+
+    impl Receiver {
+        pub async fn start() -> anyhow::Result<Receiver> {
+            let inner = Arc::new(Inner::default());
+            let app = axum::Router::new()
+                .route("/hooks", axum::routing::post(receive))
+                .with_state(inner.clone());
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?;
+            tokio::spawn(async move { axum::serve(listener, app).await });
+            Ok(Receiver { addr, inner })
+        }
+
+        pub fn addr(&self) -> SocketAddr {
+            self.addr
+        }
+
+        pub fn url(&self) -> String {
+            format!("http://{}/hooks", self.addr)
+        }
+
+        /// The endpoint's secret as shown at its creation (`whsec_<base64 key>`).
+        pub fn trust(&self, secret: &str) -> anyhow::Result<()> {
+            let b64 = secret
+                .strip_prefix("whsec_")
+                .ok_or_else(|| anyhow::anyhow!("a webhook secret starts with whsec_"))?;
+            *self.inner.key.lock().unwrap() = STANDARD.decode(b64)?;
+            Ok(())
+        }
+
+        pub fn received(&self) -> Vec<Delivery> {
+            self.inner.got.lock().unwrap().clone()
+        }
+    }
+
+    async fn receive(
+        State(inner): State<Arc<Inner>>,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> StatusCode {
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let (id, timestamp) = (header("webhook-id"), header("webhook-timestamp"));
+        let mut mac = Hmac::<Sha256>::new_from_slice(&inner.key.lock().unwrap())
+            .expect("HMAC takes any key length");
+        mac.update(format!("{id}.{timestamp}.").as_bytes());
+        mac.update(&body);
+        let expected = format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()));
+        let signed = header("webhook-signature")
+            .split(' ')
+            .any(|s| s == expected);
+        inner.got.lock().unwrap().push(Delivery {
+            id,
+            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+            signed,
+        });
+        StatusCode::OK
+    }
 }
 
 fn step(s: &str) {
