@@ -4,3 +4,4 @@
 pub mod harness;
 pub mod mock_llm;
 pub mod tool_server;
+pub mod webhook_receiver;

@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use agentfleet_tests::harness::{binary, wait_for};
 use agentfleet_tests::mock_llm::{MockLlm, script};
 use agentfleet_tests::tool_server::ToolServer;
+use agentfleet_tests::webhook_receiver::Receiver;
 
 const DB: &str = "agentfleet_demo";
 
@@ -132,7 +133,7 @@ async fn run(admin: &str) -> anyhow::Result<()> {
     }
     let llm = MockLlm::start().await?;
     let tools = ToolServer::start().await?;
-    let hooks = webhook_receiver::Receiver::start().await?;
+    let hooks = Receiver::start(0).await;
     let api_port = free_port()?;
     let env = vec![
         ("AGENTFLEET__DATABASE__URL".to_string(), db_url.clone()),
@@ -146,7 +147,7 @@ async fn run(admin: &str) -> anyhow::Result<()> {
         // webhooks may reach only when listed.
         (
             "AGENTFLEET__EGRESS__ALLOW".into(),
-            format!("{},{}", tools.addr(), hooks.addr()),
+            format!("{},{}", tools.addr(), hooks.addr),
         ),
         ("AGENTFLEET__REDIS__PREFIX".into(), PREFIX.into()),
         ("AGENTFLEET__AMQP__PREFIX".into(), PREFIX.into()),
@@ -234,7 +235,7 @@ async fn run(admin: &str) -> anyhow::Result<()> {
         endpoint["secret"]
             .as_str()
             .context("the secret, shown once")?,
-    )?;
+    );
     println!(
         "  endpoint {} -> {} ({})",
         endpoint["id"], endpoint["url"], endpoint["events"]
@@ -373,14 +374,14 @@ async fn run(admin: &str) -> anyhow::Result<()> {
         Duration::from_secs(30),
         || async {
             hooks
-                .received()
+                .got()
                 .iter()
                 .any(|h| h.body["type"] == "batch.completed")
                 .then_some(())
         },
     )
     .await;
-    for h in hooks.received() {
+    for h in hooks.got() {
         println!(
             "  {} {:<30} signature {} data.status={}",
             h.id,
@@ -389,7 +390,7 @@ async fn run(admin: &str) -> anyhow::Result<()> {
             h.body["data"]["status"]
         );
     }
-    if hooks.received().iter().any(|h| !h.signed) {
+    if hooks.got().iter().any(|h| !h.signed) {
         bail!("a webhook arrived with a signature that does not check out");
     }
 
@@ -402,104 +403,6 @@ async fn run(admin: &str) -> anyhow::Result<()> {
     println!("  {} exited with {code}", api.0);
     println!("\ndemo finished");
     Ok(())
-}
-
-mod webhook_receiver {
-    //! The demo's webhook receiver: checks each delivery's Standard Webhooks signature with the
-    //! endpoint's secret, the way a tenant's server would, and keeps what arrived.
-
-    use std::net::SocketAddr;
-    use std::sync::{Arc, Mutex};
-
-    use axum::body::Bytes;
-    use axum::extract::State;
-    use axum::http::{HeaderMap, StatusCode};
-    use base64::Engine;
-    use base64::engine::general_purpose::STANDARD;
-    use hmac::{Hmac, Mac};
-    use serde_json::Value;
-    use sha2::Sha256;
-
-    #[derive(Debug, Clone)]
-    pub struct Delivery {
-        pub id: String,
-        pub body: Value,
-        pub signed: bool,
-    }
-
-    #[derive(Default)]
-    struct Inner {
-        key: Mutex<Vec<u8>>,
-        got: Mutex<Vec<Delivery>>,
-    }
-
-    pub struct Receiver {
-        addr: SocketAddr,
-        inner: Arc<Inner>,
-    }
-
-    impl Receiver {
-        pub async fn start() -> anyhow::Result<Receiver> {
-            let inner = Arc::new(Inner::default());
-            let app = axum::Router::new()
-                .route("/hooks", axum::routing::post(receive))
-                .with_state(inner.clone());
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let addr = listener.local_addr()?;
-            tokio::spawn(async move { axum::serve(listener, app).await });
-            Ok(Receiver { addr, inner })
-        }
-
-        pub fn addr(&self) -> SocketAddr {
-            self.addr
-        }
-
-        pub fn url(&self) -> String {
-            format!("http://{}/hooks", self.addr)
-        }
-
-        /// The endpoint's secret as shown at its creation (`whsec_<base64 key>`).
-        pub fn trust(&self, secret: &str) -> anyhow::Result<()> {
-            let b64 = secret
-                .strip_prefix("whsec_")
-                .ok_or_else(|| anyhow::anyhow!("a webhook secret starts with whsec_"))?;
-            *self.inner.key.lock().unwrap() = STANDARD.decode(b64)?;
-            Ok(())
-        }
-
-        pub fn received(&self) -> Vec<Delivery> {
-            self.inner.got.lock().unwrap().clone()
-        }
-    }
-
-    async fn receive(
-        State(inner): State<Arc<Inner>>,
-        headers: HeaderMap,
-        body: Bytes,
-    ) -> StatusCode {
-        let header = |name: &str| {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let (id, timestamp) = (header("webhook-id"), header("webhook-timestamp"));
-        let mut mac = Hmac::<Sha256>::new_from_slice(&inner.key.lock().unwrap())
-            .expect("HMAC takes any key length");
-        mac.update(format!("{id}.{timestamp}.").as_bytes());
-        mac.update(&body);
-        let expected = format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()));
-        let signed = header("webhook-signature")
-            .split(' ')
-            .any(|s| s == expected);
-        inner.got.lock().unwrap().push(Delivery {
-            id,
-            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
-            signed,
-        });
-        StatusCode::OK
-    }
 }
 
 fn step(s: &str) {
