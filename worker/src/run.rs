@@ -297,6 +297,8 @@ async fn fail(
 /// Publishes the run the end promoted (double-texting); the sweeper re-publishes it if lost.
 async fn publish_promoted(ctx: &RunCtx, promoted: Option<uuid::Uuid>) {
     let Some(id) = promoted else { return };
+    // The fault suite crashes here: the promotion is committed, its message not sent.
+    agentfleet_shared::failpoint::hit("promoted:before_publish");
     if let Err(e) = ctx.shared.publisher.publish_run(id).await {
         tracing::warn!(run_id = %id, error = %e, "publish of a promoted run failed; the sweeper will re-enqueue");
     }

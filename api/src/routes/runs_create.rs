@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use agentfleet_shared::domain::{AgentSpec, AgentSpecError};
+use agentfleet_shared::domain::{AgentSpec, AgentSpecError, RunStatus};
 use agentfleet_shared::events::{EventType, Expiry, Floor, NewEvent};
 use agentfleet_shared::store::double_text::{self, IfBusy};
 use agentfleet_shared::store::runs::RunRow;
@@ -335,6 +335,10 @@ pub async fn announce(state: &AppState, run: &RunRow) {
         .await
     {
         tracing::warn!(run_id = %run.id, error = %e, "could not append run_queued");
+    }
+    if run.status == RunStatus::WaitingForThread {
+        // Published when promoted (the end of its thread's active run).
+        return;
     }
     if run.held {
         crate::dispatch::dispatch_and_publish(state, run.tenant_id).await;

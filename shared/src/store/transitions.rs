@@ -252,6 +252,8 @@ pub enum Lease {
     Held,
     /// Held, and a cancel was requested.
     CancelRequested,
+    /// Held, and `if_busy = interrupt` asked for the run to end at its next safe point.
+    InterruptRequested,
 }
 
 /// Extends the lease while `fence` holds the run.
@@ -260,12 +262,12 @@ pub async fn renew_lease(
     fence: Fence,
     lease: Duration,
 ) -> Result<Lease, StoreError> {
-    let row: Option<(bool,)> = sqlx::query_as(concat!(
+    let row: Option<(bool, bool)> = sqlx::query_as(concat!(
         "UPDATE runs SET lease_expires_at = now() + make_interval(secs => $3)
          WHERE ",
         held!(),
         "
-         RETURNING cancel_requested_at IS NOT NULL",
+         RETURNING cancel_requested_at IS NOT NULL, interrupt_requested_at IS NOT NULL",
     ))
     .bind(fence.run_id)
     .bind(fence.attempt)
@@ -273,8 +275,9 @@ pub async fn renew_lease(
     .fetch_optional(pool)
     .await?;
     match row {
-        Some((true,)) => Ok(Lease::CancelRequested),
-        Some((false,)) => Ok(Lease::Held),
+        Some((true, _)) => Ok(Lease::CancelRequested),
+        Some((false, true)) => Ok(Lease::InterruptRequested),
+        Some((false, false)) => Ok(Lease::Held),
         None => Err(fence.lost()),
     }
 }

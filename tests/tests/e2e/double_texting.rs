@@ -374,3 +374,81 @@ async fn reject_is_the_default_bad_values_are_refused_and_cancelling_a_waiting_r
         "{seq:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_the_active_run_starts_the_waiting_one() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let first = app
+        .start_run(&scripted_run(
+            json!([ask_turn(), {"content": "answer2"}]),
+            json!([]),
+        ))
+        .await;
+    let first_id = first["id"].as_str().unwrap().to_owned();
+    let thread = first["thread_id"].as_str().unwrap().to_owned();
+    app.wait_status(&first_id, &["waiting_for_input"], T).await;
+    let second = app
+        .start_run(&on_thread(&thread, "second", Some("enqueue")))
+        .await;
+    let resp = app
+        .post(&format!("/v1/runs/{first_id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let done = app
+        .wait_status(
+            second["id"].as_str().unwrap(),
+            &["completed", "failed", "cancelled"],
+            T,
+        )
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let req = request_ending_with(&env, "second");
+    assert_valid_history(&req);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_end_and_the_publish_of_the_promoted_run_is_healed_by_the_sweeper() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let crashing = env.spawn_worker_process_with_failpoints(&[], "promoted:before_publish");
+    let first = app
+        .start_run(&scripted_run(
+            json!([
+                {"tool_calls": [{"name": "slow", "arguments": {"ms": 1500}}]},
+                {"content": "answer1"},
+                {"content": "answer2"}
+            ]),
+            json!([http_tool(&env, "slow", "/slow")]),
+        ))
+        .await;
+    let first_id = first["id"].as_str().unwrap().to_owned();
+    let thread = first["thread_id"].as_str().unwrap().to_owned();
+    wait_for("the slow call to reach the tool", T, || async {
+        (!env.tools.calls_to("/slow").is_empty()).then_some(())
+    })
+    .await;
+    let second = app
+        .start_run(&on_thread(&thread, "second", Some("enqueue")))
+        .await;
+    assert_eq!(second["status"], "waiting_for_thread", "{second}");
+    let second_id = second["id"].as_str().unwrap();
+    // The worker ends the first run (promoting the second in the same transaction), then dies.
+    let ended = app
+        .wait_status(&first_id, &["completed", "failed", "cancelled"], T)
+        .await;
+    assert_eq!(ended["status"], "completed", "{ended}");
+    let crashing = std::sync::Mutex::new(crashing);
+    wait_for("the worker to crash at the failpoint", T, || {
+        let exited = crashing.lock().unwrap().has_exited();
+        async move { exited.then_some(()) }
+    })
+    .await;
+    assert_eq!(app.run(second_id).await["status"], "queued");
+    let _healthy = env.spawn_worker().await;
+    let done = app
+        .wait_status(second_id, &["completed", "failed", "cancelled"], T)
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+}
