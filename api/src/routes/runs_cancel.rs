@@ -90,7 +90,7 @@ async fn publish_promoted(state: &AppState, thread_id: uuid::Uuid) {
         Ok(Some(id)) => crate::dispatch::publish(state, &[id]).await,
         Ok(None) => {}
         Err(e) => {
-            tracing::warn!(%thread_id, error = %e, "promoted run not looked up; the sweeper will publish it")
+            tracing::warn!(%thread_id, error = %e, "promoted run not looked up; the sweeper will publish it");
         }
     }
 }
