@@ -226,3 +226,105 @@ pub async fn runnable_on_thread(
             .await?;
     Ok(row.map(|(id,)| id))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::domain::AgentSpec;
+    use crate::store::transitions::{Ending, claim, end_many};
+    use crate::store::{runs, tenants};
+
+    fn new_run(tenant_id: Uuid, thread_id: Option<Uuid>, input: &str) -> NewRun {
+        let agent: AgentSpec = serde_json::from_value(json!({"model": "m"})).unwrap();
+        NewRun {
+            id: Uuid::now_v7(),
+            tenant_id,
+            thread_id,
+            agent,
+            max_iterations: 5,
+            metadata: json!({}),
+            idempotency_key: None,
+            request_hash: None,
+            input: input.into(),
+            fair: false,
+        }
+    }
+
+    async fn submit(pool: &PgPool, new: NewRun, if_busy: IfBusy) -> Result<Created, StoreError> {
+        let mut tx = pool.begin().await.unwrap();
+        let created = create(&mut tx, new, if_busy, 2).await?;
+        tx.commit().await.unwrap();
+        Ok(created)
+    }
+
+    async fn user_messages(pool: &PgPool, thread: Uuid) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT body->>'content' FROM messages WHERE thread_id = $1 AND role = 'user' ORDER BY id",
+        )
+        .bind(thread)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+    }
+
+    /// The grouped end promotes the oldest waiting run in its own statement and names it; the
+    /// waiting runs' messages join the thread only then; the limit of waiting runs holds.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn an_end_promotes_the_oldest_waiting_run(pool: PgPool) {
+        let tenant = tenants::create(&pool, "t").await.unwrap().tenant_id;
+        let mut tx = pool.begin().await.unwrap();
+        let first = transitions::create(&mut tx, new_run(tenant, None, "one"))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let thread = Some(first.thread_id);
+        let busy = submit(&pool, new_run(tenant, thread, "x"), IfBusy::Reject).await;
+        assert!(
+            matches!(busy, Err(StoreError::ThreadBusy { .. })),
+            "{busy:?}"
+        );
+        let two = submit(&pool, new_run(tenant, thread, "two"), IfBusy::Enqueue)
+            .await
+            .unwrap()
+            .run;
+        let three = submit(&pool, new_run(tenant, thread, "three"), IfBusy::Enqueue)
+            .await
+            .unwrap()
+            .run;
+        assert_eq!(two.status, RunStatus::WaitingForThread);
+        let full = submit(&pool, new_run(tenant, thread, "four"), IfBusy::Enqueue).await;
+        assert!(
+            matches!(full, Err(StoreError::ThreadQueueFull { limit: 2, .. })),
+            "{full:?}"
+        );
+        assert_eq!(user_messages(&pool, first.thread_id).await, ["one"]);
+
+        let claimed = claim(&pool, first.id, "w", Duration::from_secs(10))
+            .await
+            .unwrap()
+            .unwrap();
+        let ending = Ending {
+            fence: claimed.fence(),
+            status: RunStatus::Completed,
+            last_event_id: 1,
+            timing: None,
+        };
+        let ended = end_many(pool.clone(), Arc::new(vec![ending]))
+            .await
+            .unwrap();
+        assert!(ended[0].held);
+        assert_eq!(ended[0].promoted, Some(two.id));
+        assert_eq!(
+            runs::get(&pool, two.id).await.unwrap().status,
+            RunStatus::Queued
+        );
+        assert_eq!(
+            runs::get(&pool, three.id).await.unwrap().status,
+            RunStatus::WaitingForThread
+        );
+        assert_eq!(user_messages(&pool, first.thread_id).await, ["one", "two"]);
+    }
+}
