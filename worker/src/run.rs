@@ -194,7 +194,7 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
                 )
             })
         }
-        Ok(Outcome::Interrupted) => {
+        Ok(Outcome::Interrupted) | Err(RunError::Interrupted) => {
             match double_text::interrupt(&ctx.shared.pool, ctx.fence, next_id).await {
                 Ok(promoted) => {
                     publish_promoted(ctx, promoted).await;

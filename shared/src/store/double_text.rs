@@ -213,6 +213,16 @@ pub async fn interrupt(
     Ok(promoted)
 }
 
+/// Whether an interrupt was requested for the run (read under its lock before it pauses).
+pub async fn interrupt_requested(conn: &mut PgConnection, run: Uuid) -> Result<bool, StoreError> {
+    let requested: bool =
+        sqlx::query_scalar("SELECT interrupt_requested_at IS NOT NULL FROM runs WHERE id = $1")
+            .bind(run)
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok(requested)
+}
+
 /// The thread's queued run, if any: what an end off the grouped path (cancel, fail) promoted,
 /// to publish. Not on the hot path.
 pub async fn runnable_on_thread(

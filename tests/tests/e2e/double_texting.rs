@@ -452,3 +452,63 @@ async fn a_crash_between_the_end_and_the_publish_of_the_promoted_run_is_healed_b
         .await;
     assert_eq!(done["status"], "completed", "{done}");
 }
+
+/// The interrupt arrives while a call runs, and the same response then asks a question: the
+/// run ends at the pause instead of waiting for a human, the question answered as interrupted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_before_a_pause_ends_the_run_instead_of_pausing_it() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let first = app
+        .start_run(&scripted_run(
+            json!([
+                {"tool_calls": [
+                    {"name": "slow", "arguments": {"ms": 3000}},
+                    {"name": "ask", "arguments": {"text": "Your name?"}}
+                ]},
+                {"content": "answer2"}
+            ]),
+            json!([http_tool(&env, "slow", "/slow")]),
+        ))
+        .await;
+    let first_id = first["id"].as_str().unwrap().to_owned();
+    let thread = first["thread_id"].as_str().unwrap().to_owned();
+    wait_for("the slow call to reach the tool", T, || async {
+        (!env.tools.calls_to("/slow").is_empty()).then_some(())
+    })
+    .await;
+    let second = app
+        .start_run(&on_thread(&thread, "second", Some("interrupt")))
+        .await;
+    assert_eq!(second["status"], "waiting_for_thread", "{second}");
+    let ended = app
+        .wait_status(&first_id, &["completed", "failed", "cancelled"], T)
+        .await;
+    assert_eq!(ended["status"], "cancelled", "{ended}");
+    assert_eq!(ended["error"]["code"], "interrupted", "{ended}");
+    assert!(ended["pending"].is_null(), "{ended}");
+    let done = app
+        .wait_status(
+            second["id"].as_str().unwrap(),
+            &["completed", "failed", "cancelled"],
+            T,
+        )
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let req = request_ending_with(&env, "second");
+    let roles: Vec<&str> = req.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(
+        roles,
+        ["system", "user", "assistant", "tool", "tool", "user"],
+        "{req:#?}"
+    );
+    assert!(
+        req[4]["content"]
+            .as_str()
+            .unwrap()
+            .contains("interrupted by a newer message"),
+        "{req:#?}"
+    );
+    assert_valid_history(&req);
+}
