@@ -303,9 +303,9 @@ pub struct Ended {
 }
 
 /// Ends holdings of several runs in one statement; per ending, whether its fence held and
-/// which waiting run of its thread it promoted. The `waiting` probe reads the statement's
-/// snapshot (before the trigger promotes): one lookup in an index that is empty unless a
-/// tenant double-texts.
+/// which waiting run of its thread it promoted. The `LATERAL` probe reads the statement's
+/// snapshot (before the trigger promotes): one lookup per ended run in an index that is empty
+/// unless a tenant double-texts.
 pub async fn end_many(pool: PgPool, endings: Arc<Vec<Ending>>) -> Result<Vec<Ended>, StoreError> {
     let held: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(concat!(
         "WITH input AS (
@@ -319,16 +319,14 @@ pub async fn end_many(pool: PgPool, endings: Arc<Vec<Ending>>) -> Result<Vec<End
             WHERE r.id = ANY($1) AND r.id = t.run_id AND r.attempt = t.attempt
               AND r.status = $6
             RETURNING r.id, r.thread_id),
-         waiting AS (
-            SELECT h.id AS ended, w.id AS next FROM held h
-            CROSS JOIN LATERAL (
-                SELECT id FROM runs w WHERE w.thread_id = h.thread_id
-                   AND w.status = 'waiting_for_thread'
-                 ORDER BY w.enqueued_at, w.id LIMIT 1) w),
          ",
         timing_cte!(),
         "
-         SELECT held.id, waiting.next FROM held LEFT JOIN waiting ON waiting.ended = held.id",
+         SELECT h.id, w.id FROM held h
+         LEFT JOIN LATERAL (
+            SELECT id FROM runs w WHERE w.thread_id = h.thread_id
+               AND w.status = 'waiting_for_thread'
+             ORDER BY w.enqueued_at, w.id LIMIT 1) w ON true",
     ))
     .bind(endings.iter().map(|e| e.fence.run_id).collect::<Vec<_>>())
     .bind(endings.iter().map(|e| e.fence.attempt).collect::<Vec<_>>())
