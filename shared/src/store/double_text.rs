@@ -173,10 +173,13 @@ async fn insert_waiting(
     Ok(run)
 }
 
-/// Whether a creation lost the race with a concurrent promotion (the unique index refused
-/// a second active run): trying again finds the promoted run and waits behind it.
+/// Whether a creation lost the race with a concurrent promotion: the active run it waited
+/// for ended meanwhile and promoted a waiting run its scan could not see (the check of
+/// `transitions::create` found it, or the unique index refused a second active run). Trying
+/// again finds the promoted run and waits behind it. `enqueue` and `interrupt` never answer
+/// `thread_busy` otherwise.
 pub fn lost_race(e: &StoreError) -> bool {
-    matches!(e, StoreError::ThreadBusy { run_id, .. } if run_id.is_nil())
+    matches!(e, StoreError::ThreadBusy { .. })
         || matches!(e, StoreError::Db(db) if is_unique_violation(db, "runs_one_active_per_thread"))
 }
 
