@@ -512,3 +512,76 @@ async fn an_interrupt_before_a_pause_ends_the_run_instead_of_pausing_it() {
     );
     assert_valid_history(&req);
 }
+
+/// Five enqueues at once on a paused thread: each is accepted, and once the first run ends
+/// they run one at a time, each user message right before its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_enqueues_run_one_at_a_time() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let mut script = vec![ask_turn(), json!({"content": "answer0"})];
+    script.extend((1..=5).map(|i| json!({"content": format!("answer{i}")})));
+    let first = app
+        .start_run(&scripted_run(Value::Array(script), json!([])))
+        .await;
+    let first_id = first["id"].as_str().unwrap().to_owned();
+    let thread = first["thread_id"].as_str().unwrap().to_owned();
+    app.wait_status(&first_id, &["waiting_for_input"], T).await;
+    let bodies: Vec<Value> = (1..=5)
+        .map(|i| on_thread(&thread, &format!("msg{i}"), Some("enqueue")))
+        .collect();
+    let created: Vec<Value> =
+        futures_util::future::join_all(bodies.iter().map(|b| app.start_run(b))).await;
+    assert!(
+        created.iter().all(|r| r["status"] == "waiting_for_thread"),
+        "{created:#?}"
+    );
+    let resp = app
+        .post(
+            &format!("/v1/runs/{first_id}/resume"),
+            &json!({"input": "Ada"}),
+        )
+        .await;
+    assert_eq!(resp.status(), 202);
+    let mut runs = Vec::new();
+    for r in &created {
+        let done = app
+            .wait_status(
+                r["id"].as_str().unwrap(),
+                &["completed", "failed", "cancelled"],
+                T,
+            )
+            .await;
+        assert_eq!(done["status"], "completed", "{done}");
+        runs.push(done);
+    }
+    runs.sort_by(|a, b| {
+        a["started_at"]
+            .as_str()
+            .unwrap()
+            .cmp(b["started_at"].as_str().unwrap())
+    });
+    for pair in runs.windows(2) {
+        assert!(
+            pair[0]["finished_at"].as_str().unwrap() <= pair[1]["started_at"].as_str().unwrap(),
+            "overlapping runs: {pair:#?}"
+        );
+    }
+    let messages: Vec<Value> = app
+        .messages(&thread)
+        .await
+        .into_iter()
+        .map(|m| m["body"].clone())
+        .collect();
+    assert_valid_history(&messages);
+    let seq = contents(&messages);
+    // Every user message is followed by an answer, never by another user message.
+    let users: Vec<usize> = (0..seq.len())
+        .filter(|&i| seq[i].starts_with("user:msg"))
+        .collect();
+    assert_eq!(users.len(), 5, "{seq:?}");
+    for i in users {
+        assert!(seq[i + 1].starts_with("assistant:answer"), "{seq:?}");
+    }
+}
