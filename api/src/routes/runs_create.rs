@@ -302,6 +302,10 @@ async fn after_double_text(state: &AppState, created: &double_text::Created) {
     if let Some(id) = created.promoted {
         crate::dispatch::publish(state, &[id]).await;
     }
+    if created.run.fair && (created.cancelled.is_some() || created.promoted.is_some()) {
+        // A slot of the tenant's running limit may be free, and a promoted run is held.
+        crate::dispatch::dispatch_and_publish(state, created.run.tenant_id).await;
+    }
 }
 
 fn same_request(existing: RunRow, hash: &[u8]) -> Result<RunRow, CreateRunError> {

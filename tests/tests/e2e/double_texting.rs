@@ -585,3 +585,54 @@ async fn concurrent_enqueues_run_one_at_a_time() {
         assert!(seq[i + 1].starts_with("assistant:answer"), "{seq:?}");
     }
 }
+
+/// A tenant with a running limit: a promoted run is held and dispatched in turn, and an
+/// interrupt of a paused run frees its slot for the new run at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_running_limit_promoted_runs_are_dispatched() {
+    let env = TestEnv::with(&[
+        ("limits.max_running_runs", "1"),
+        ("worker.requeue_after_ms", "60000"),
+    ])
+    .await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let first = app
+        .start_run(&scripted_run(
+            json!([
+                {"tool_calls": [{"name": "slow", "arguments": {"ms": 1500}}]},
+                {"content": "answer1"},
+                ask_turn(),
+                {"content": "answer3"}
+            ]),
+            json!([http_tool(&env, "slow", "/slow")]),
+        ))
+        .await;
+    let first_id = first["id"].as_str().unwrap().to_owned();
+    let thread = first["thread_id"].as_str().unwrap().to_owned();
+    wait_for("the slow call to reach the tool", T, || async {
+        (!env.tools.calls_to("/slow").is_empty()).then_some(())
+    })
+    .await;
+    let second = app
+        .start_run(&on_thread(&thread, "second", Some("enqueue")))
+        .await;
+    let second_id = second["id"].as_str().unwrap();
+    // The second run asks (script turn 2) and pauses: the interrupt cancels it at once.
+    app.wait_status(second_id, &["waiting_for_input"], T).await;
+    let done = app.run(&first_id).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let third = app
+        .start_run(&on_thread(&thread, "third", Some("interrupt")))
+        .await;
+    let ended = app.run(second_id).await;
+    assert_eq!(ended["error"]["code"], "interrupted", "{ended}");
+    let done = app
+        .wait_status(
+            third["id"].as_str().unwrap(),
+            &["completed", "failed", "cancelled"],
+            T,
+        )
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+}
