@@ -114,6 +114,8 @@ pub struct ApiSettings {
     /// Largest accepted `input` text of a run, in bytes.
     pub max_input_bytes: usize,
     pub max_batch_runs: usize,
+    /// Runs that may wait for one busy thread (`if_busy = enqueue | interrupt`).
+    pub max_queued_per_thread: i64,
     /// Single run creations (on a new thread, without an idempotency key) written together
     /// when they arrive at once: groups in flight at once, and most runs in one group
     /// (`store::batch`).
@@ -455,6 +457,7 @@ listen = "127.0.0.1:8080"
 max_body_bytes = 1048576
 max_input_bytes = 262144
 max_batch_runs = 1000
+max_queued_per_thread = 10
 create_groups_in_flight = 1
 max_create_group = 64
 max_tools_per_agent = 64
@@ -732,6 +735,12 @@ impl Settings {
             return Err(invalid(
                 "api.default_page_size",
                 "must be within 1..=api.max_page_size",
+            ));
+        }
+        if !(1..=1000).contains(&self.api.max_queued_per_thread) {
+            return Err(invalid(
+                "api.max_queued_per_thread",
+                "must be within 1..=1000",
             ));
         }
         if self.api.max_input_bytes > self.api.max_body_bytes {

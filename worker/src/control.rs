@@ -31,6 +31,11 @@ impl Registry {
             s.stop(reason);
         }
     }
+    pub fn interrupt(&self, run: Uuid) {
+        if let Some(s) = self.runs.lock().expect("registry lock").get(&run) {
+            s.request_interrupt();
+        }
+    }
     pub fn stop_all(&self, reason: StopReason) {
         for s in self.runs.lock().expect("registry lock").values() {
             s.stop(reason);
@@ -70,10 +75,14 @@ async fn listen(url: &str, keys: &Keys, registry: &Registry) -> anyhow::Result<(
     pubsub.psubscribe(keys.control_pattern()).await?;
     let mut messages = pubsub.into_on_message();
     while let Some(msg) = messages.next().await {
-        if let Some(run) = keys.run_of_channel(msg.get_channel_name())
-            && msg.get_payload_bytes() == b"cancel"
-        {
-            registry.stop(run, StopReason::Cancelled);
+        let Some(run) = keys.run_of_channel(msg.get_channel_name()) else {
+            continue;
+        };
+        match msg.get_payload_bytes() {
+            b"cancel" => registry.stop(run, StopReason::Cancelled),
+            // Durable in Postgres too (`interrupt_requested_at`, read at every claim).
+            b"interrupt" => registry.interrupt(run),
+            _ => {}
         }
     }
     anyhow::bail!("the control subscription ended")

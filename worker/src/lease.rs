@@ -24,6 +24,11 @@ pub fn spawn(shared: Arc<Shared>, fence: Fence, stop: StopSignal) -> JoinHandle<
             ticker.tick().await;
             match transitions::renew_lease(&shared.pool, fence, lease).await {
                 Ok(Lease::Held) => last_renewed = Instant::now(),
+                // The control hint may have been lost: the renewal carries the request too.
+                Ok(Lease::InterruptRequested) => {
+                    last_renewed = Instant::now();
+                    stop.request_interrupt();
+                }
                 Ok(Lease::CancelRequested) => return stop.stop(StopReason::Cancelled),
                 Err(StoreError::LeaseLost { .. }) => {
                     let cancelled = agentfleet_shared::store::runs::get(&shared.pool, fence.run_id)

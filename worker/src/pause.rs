@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use agentfleet_shared::domain::{RunStatus, ToolCallStatus};
 use agentfleet_shared::events::{EventType, Expiry, pending_event};
 use agentfleet_shared::store::tool_calls::{self, ToolCallRow};
-use agentfleet_shared::store::{StoreError, lock_fenced, transitions};
+use agentfleet_shared::store::{StoreError, double_text, lock_fenced, transitions};
 
 use crate::run_ctx::{RunCtx, RunError};
 
@@ -94,6 +94,14 @@ async fn pause(
 ) -> Result<(), RunError> {
     let mut tx = ctx.shared.pool.begin().await.map_err(StoreError::from)?;
     lock_fenced(&mut tx, ctx.fence).await?;
+    // Under the run's lock: an interrupt committed before it must end the run, not pause it
+    // (a paused run would keep the newer message waiting for a human). One committed after
+    // it finds the run paused and cancels it itself.
+    if ctx.stop.interrupt_requested()
+        || double_text::interrupt_requested(&mut tx, ctx.fence.run_id).await?
+    {
+        return Err(RunError::Interrupted);
+    }
     if !call_ids.is_empty() {
         tool_calls::set_status(&mut tx, ctx.fence.run_id, call_ids, call_status).await?;
     }

@@ -11,8 +11,8 @@ use agentfleet_shared::config::OnBudgetExceeded;
 use agentfleet_shared::domain::RunStatus;
 use agentfleet_shared::events::{EventType, Expiry};
 use agentfleet_shared::report;
-use agentfleet_shared::store::StoreError;
 use agentfleet_shared::store::transitions::{self, Claimed, Ending};
+use agentfleet_shared::store::{StoreError, double_text};
 
 use crate::budget::{Budget, Exceeded, Spent};
 use crate::emitter::Emitter;
@@ -31,6 +31,8 @@ enum Outcome {
     MaxIterations,
     /// A token budget was reached: no further model call.
     BudgetExceeded(Exceeded),
+    /// `if_busy = interrupt`: a newer message on the thread; ended at a safe point.
+    Interrupted,
 }
 
 pub async fn execute(
@@ -51,6 +53,10 @@ pub async fn execute(
     );
     let budget = Budget::new(claimed.run.agent.max_tokens_total, spent);
     let run = claimed.run;
+    if run.interrupt_requested_at.is_some() {
+        // Asked before this claim (the hint went to a holder that is gone).
+        stop.request_interrupt();
+    }
     // Ids continue past every event a client could have seen: the durable floor, or the
     // list as it stands (the API may have appended `run_resumed` after the pause). Read here
     // rather than taken from the first append's answer: should every append of this holding
@@ -125,6 +131,11 @@ async fn drive(
                 Settled::NextIteration => {}
             }
         }
+        // A safe point: the last turn's calls all have their results recorded, and the next
+        // model call has not started.
+        if ctx.stop.interrupt_requested() {
+            return Ok(Outcome::Interrupted);
+        }
         if draining.is_cancelled() {
             return Ok(Outcome::Released);
         }
@@ -168,8 +179,11 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
                 timing: ctx.take_finished_timing(),
             };
             match ctx.shared.writes.endings.write(ending).await {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(ctx.fence.lost()),
+                Ok(ended) if ended.held => {
+                    publish_promoted(ctx, ended.promoted).await;
+                    Ok(())
+                }
+                Ok(_) => Err(ctx.fence.lost()),
                 Err(e) => Err(e),
             }
             .map(|_| {
@@ -179,6 +193,21 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
                     "completed",
                 )
             })
+        }
+        Ok(Outcome::Interrupted) | Err(RunError::Interrupted) => {
+            match double_text::interrupt(&ctx.shared.pool, ctx.fence, next_id).await {
+                Ok(promoted) => {
+                    publish_promoted(ctx, promoted).await;
+                    Ok((
+                        EventType::RunCancelled,
+                        json!({"previous_status": RunStatus::Running,
+                               "code": double_text::INTERRUPTED,
+                               "message": double_text::INTERRUPTED_MESSAGE}),
+                        "cancelled",
+                    ))
+                }
+                Err(e) => Err(e),
+            }
         }
         Ok(Outcome::MaxIterations) => {
             let msg = format!(
@@ -247,11 +276,32 @@ async fn fail(
     next_id: u64,
 ) -> Result<(EventType, serde_json::Value, &'static str), StoreError> {
     transitions::fail(&ctx.shared.pool, ctx.fence, code, &msg, next_id).await?;
+    // Off the hot path: a failed run's end may have promoted a run waiting for its thread.
+    match ctx.shared.pool.acquire().await {
+        Ok(mut conn) => {
+            let promoted = double_text::runnable_on_thread(&mut conn, ctx.run.thread_id).await;
+            drop(conn);
+            publish_promoted(ctx, promoted.ok().flatten()).await;
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "promoted run not looked up; the sweeper publishes it");
+        }
+    }
     Ok((
         EventType::RunFailed,
         json!({"code": code, "message": msg}),
         "failed",
     ))
+}
+
+/// Publishes the run the end promoted (double-texting); the sweeper re-publishes it if lost.
+async fn publish_promoted(ctx: &RunCtx, promoted: Option<uuid::Uuid>) {
+    let Some(id) = promoted else { return };
+    // The fault suite crashes here: the promotion is committed, its message not sent.
+    agentfleet_shared::failpoint::hit("promoted:before_publish");
+    if let Err(e) = ctx.shared.publisher.publish_run(id).await {
+        tracing::warn!(run_id = %id, error = %e, "publish of a promoted run failed; the sweeper will re-enqueue");
+    }
 }
 
 /// A counted hand-back after a transient failure: released at once (so nothing holds the

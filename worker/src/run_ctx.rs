@@ -82,6 +82,9 @@ pub enum RunError {
     Model(ModelError),
     #[error("store: {0}")]
     Store(StoreError),
+    /// `if_busy = interrupt` arrived before the run could pause: it ends instead of waiting.
+    #[error("interrupted by a newer message")]
+    Interrupted,
 }
 
 impl From<StoreError> for RunError {

@@ -40,7 +40,8 @@ pub struct Writes {
     /// Per turn: `None` if its fence did not hold, else what the budget check needs.
     pub turns: Batcher<Turn, Option<turns::Committed>>,
     pub outcomes: Batcher<Outcome>,
-    pub endings: Batcher<Ending>,
+    /// Per ending: whether its fence held, and the waiting run it promoted.
+    pub endings: Batcher<Ending, transitions::Ended>,
     /// Fair dispatch after a limited tenant's run ends or pauses (`store::dispatch`): per
     /// tenant, the runs to publish.
     pub dispatches: Batcher<Uuid, Vec<Uuid>>,

@@ -2,7 +2,7 @@
 //! heartbeat, control-channel listener, drain).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
@@ -21,6 +21,9 @@ pub enum StopReason {
 pub struct StopSignal {
     token: CancellationToken,
     reason: Arc<AtomicU8>,
+    /// `if_busy = interrupt`: end the run at its next safe point (not a stop: the tool call
+    /// in flight finishes and is recorded first).
+    interrupt: Arc<AtomicBool>,
 }
 
 impl StopSignal {
@@ -34,6 +37,14 @@ impl StopSignal {
             .reason
             .compare_exchange(0, code, Ordering::SeqCst, Ordering::SeqCst);
         self.token.cancel();
+    }
+
+    pub fn request_interrupt(&self) {
+        self.interrupt.store(true, Ordering::SeqCst);
+    }
+
+    pub fn interrupt_requested(&self) -> bool {
+        self.interrupt.load(Ordering::SeqCst)
     }
 
     pub fn reason(&self) -> Option<StopReason> {

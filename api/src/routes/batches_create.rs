@@ -139,6 +139,7 @@ pub async fn submit_batch(
                     thread_id: item.thread_id,
                     agent: item.agent,
                     metadata: item.metadata,
+                    if_busy: None,
                 })
                 .expect("serializes"),
             ),
@@ -228,6 +229,7 @@ fn check(state: &AppState, body: &SubmitBatch) -> Result<Value, ApiError> {
             thread_id: item.thread_id,
             agent: item.agent.clone(),
             metadata: item.metadata.clone(),
+            if_busy: None,
         };
         validate(state, &run, &format!("runs[{i}]."))?;
     }

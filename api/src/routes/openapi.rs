@@ -79,6 +79,7 @@ use crate::validate::MAX_ID;
         ToolKind,
         Risk,
         RunStatus,
+        agentfleet_shared::store::double_text::IfBusy,
         view::Run,
         view::Usage,
         view::UsageReport,

@@ -23,6 +23,7 @@ use crate::error::{ApiError, JsonBody};
 use crate::routes::runs_create::{CreateRun, validate};
 use crate::routes::view;
 use crate::state::AppState;
+use agentfleet_shared::store::double_text::IfBusy;
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -46,6 +47,13 @@ pub async fn create_batch(
     crate::quota::check_active_runs(&state, &caller, body.runs.len(), None).await?;
     for (i, run) in body.runs.iter().enumerate() {
         validate(&state, run, &format!("runs[{i}]."))?;
+        // A batch is all or nothing at once; waiting behind a busy thread is not (yet).
+        if !matches!(run.if_busy, None | Some(IfBusy::Reject)) {
+            return Err(ApiError::invalid(
+                &format!("runs[{i}].if_busy"),
+                "only `reject` is supported in a batch; submit the run on its own to enqueue or interrupt",
+            ));
+        }
     }
     let fair = crate::dispatch::is_fair(&state.settings, &caller);
     let mut on_threads = Vec::new();

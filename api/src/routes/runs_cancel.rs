@@ -6,6 +6,8 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 
+use agentfleet_shared::domain::RunStatus;
+use agentfleet_shared::store::double_text;
 use agentfleet_shared::store::transitions::{self, Cancelled};
 use agentfleet_shared::store::{StoreError, runs};
 
@@ -63,6 +65,9 @@ pub async fn cancel_run(
     } = outcome
     {
         crate::announce::cancelled(&state, id, thread_id, previous, last_event_id).await;
+        if previous != RunStatus::WaitingForThread {
+            publish_promoted(&state, thread_id).await;
+        }
     }
     let run = runs::get_for_tenant(&state.pool, caller.tenant_id, id)
         .await
@@ -72,4 +77,20 @@ pub async fn cancel_run(
         crate::dispatch::dispatch_and_publish(&state, run.tenant_id).await;
     }
     Ok(Json(view::run(&run)))
+}
+
+/// The cancel ended the thread's active run: the run waiting next for the thread (if any) was
+/// promoted in the same transaction; publish it (the sweeper re-publishes it if this fails).
+async fn publish_promoted(state: &AppState, thread_id: uuid::Uuid) {
+    let promoted = match state.pool.acquire().await {
+        Ok(mut conn) => double_text::runnable_on_thread(&mut conn, thread_id).await,
+        Err(e) => Err(e.into()),
+    };
+    match promoted {
+        Ok(Some(id)) => crate::dispatch::publish(state, &[id]).await,
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(%thread_id, error = %e, "promoted run not looked up; the sweeper will publish it");
+        }
+    }
 }

@@ -10,8 +10,9 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use agentfleet_shared::domain::{AgentSpec, AgentSpecError};
+use agentfleet_shared::domain::{AgentSpec, AgentSpecError, RunStatus};
 use agentfleet_shared::events::{EventType, Expiry, Floor, NewEvent};
+use agentfleet_shared::store::double_text::{self, IfBusy};
 use agentfleet_shared::store::runs::RunRow;
 use agentfleet_shared::store::transitions::{self, NewRun};
 use agentfleet_shared::store::{StoreError, runs};
@@ -35,6 +36,17 @@ pub struct CreateRun {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Value>,
+    /// What to do when the thread has an active run: `reject` (409 `thread_busy`),
+    /// `enqueue` (start when it ends) or `interrupt` (cancel it at its next safe point, then
+    /// start). On a thread that is not busy, every value just starts the run.
+    #[serde(default, skip_serializing_if = "is_reject")]
+    pub if_busy: Option<IfBusy>,
+}
+
+/// Absent and `reject` hash alike, so an Idempotency-Key repeated with `reject` spelled out
+/// or left out names the same request.
+fn is_reject(v: &Option<IfBusy>) -> bool {
+    matches!(v, None | Some(IfBusy::Reject))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +57,8 @@ pub enum CreateRunError {
     ThreadNotFound,
     #[error("thread {thread_id} already has an active run {run_id}")]
     ThreadBusy { thread_id: Uuid, run_id: Uuid },
+    #[error("thread {thread_id} already has {limit} runs waiting")]
+    ThreadQueueFull { thread_id: Uuid, limit: i64 },
     #[error("Idempotency-Key was used with a different request")]
     IdempotencyMismatch,
     #[error(transparent)]
@@ -67,6 +81,14 @@ impl From<CreateRunError> for ApiError {
                 "thread_busy",
                 format!("thread {thread_id} already has an active run {run_id}"),
             ),
+            CreateRunError::ThreadQueueFull { thread_id, limit } => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "thread_queue_full",
+                format!(
+                    "thread {thread_id} already has {limit} runs waiting (api.max_queued_per_thread); \
+                     retry when one has started"
+                ),
+            ),
             // The request is valid in itself; it conflicts with the run its key already names.
             CreateRunError::IdempotencyMismatch => ApiError::new(
                 StatusCode::CONFLICT,
@@ -83,8 +105,8 @@ impl From<CreateRunError> for ApiError {
     responses((status = 202, description = "The run, queued", body = view::Run),
               (status = 404, description = "`thread_id` names no thread of this tenant", body = crate::routes::view::ErrorBody),
               (status = 409, description = "`thread_busy`: the thread has an active run; or `idempotency_key_reused`: the key names a run made from another body", body = crate::routes::view::ErrorBody),
-              (status = 422, description = "`invalid_request` naming the field", body = crate::routes::view::ErrorBody),
-              (status = 429, description = "`rate_limited` (with `Retry-After`), or `too_many_active_runs`: the tenant's `max_active_runs` is reached; nothing was created", body = crate::routes::view::ErrorBody)))]
+              (status = 422, description = "`invalid_request` naming the field (`if_busy` must be `reject`, `enqueue` or `interrupt`)", body = crate::routes::view::ErrorBody),
+              (status = 429, description = "`thread_queue_full`: `api.max_queued_per_thread` runs already wait for the thread; `rate_limited` (with `Retry-After`), or `too_many_active_runs`: the tenant's `max_active_runs` is reached; nothing was created", body = crate::routes::view::ErrorBody)))]
 pub async fn create_run(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -183,6 +205,7 @@ pub async fn submit(
         .agent
         .max_iterations
         .unwrap_or(state.settings.worker.default_max_iterations);
+    let if_busy = body.if_busy.unwrap_or_default();
     let new = NewRun {
         id: Uuid::now_v7(),
         tenant_id: tenant,
@@ -203,13 +226,16 @@ pub async fn submit(
             transitions::create_on_new_thread(&state.pool, new).await
         }
     } else {
-        create_in_transaction(state, new).await
+        create_on_thread(state, new, if_busy).await
     };
     let run = match created {
         Ok(run) => run,
         Err(StoreError::NotFound) => return Err(CreateRunError::ThreadNotFound),
         Err(StoreError::ThreadBusy { thread_id, run_id }) => {
             return Err(CreateRunError::ThreadBusy { thread_id, run_id });
+        }
+        Err(StoreError::ThreadQueueFull { thread_id, limit }) => {
+            return Err(CreateRunError::ThreadQueueFull { thread_id, limit });
         }
         Err(StoreError::Db(e)) if key.is_some() && is_idempotency_race(&e) => {
             let k = key.as_deref().expect("checked");
@@ -228,11 +254,58 @@ pub async fn submit(
 }
 
 /// A run on an existing thread: the thread row is locked first (see `transitions::create`).
-async fn create_in_transaction(state: &AppState, new: NewRun) -> Result<RunRow, StoreError> {
-    let mut tx = state.pool.begin().await?;
-    let run = transitions::create(&mut tx, new).await?;
-    tx.commit().await?;
-    Ok(run)
+/// With `if_busy = enqueue | interrupt`, a creation that lost the race with a concurrent
+/// promotion (the unique index refused it) tries again and waits behind the promoted run.
+async fn create_on_thread(
+    state: &AppState,
+    new: NewRun,
+    if_busy: IfBusy,
+) -> Result<RunRow, StoreError> {
+    const ATTEMPTS: usize = 3;
+    let max_waiting = state.settings.api.max_queued_per_thread;
+    let mut new = new;
+    for attempt in 1.. {
+        let mut tx = state.pool.begin().await?;
+        match double_text::create(&mut tx, new.clone(), if_busy, max_waiting).await {
+            Ok(created) => {
+                tx.commit().await?;
+                after_double_text(state, &created).await;
+                return Ok(created.run);
+            }
+            Err(e)
+                if if_busy != IfBusy::Reject
+                    && attempt < ATTEMPTS
+                    && double_text::lost_race(&e) =>
+            {
+                drop(tx);
+                new.id = Uuid::now_v7();
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+/// After a double-text committed: the run it cancelled at once gets its final event, the
+/// running run it interrupts is hinted, and a run its cancel promoted is published.
+async fn after_double_text(state: &AppState, created: &double_text::Created) {
+    let thread_id = created.run.thread_id;
+    if let Some((id, previous, last_event_id)) = created.cancelled {
+        crate::announce::cancelled(state, id, thread_id, previous, last_event_id).await;
+    }
+    if let Some(id) = created.interrupting
+        && let Err(e) = state.bus.send_control(id, "interrupt").await
+    {
+        tracing::warn!(run_id = %id, error = %e, "could not hint the worker to interrupt");
+    }
+    if let Some(id) = created.promoted {
+        crate::dispatch::publish(state, &[id]).await;
+    }
+    if created.run.fair && (created.cancelled.is_some() || created.promoted.is_some()) {
+        // A slot of the tenant's running limit may be free, and a promoted run is held.
+        crate::dispatch::dispatch_and_publish(state, created.run.tenant_id).await;
+    }
 }
 
 fn same_request(existing: RunRow, hash: &[u8]) -> Result<RunRow, CreateRunError> {
@@ -266,6 +339,10 @@ pub async fn announce(state: &AppState, run: &RunRow) {
         .await
     {
         tracing::warn!(run_id = %run.id, error = %e, "could not append run_queued");
+    }
+    if run.status == RunStatus::WaitingForThread {
+        // Published when promoted (the end of its thread's active run).
+        return;
     }
     if run.held {
         crate::dispatch::dispatch_and_publish(state, run.tenant_id).await;

@@ -14,10 +14,13 @@ pub enum RunStatus {
     Completed,
     Failed,
     Cancelled,
+    /// Submitted with `if_busy = enqueue | interrupt` while its thread had an active run: it
+    /// becomes `queued` when that run ends (docs/architecture.md "Double-texting").
+    WaitingForThread,
 }
 
 impl RunStatus {
-    pub const ALL: [RunStatus; 7] = [
+    pub const ALL: [RunStatus; 8] = [
         RunStatus::Queued,
         RunStatus::Running,
         RunStatus::WaitingForInput,
@@ -25,6 +28,7 @@ impl RunStatus {
         RunStatus::Completed,
         RunStatus::Failed,
         RunStatus::Cancelled,
+        RunStatus::WaitingForThread,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -36,6 +40,7 @@ impl RunStatus {
             RunStatus::Completed => "completed",
             RunStatus::Failed => "failed",
             RunStatus::Cancelled => "cancelled",
+            RunStatus::WaitingForThread => "waiting_for_thread",
         }
     }
 

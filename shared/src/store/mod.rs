@@ -51,6 +51,7 @@ pub mod batches;
 pub(crate) const RUNNING: &str = "running";
 pub mod create_many;
 pub mod dispatch;
+pub mod double_text;
 pub mod keys;
 pub mod messages;
 pub mod runs;
@@ -75,6 +76,8 @@ pub enum StoreError {
     WrongStatus { run_id: Uuid, status: String },
     #[error("thread {thread_id} already has an active run {run_id}")]
     ThreadBusy { thread_id: Uuid, run_id: Uuid },
+    #[error("thread {thread_id} already has {limit} runs waiting")]
+    ThreadQueueFull { thread_id: Uuid, limit: i64 },
     #[error("database: {}", crate::report::sqlx_line(.0))]
     Db(#[from] sqlx::Error),
 }

@@ -41,6 +41,8 @@ pub struct RunRow {
     pub tool_calls: i32,
     pub error: Option<Json<Value>>,
     pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// `if_busy = interrupt` asked for the run to end at its next safe point.
+    pub interrupt_requested_at: Option<DateTime<Utc>>,
     pub last_event_id: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,

@@ -17,12 +17,12 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::held_flags;
 use super::runs::RunRow;
 use super::turns::{IterationTiming, timing_param};
 use super::{Fence, StoreError, is_unique_violation, lock_fenced, messages};
 use crate::domain::{AgentSpec, RunStatus};
 
+#[derive(Clone)]
 pub struct NewRun {
     pub id: Uuid,
     pub tenant_id: Uuid,
@@ -252,6 +252,8 @@ pub enum Lease {
     Held,
     /// Held, and a cancel was requested.
     CancelRequested,
+    /// Held, and `if_busy = interrupt` asked for the run to end at its next safe point.
+    InterruptRequested,
 }
 
 /// Extends the lease while `fence` holds the run.
@@ -260,12 +262,12 @@ pub async fn renew_lease(
     fence: Fence,
     lease: Duration,
 ) -> Result<Lease, StoreError> {
-    let row: Option<(bool,)> = sqlx::query_as(concat!(
+    let row: Option<(bool, bool)> = sqlx::query_as(concat!(
         "UPDATE runs SET lease_expires_at = now() + make_interval(secs => $3)
          WHERE ",
         held!(),
         "
-         RETURNING cancel_requested_at IS NOT NULL",
+         RETURNING cancel_requested_at IS NOT NULL, interrupt_requested_at IS NOT NULL",
     ))
     .bind(fence.run_id)
     .bind(fence.attempt)
@@ -273,8 +275,9 @@ pub async fn renew_lease(
     .fetch_optional(pool)
     .await?;
     match row {
-        Some((true,)) => Ok(Lease::CancelRequested),
-        Some((false,)) => Ok(Lease::Held),
+        Some((true, _)) => Ok(Lease::CancelRequested),
+        Some((false, true)) => Ok(Lease::InterruptRequested),
+        Some((false, false)) => Ok(Lease::Held),
         None => Err(fence.lost()),
     }
 }
@@ -289,9 +292,22 @@ pub struct Ending {
     pub timing: Option<IterationTiming>,
 }
 
-/// Ends holdings of several runs in one statement; per ending, whether its fence held.
-pub async fn end_many(pool: PgPool, endings: Arc<Vec<Ending>>) -> Result<Vec<bool>, StoreError> {
-    let held: Vec<(Uuid,)> = sqlx::query_as(concat!(
+/// What ending one holding did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended {
+    /// The fence held: the run ended.
+    pub held: bool,
+    /// The thread's next waiting run (double-texting), promoted to `queued` by the end's
+    /// trigger in the same transaction: the ender publishes it.
+    pub promoted: Option<Uuid>,
+}
+
+/// Ends holdings of several runs in one statement; per ending, whether its fence held and
+/// which waiting run of its thread it promoted. The `LATERAL` probe reads the statement's
+/// snapshot (before the trigger promotes): one lookup per ended run in an index that is empty
+/// unless a tenant double-texts.
+pub async fn end_many(pool: PgPool, endings: Arc<Vec<Ending>>) -> Result<Vec<Ended>, StoreError> {
+    let held: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(concat!(
         "WITH input AS (
             SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::text[], $4::int8[], $5::jsonb[])
                 AS t(run_id, attempt, status, last_event_id, timing)),
@@ -302,11 +318,15 @@ pub async fn end_many(pool: PgPool, endings: Arc<Vec<Ending>>) -> Result<Vec<boo
             FROM input t
             WHERE r.id = ANY($1) AND r.id = t.run_id AND r.attempt = t.attempt
               AND r.status = $6
-            RETURNING r.id),
+            RETURNING r.id, r.thread_id),
          ",
         timing_cte!(),
         "
-         SELECT id FROM held",
+         SELECT h.id, w.id FROM held h
+         LEFT JOIN LATERAL (
+            SELECT id FROM runs w WHERE w.thread_id = h.thread_id
+               AND w.status = 'waiting_for_thread'
+             ORDER BY w.enqueued_at, w.id LIMIT 1) w ON true",
     ))
     .bind(endings.iter().map(|e| e.fence.run_id).collect::<Vec<_>>())
     .bind(endings.iter().map(|e| e.fence.attempt).collect::<Vec<_>>())
@@ -331,7 +351,16 @@ pub async fn end_many(pool: PgPool, endings: Arc<Vec<Ending>>) -> Result<Vec<boo
     .bind(super::RUNNING)
     .fetch_all(&pool)
     .await?;
-    Ok(held_flags(endings.iter().map(|e| e.fence.run_id), &held))
+    Ok(endings
+        .iter()
+        .map(|e| {
+            let found = held.iter().find(|(id, _)| *id == e.fence.run_id);
+            Ended {
+                held: found.is_some(),
+                promoted: found.and_then(|(_, next)| *next),
+            }
+        })
+        .collect())
 }
 
 /// `running -> completed`.
@@ -353,8 +382,8 @@ pub async fn complete(pool: &PgPool, fence: Fence, last_event_id: u64) -> Result
 /// Ends one holding (see [`end_many`]).
 pub async fn end(pool: &PgPool, ending: Ending) -> Result<(), StoreError> {
     let fence = ending.fence;
-    let held = end_many(pool.clone(), Arc::new(vec![ending])).await?;
-    if held.first() != Some(&true) {
+    let ended = end_many(pool.clone(), Arc::new(vec![ending])).await?;
+    if !ended.first().is_some_and(|e| e.held) {
         return Err(fence.lost());
     }
     Ok(())
@@ -558,19 +587,20 @@ pub async fn cancel(pool: &PgPool, tenant: Uuid, run_id: Uuid) -> Result<Cancell
         }
         _ => {}
     }
+    // Calls in flight are abandoned (their outcome is unknown: the tool may still finish
+    // them); calls waiting for a decision will never run. Each gets a tool result, so the
+    // thread stays valid for the next run. Before the status changes: the change promotes
+    // the thread's next waiting run, whose user message must follow these results.
+    close_unanswered_calls(&mut tx, run_id, thread_id, "the run was cancelled").await?;
     sqlx::query(
         "UPDATE runs SET status = 'cancelled', cancel_requested_at = now(), pending = NULL,
                          lease_owner = NULL, lease_expires_at = NULL, held = false,
-                         finished_at = now(), updated_at = now()
+                         queued_input = NULL, finished_at = now(), updated_at = now()
          WHERE id = $1",
     )
     .bind(run_id)
     .execute(&mut *tx)
     .await?;
-    // Calls in flight are abandoned (their outcome is unknown: the tool may still finish
-    // them); calls waiting for a decision will never run. Each gets a tool result, so the
-    // thread stays valid for the next run.
-    close_unanswered_calls(&mut tx, run_id, thread_id, "the run was cancelled").await?;
     tx.commit().await?;
     Ok(Cancelled::Now {
         previous: status,
@@ -996,7 +1026,8 @@ mod tests {
                 timing: Some(timing(&held_a, 2)),
             },
         ];
-        let held = end_many(pool.clone(), Arc::new(endings)).await.unwrap();
+        let ended = end_many(pool.clone(), Arc::new(endings)).await.unwrap();
+        let held: Vec<bool> = ended.iter().map(|e| e.held).collect();
         assert_eq!(held, [false, true]);
         assert_eq!(
             runs::get(&pool, a.id).await.unwrap().status,

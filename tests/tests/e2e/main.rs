@@ -5,6 +5,7 @@ mod batches;
 mod chaos;
 mod combined;
 mod ctl;
+mod double_texting;
 mod fairness;
 mod faults;
 mod foundation;

@@ -1,0 +1,343 @@
+//! Double-texting: a run submitted to a busy thread with `if_busy = enqueue | interrupt`
+//! (docs/architecture.md "Double-texting"). It waits `waiting_for_thread`, its user message on
+//! its row, until the thread's active run ends; the trigger of migration 0010 then promotes
+//! the oldest waiting run in the transaction of the end.
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::runs::RunRow;
+use super::transitions::{self, NewRun};
+use super::{Fence, StoreError, is_unique_violation, lock_fenced, messages};
+use crate::domain::RunStatus;
+
+/// What `POST /v1/runs` does when the thread has an active run (LangGraph's names).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IfBusy {
+    /// Refuse with 409 `thread_busy`.
+    #[default]
+    Reject,
+    /// Wait for the active run to end, then start (in submission order).
+    Enqueue,
+    /// Cancel the active run at its next safe point, then start.
+    Interrupt,
+}
+
+/// The error code and message an interrupted run ends with (`cancelled`).
+pub const INTERRUPTED: &str = "interrupted";
+pub const INTERRUPTED_MESSAGE: &str = "interrupted by a newer message";
+
+/// A creation with `if_busy`.
+#[derive(Debug)]
+pub struct Created {
+    pub run: RunRow,
+    /// The active run cancelled at once (it was queued or paused): (id, previous status,
+    /// last event id) for its `run_cancelled` event.
+    pub cancelled: Option<(Uuid, RunStatus, i64)>,
+    /// A running run asked to stop at its next safe point (its worker is hinted).
+    pub interrupting: Option<Uuid>,
+    /// A waiting run promoted by that cancel: to publish.
+    pub promoted: Option<Uuid>,
+}
+
+/// `-> queued | waiting_for_thread` on an existing thread (locked first, as
+/// `transitions::create`). With `Reject`, exactly `transitions::create`.
+pub async fn create(
+    conn: &mut PgConnection,
+    new: NewRun,
+    if_busy: IfBusy,
+    max_waiting: i64,
+) -> Result<Created, StoreError> {
+    let thread_id = new.thread_id.ok_or(StoreError::NotFound)?;
+    if if_busy == IfBusy::Reject {
+        let run = transitions::create(conn, new).await?;
+        return Ok(Created {
+            run,
+            cancelled: None,
+            interrupting: None,
+            promoted: None,
+        });
+    }
+    let owned: Option<(Uuid,)> =
+        sqlx::query_as("SELECT id FROM threads WHERE id = $1 AND tenant_id = $2 FOR UPDATE")
+            .bind(thread_id)
+            .bind(new.tenant_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    owned.ok_or(StoreError::NotFound)?;
+    let mut cancelled = None;
+    let mut interrupting = None;
+    let mut promoted = None;
+    // The active run is locked too: a worker ending it concurrently waits for this
+    // transaction, so its promotion sees the run inserted here.
+    let mut active = active_run(conn, thread_id).await?;
+    if let (IfBusy::Interrupt, Some((id, status, last_event_id))) = (if_busy, active) {
+        if status == RunStatus::Running {
+            sqlx::query("UPDATE runs SET interrupt_requested_at = now() WHERE id = $1")
+                .bind(id)
+                .execute(&mut *conn)
+                .await?;
+            interrupting = Some(id);
+        } else {
+            // Queued or paused: nothing executes it, so it ends now (its open calls answered).
+            transitions::close_unanswered_calls(conn, id, thread_id, INTERRUPTED_MESSAGE).await?;
+            sqlx::query(
+                "UPDATE runs SET status = 'cancelled', cancel_requested_at = now(),
+                                 pending = NULL, held = false, error = $2,
+                                 finished_at = now(), updated_at = now()
+                 WHERE id = $1",
+            )
+            .bind(id)
+            .bind(Json(
+                json!({"code": INTERRUPTED, "message": INTERRUPTED_MESSAGE}),
+            ))
+            .execute(&mut *conn)
+            .await?;
+            cancelled = Some((id, status, last_event_id));
+            // Its end promoted the thread's oldest waiting run, if any: the new one queues.
+            active = active_run(conn, thread_id).await?;
+            promoted = active.map(|(id, _, _)| id);
+        }
+    }
+    let waits = active.is_some() || interrupting.is_some();
+    let run = if waits {
+        let (waiting,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM runs WHERE thread_id = $1 AND status = 'waiting_for_thread'",
+        )
+        .bind(thread_id)
+        .fetch_one(&mut *conn)
+        .await?;
+        if waiting >= max_waiting {
+            return Err(StoreError::ThreadQueueFull {
+                thread_id,
+                limit: max_waiting,
+            });
+        }
+        insert_waiting(conn, &new, thread_id).await?
+    } else {
+        match transitions::create(conn, new).await {
+            Ok(run) => run,
+            Err(e) => return Err(e),
+        }
+    };
+    Ok(Created {
+        run,
+        cancelled,
+        interrupting,
+        promoted,
+    })
+}
+
+async fn active_run(
+    conn: &mut PgConnection,
+    thread_id: Uuid,
+) -> Result<Option<(Uuid, RunStatus, i64)>, StoreError> {
+    let row: Option<(Uuid, RunStatus, i64)> = sqlx::query_as(
+        "SELECT id, status, last_event_id FROM runs WHERE thread_id = $1 AND status IN
+         ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation') FOR UPDATE",
+    )
+    .bind(thread_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row)
+}
+
+/// The waiting run; its `enqueued_at` (the promotion order) is taken under the thread lock.
+async fn insert_waiting(
+    conn: &mut PgConnection,
+    new: &NewRun,
+    thread_id: Uuid,
+) -> Result<RunRow, StoreError> {
+    let run = sqlx::query_as::<_, RunRow>(
+        "INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata, idempotency_key,
+                           request_hash, max_iterations, fair, queued_input, enqueued_at)
+         VALUES ($1, $2, $3, 'waiting_for_thread', $4, $5, $6, $7, $8, $10, $9, clock_timestamp())
+         RETURNING *",
+    )
+    .bind(new.id)
+    .bind(new.tenant_id)
+    .bind(thread_id)
+    .bind(Json(&new.agent))
+    .bind(Json(&new.metadata))
+    .bind(&new.idempotency_key)
+    .bind(&new.request_hash)
+    .bind(new.max_iterations)
+    .bind(Json(messages::user_body(&new.input)))
+    .bind(new.fair)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(run)
+}
+
+/// Whether a creation lost the race with a concurrent promotion: the active run it waited
+/// for ended meanwhile and promoted a waiting run its scan could not see (the check of
+/// `transitions::create` found it, or the unique index refused a second active run). Trying
+/// again finds the promoted run and waits behind it. `enqueue` and `interrupt` never answer
+/// `thread_busy` otherwise.
+pub fn lost_race(e: &StoreError) -> bool {
+    matches!(e, StoreError::ThreadBusy { .. })
+        || matches!(e, StoreError::Db(db) if is_unique_violation(db, "runs_one_active_per_thread"))
+}
+
+/// `running -> cancelled` (code `interrupted`) by its holder at a safe point, with every call
+/// left without a result answered first; returns the waiting run the end promoted.
+pub async fn interrupt(
+    pool: &PgPool,
+    fence: Fence,
+    last_event_id: u64,
+) -> Result<Option<Uuid>, StoreError> {
+    let mut tx = pool.begin().await?;
+    lock_fenced(&mut tx, fence).await?;
+    let (thread_id,): (Uuid,) = sqlx::query_as("SELECT thread_id FROM runs WHERE id = $1")
+        .bind(fence.run_id)
+        .fetch_one(&mut *tx)
+        .await?;
+    transitions::close_unanswered_calls(&mut tx, fence.run_id, thread_id, INTERRUPTED_MESSAGE)
+        .await?;
+    sqlx::query(
+        "UPDATE runs SET status = 'cancelled', error = $2, lease_owner = NULL,
+                         lease_expires_at = NULL, finished_at = now(), updated_at = now(),
+                         last_event_id = GREATEST(last_event_id, $3)
+         WHERE id = $1",
+    )
+    .bind(fence.run_id)
+    .bind(Json(
+        json!({"code": INTERRUPTED, "message": INTERRUPTED_MESSAGE}),
+    ))
+    .bind(last_event_id as i64)
+    .execute(&mut *tx)
+    .await?;
+    let promoted = runnable_on_thread(&mut tx, thread_id).await?;
+    tx.commit().await?;
+    Ok(promoted)
+}
+
+/// Whether an interrupt was requested for the run (read under its lock before it pauses).
+pub async fn interrupt_requested(conn: &mut PgConnection, run: Uuid) -> Result<bool, StoreError> {
+    let requested: bool =
+        sqlx::query_scalar("SELECT interrupt_requested_at IS NOT NULL FROM runs WHERE id = $1")
+            .bind(run)
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok(requested)
+}
+
+/// The thread's queued run, if any: what an end off the grouped path (cancel, fail) promoted,
+/// to publish. Not on the hot path.
+pub async fn runnable_on_thread(
+    conn: &mut PgConnection,
+    thread_id: Uuid,
+) -> Result<Option<Uuid>, StoreError> {
+    let row: Option<(Uuid,)> =
+        sqlx::query_as("SELECT id FROM runs WHERE thread_id = $1 AND status = 'queued'")
+            .bind(thread_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(row.map(|(id,)| id))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::domain::AgentSpec;
+    use crate::store::transitions::{Ending, claim, end_many};
+    use crate::store::{runs, tenants};
+
+    fn new_run(tenant_id: Uuid, thread_id: Option<Uuid>, input: &str) -> NewRun {
+        let agent: AgentSpec = serde_json::from_value(json!({"model": "m"})).unwrap();
+        NewRun {
+            id: Uuid::now_v7(),
+            tenant_id,
+            thread_id,
+            agent,
+            max_iterations: 5,
+            metadata: json!({}),
+            idempotency_key: None,
+            request_hash: None,
+            input: input.into(),
+            fair: false,
+        }
+    }
+
+    async fn submit(pool: &PgPool, new: NewRun, if_busy: IfBusy) -> Result<Created, StoreError> {
+        let mut tx = pool.begin().await.unwrap();
+        let created = create(&mut tx, new, if_busy, 2).await?;
+        tx.commit().await.unwrap();
+        Ok(created)
+    }
+
+    async fn user_messages(pool: &PgPool, thread: Uuid) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT body->>'content' FROM messages WHERE thread_id = $1 AND role = 'user' ORDER BY id",
+        )
+        .bind(thread)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+    }
+
+    /// The grouped end promotes the oldest waiting run in its own statement and names it; the
+    /// waiting runs' messages join the thread only then; the limit of waiting runs holds.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn an_end_promotes_the_oldest_waiting_run(pool: PgPool) {
+        let tenant = tenants::create(&pool, "t").await.unwrap().tenant_id;
+        let mut tx = pool.begin().await.unwrap();
+        let first = transitions::create(&mut tx, new_run(tenant, None, "one"))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let thread = Some(first.thread_id);
+        let busy = submit(&pool, new_run(tenant, thread, "x"), IfBusy::Reject).await;
+        assert!(
+            matches!(busy, Err(StoreError::ThreadBusy { .. })),
+            "{busy:?}"
+        );
+        let two = submit(&pool, new_run(tenant, thread, "two"), IfBusy::Enqueue)
+            .await
+            .unwrap()
+            .run;
+        let three = submit(&pool, new_run(tenant, thread, "three"), IfBusy::Enqueue)
+            .await
+            .unwrap()
+            .run;
+        assert_eq!(two.status, RunStatus::WaitingForThread);
+        let full = submit(&pool, new_run(tenant, thread, "four"), IfBusy::Enqueue).await;
+        assert!(
+            matches!(full, Err(StoreError::ThreadQueueFull { limit: 2, .. })),
+            "{full:?}"
+        );
+        assert_eq!(user_messages(&pool, first.thread_id).await, ["one"]);
+
+        let claimed = claim(&pool, first.id, "w", Duration::from_secs(10))
+            .await
+            .unwrap()
+            .unwrap();
+        let ending = Ending {
+            fence: claimed.fence(),
+            status: RunStatus::Completed,
+            last_event_id: 1,
+            timing: None,
+        };
+        let ended = end_many(pool.clone(), Arc::new(vec![ending]))
+            .await
+            .unwrap();
+        assert!(ended[0].held);
+        assert_eq!(ended[0].promoted, Some(two.id));
+        assert_eq!(
+            runs::get(&pool, two.id).await.unwrap().status,
+            RunStatus::Queued
+        );
+        assert_eq!(
+            runs::get(&pool, three.id).await.unwrap().status,
+            RunStatus::WaitingForThread
+        );
+        assert_eq!(user_messages(&pool, first.thread_id).await, ["one", "two"]);
+    }
+}
