@@ -202,3 +202,42 @@ checksum/secret: {{ include (print $.Template.BasePath "/secret.yaml") . | sha25
 {{- fail "config.database.migrate_on_start and migrations.enabled: choose one (the Job is the safe one)" }}
 {{- end }}
 {{- end }}
+
+{{/*
+Egress to public addresses: every range shared/src/egress.rs refuses is excepted (CI compares
+the two). Tool calls (workers) and webhook deliveries (API) obey the same policy.
+*/}}
+{{- define "agentfleet.publicEgress" -}}
+- to:
+    - ipBlock:
+        cidr: 0.0.0.0/0
+        except:
+          - 0.0.0.0/8       # "this network", unspecified
+          - 10.0.0.0/8      # private
+          - 100.64.0.0/10   # shared address space (CGNAT)
+          - 127.0.0.0/8     # loopback
+          - 169.254.0.0/16  # link-local, cloud metadata
+          - 172.16.0.0/12   # private
+          - 192.0.0.0/24    # IETF protocol assignments
+          - 192.0.2.0/24    # documentation
+          - 192.88.99.0/24  # 6to4 relay anycast
+          - 192.168.0.0/16  # private
+          - 198.18.0.0/15   # benchmarking
+          - 198.51.100.0/24 # documentation
+          - 203.0.113.0/24  # documentation
+          - 224.0.0.0/4     # multicast
+          - 240.0.0.0/4     # reserved, broadcast
+    - ipBlock:
+        cidr: ::/0
+        except:
+          - ::/96           # unspecified, loopback, IPv4-compatible
+          - ::ffff:0:0:0/96 # IPv4-translated (SIIT)
+          - 64:ff9b:1::/48  # local-use NAT64
+          - 100::/64        # discard
+          - 2001::/32       # Teredo
+          - 2001:db8::/32   # documentation
+          - fc00::/7        # unique local (fd00:ec2::254)
+          - fe80::/10       # link-local
+          - fec0::/10       # site-local
+          - ff00::/8        # multicast
+{{- end }}
