@@ -4,6 +4,7 @@
 """
 
 import json
+import base64
 import re
 
 import schemathesis
@@ -69,6 +70,7 @@ def map_case(ctx, case):
     meta = case.meta
     if meta is None or not meta.generation.mode.is_positive or not isinstance(case.body, dict):
         return case
+    valid_as_meant(case.operation.path, case.body)
     agents = [case.body.get("agent")]
     agents += [run.get("agent") for run in case.body.get("runs") or [] if isinstance(run, dict)]
     for agent in agents:
@@ -91,3 +93,42 @@ def map_case(ctx, case):
                 names.add(tool["name"])
             seen.add(tool.get("name"))
     return case
+
+
+# A valid webhook secret: `whsec_` and the base64 of 32 bytes.
+VALID_SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
+
+
+def valid_as_meant(path, body):
+    """Rules the document states in words, which JSON Schema cannot express.
+
+    - A batch's `custom_id`s are distinct (422 naming the duplicate).
+    - `POST /v1/runs/batch` takes `if_busy` = `reject` only (422 naming `runs[i].if_busy`).
+    - A webhook URL is `https://` unless `egress.allow` lists its address (422 naming `url`).
+    - A webhook secret is `whsec_` and the base64 of 24 to 64 bytes (422 naming `secret`).
+
+    A request generated as valid is made valid as meant; invalid requests are left as
+    generated, and each refusal is tested end to end.
+    """
+    runs = body.get("runs")
+    if isinstance(runs, list):
+        seen = set()
+        for i, run in enumerate(runs):
+            if not isinstance(run, dict):
+                continue
+            if path == "/v1/batches" and isinstance(run.get("custom_id"), str):
+                if run["custom_id"] in seen:
+                    run["custom_id"] = f"item-{i}"
+                seen.add(run["custom_id"])
+            if path == "/v1/runs/batch" and "if_busy" in run:
+                run["if_busy"] = "reject"
+    if path.startswith("/v1/webhooks"):
+        url = body.get("url")
+        if isinstance(url, str) and url[:7].lower() == "http://":
+            url = "https://" + url[7:]
+            # One byte longer now: keep it within `webhooks.max_url_bytes` (2048).
+            while len(url.encode()) > 2048:
+                url = url[:-1]
+            body["url"] = url
+        if isinstance(body.get("secret"), str):
+            body["secret"] = VALID_SECRET

@@ -69,8 +69,9 @@ impl From<CreateWebhookError> for ApiError {
     fn from(e: CreateWebhookError) -> ApiError {
         match e {
             CreateWebhookError::Invalid { field, message } => ApiError::invalid(&field, message),
+            // The request is valid in itself; it conflicts with what the tenant already has.
             CreateWebhookError::TooMany(max) => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
+                StatusCode::CONFLICT,
                 "too_many_webhooks",
                 format!(
                     "url: the tenant has {max} webhook endpoints, the most allowed \
@@ -143,7 +144,8 @@ pub fn check(state: &AppState, body: &CreateWebhook) -> Result<(), CreateWebhook
 #[utoipa::path(post, path = "/v1/webhooks", tag = "webhooks", operation_id = "create_webhook",
     request_body = CreateWebhook,
     responses((status = 201, description = "Registered; `secret` is shown only here", body = WebhookCreated),
-              (status = 422, description = "`invalid_request` naming the field (`url`, `events[i]`, `secret`), or `too_many_webhooks`", body = crate::routes::view::ErrorBody)))]
+              (status = 409, description = "`too_many_webhooks`: the tenant has `webhooks.max_endpoints_per_tenant` endpoints; delete one first", body = crate::routes::view::ErrorBody),
+              (status = 422, description = "`invalid_request` naming the field (`url`, `events[i]`, `secret`)", body = crate::routes::view::ErrorBody)))]
 pub async fn create_webhook(
     State(state): State<AppState>,
     Caller(caller): Caller,

@@ -400,7 +400,7 @@ async fn registration_is_checked_and_a_deleted_endpoint_gets_nothing_more() {
     .await;
     assert_eq!(
         (status, err["error"]["code"].as_str()),
-        (422, Some("too_many_webhooks"))
+        (409, Some("too_many_webhooks"))
     );
     let listed: Value = app.get("/v1/webhooks").await.json().await.unwrap();
     assert_eq!(listed["data"].as_array().unwrap().len(), 2);
