@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::runs::RunRow;
 use super::transitions::{self, NewRun};
-use super::{Fence, StoreError, is_unique_violation, lock_fenced, messages};
+use super::{Fence, StoreError, is_unique_violation, lock_fenced};
 use crate::domain::RunStatus;
 
 /// What `POST /v1/runs` does when the thread has an active run (LangGraph's names).
@@ -152,24 +152,12 @@ async fn insert_waiting(
     new: &NewRun,
     thread_id: Uuid,
 ) -> Result<RunRow, StoreError> {
-    let run = sqlx::query_as::<_, RunRow>(
-        "INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata, idempotency_key,
-                           request_hash, max_iterations, fair, queued_input, enqueued_at)
+    const WAITING: &str = "INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata,
+                           idempotency_key, request_hash, max_iterations, fair, queued_input,
+                           enqueued_at)
          VALUES ($1, $2, $3, 'waiting_for_thread', $4, $5, $6, $7, $8, $10, $9, clock_timestamp())
-         RETURNING *",
-    )
-    .bind(new.id)
-    .bind(new.tenant_id)
-    .bind(thread_id)
-    .bind(Json(&new.agent))
-    .bind(Json(&new.metadata))
-    .bind(&new.idempotency_key)
-    .bind(&new.request_hash)
-    .bind(new.max_iterations)
-    .bind(Json(messages::user_body(&new.input)))
-    .bind(new.fair)
-    .fetch_one(&mut *conn)
-    .await?;
+         RETURNING *";
+    let run = super::transitions::insert_run(&mut *conn, WAITING, new, thread_id).await?;
     Ok(run)
 }
 

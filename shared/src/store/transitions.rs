@@ -117,8 +117,9 @@ const RUN_ON_NEW_THREAD: &str = concat!(
     run_and_message!()
 );
 
-/// Runs one of the statements above; both take the same parameters.
-async fn insert_run<'e>(
+/// Runs one of the statements above; both take the same parameters (so does the waiting run's
+/// insert of `store::double_text`).
+pub(crate) async fn insert_run<'e>(
     executor: impl sqlx::PgExecutor<'e>,
     sql: &'static str,
     new: &NewRun,
