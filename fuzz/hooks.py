@@ -80,6 +80,8 @@ def map_case(ctx, case):
         for tool in tools:
             if isinstance(tool, dict) and isinstance(tool.get("url"), str):
                 tool["url"] = public_host(tool["url"])
+            if isinstance(tool, dict):
+                tool_kind_as_meant(tool)
         names = {tool.get("name") for tool in tools if isinstance(tool, dict)}
         seen = set()
         for i, tool in enumerate(tools):
@@ -95,6 +97,57 @@ def map_case(ctx, case):
     return case
 
 
+def tool_kind_as_meant(tool):
+    """What a tool's `kind` implies, which the schema leaves to words.
+
+    - `http`: `url` is required; `server` and `tools` belong to `mcp` (422 naming `kind`).
+    - `mcp`: exactly one of `server` and `url` (422 naming `server` or `url`); its name prefixes
+      its tools' names, so at most 32 characters (422 naming `name`).
+    """
+    if tool.get("kind") == "http":
+        tool.pop("server", None)
+        tool.pop("tools", None)
+        if not tool.get("url"):
+            tool["url"] = "https://tools.example.com/t"
+    elif tool.get("kind") == "mcp":
+        if tool.get("server"):
+            tool.pop("url", None)
+        elif not tool.get("url"):
+            tool.pop("server", None)
+            tool["url"] = "https://tools.example.com/mcp"
+        else:
+            tool.pop("server", None)
+        if isinstance(tool.get("name"), str) and len(tool["name"]) > 32:
+            tool["name"] = tool["name"][:32]
+
+
+# Headers the MCP transport sets itself (`mcp_servers::RESERVED_HEADERS`), refused in a
+# registration whatever their case.
+RESERVED_HEADERS = {
+    "accept", "content-type", "content-length", "host", "mcp-session-id",
+    "mcp-protocol-version", "last-event-id", "transfer-encoding",
+}
+
+
+def mcp_server_as_meant(body):
+    """A registration's URL host is public, and its header names distinct (case-insensitive)
+    and not reserved in any case."""
+    if isinstance(body.get("url"), str):
+        body["url"] = public_host(body["url"])
+    headers = body.get("headers")
+    if not isinstance(headers, list):
+        return
+    seen = set()
+    for i, header in enumerate(headers):
+        if not isinstance(header, dict) or not isinstance(header.get("name"), str):
+            continue
+        name = header["name"]
+        if name.lower() in seen or name.lower() in RESERVED_HEADERS:
+            name = f"X-Header-{i}"
+            header["name"] = name
+        seen.add(name.lower())
+
+
 # A valid webhook secret: `whsec_` and the base64 of 32 bytes.
 VALID_SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 
@@ -104,8 +157,10 @@ def valid_as_meant(path, body):
 
     - A batch's `custom_id`s are distinct (422 naming the duplicate).
     - `POST /v1/runs/batch` takes `if_busy` = `reject` only (422 naming `runs[i].if_busy`).
-    - A webhook URL is `https://` unless `egress.allow` lists its address (422 naming `url`).
+    - A webhook URL is `https://` unless `egress.allow` lists its address, and a literal IP
+      host must be one the egress policy allows (422 naming `url`).
     - A webhook secret is `whsec_` and the base64 of 24 to 64 bytes (422 naming `secret`).
+    - An MCP server's URL host is public and its header names distinct and not reserved.
 
     A request generated as valid is made valid as meant; invalid requests are left as
     generated, and each refusal is tested end to end.
@@ -122,8 +177,12 @@ def valid_as_meant(path, body):
                 seen.add(run["custom_id"])
             if path == "/v1/runs/batch" and "if_busy" in run:
                 run["if_busy"] = "reject"
+    if path == "/v1/mcp-servers":
+        mcp_server_as_meant(body)
     if path.startswith("/v1/webhooks"):
         url = body.get("url")
+        if isinstance(url, str):
+            url = body["url"] = public_host(url)
         if isinstance(url, str) and url[:7].lower() == "http://":
             url = "https://" + url[7:]
             # One byte longer now: keep it within `webhooks.max_url_bytes` (2048).

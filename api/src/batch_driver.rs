@@ -166,6 +166,7 @@ async fn create_chunk(
                     input: run.input,
                     agent: run.agent,
                     fair: held.fair,
+                    traceparent: held.traceparent.clone(),
                 };
                 if new.thread_id.is_some() {
                     on_threads.push((item.position, new));

@@ -1,17 +1,77 @@
 //! Middleware that keeps every answer in the documented error shape, whatever happens inside a
 //! handler: a deadline (`api.request_timeout_ms`) and a panic both become a JSON error, with
-//! the detail in the log only.
+//! the detail in the log only. And the request's span, when traces are exported.
 
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::FutureExt;
 
+use agentfleet_shared::telemetry;
+
 use crate::error::ApiError;
+
+/// The span of one request. With traces exported: an OpenTelemetry server span, the child of
+/// the caller's W3C `traceparent` when it sent a valid one (anything malformed is ignored and
+/// the span starts a trace of its own), named after its route once routing has matched it.
+/// Health probes get none. Without export: tower-http's usual debug span (free unless
+/// `RUST_LOG` asks for it).
+pub fn request_span(req: &Request) -> tracing::Span {
+    if !telemetry::exporting() {
+        return tower_http::trace::MakeSpan::make_span(
+            &mut tower_http::trace::DefaultMakeSpan::new(),
+            req,
+        );
+    }
+    let path = req.uri().path();
+    if matches!(path, "/healthz" | "/readyz") {
+        return tracing::Span::none();
+    }
+    let method = req.method().as_str();
+    let span = tracing::info_span!(
+        "http.request",
+        otel.name = method,
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = method,
+        url.path = path,
+        http.route = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    );
+    if let Some(parent) = telemetry::remote_context_of_http(req.headers()) {
+        telemetry::set_parent(&span, parent);
+    }
+    span
+}
+
+/// Names the request's span after the route it matched (`POST /v1/runs/{id}/resume`): a
+/// route layer, where the matched path is known. Added only when traces are exported.
+pub async fn name_span(req: Request, next: Next) -> Response {
+    if let Some(path) = req.extensions().get::<MatchedPath>() {
+        let span = tracing::Span::current();
+        span.record("http.route", path.as_str());
+        telemetry::rename(&span, format!("{} {}", req.method(), path.as_str()));
+    }
+    next.run(req).await
+}
+
+/// Records the answer's status on the request's span (a server error marks it failed).
+pub fn record_status(response: &Response, latency: Duration, span: &tracing::Span) {
+    let status = response.status();
+    span.record("http.response.status_code", status.as_u16());
+    if status.is_server_error() {
+        span.record("otel.status_code", "error");
+    }
+    tracing::debug!(
+        status = status.as_u16(),
+        ?latency,
+        "finished processing request"
+    );
+}
 
 /// Answers 408 `request_timeout` when a handler has not answered within `timeout` (an event
 /// stream counts as answered once its headers are sent).

@@ -9,13 +9,18 @@ use agentfleet_shared::{db, infra, store, telemetry};
 
 mod cli;
 
+// glibc's malloc/free were about a fifth of the worker's CPU under load (perf, bench e2e);
+// jemalloc cut that as much as mimalloc did and kept less memory (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(name = "agentfleet-api", about = "agentfleet HTTP API")]
 struct Cli {
     /// Optional TOML configuration file (environment variables AGENTFLEET__… override it).
     #[arg(long, short, env = "AGENTFLEET_CONFIG")]
     config: Option<PathBuf>,
-    /// Print JSON instead of a table (`tenants` and `keys`).
+    /// Print JSON instead of a table (`tenants`, `keys` and `admin`).
     #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
@@ -39,6 +44,9 @@ enum Command {
     /// Manage a tenant's API keys: create, list, revoke, rotate.
     #[command(subcommand)]
     Keys(cli::keys::KeysCommand),
+    /// Operate on work that stopped moving: dead letters (list, replay, purge), stuck runs.
+    #[command(subcommand)]
+    Admin(cli::admin::AdminCommand),
 }
 
 #[tokio::main]
@@ -81,6 +89,11 @@ async fn run() -> anyhow::Result<()> {
                 infra::postgres(&settings.database, settings.startup.dependency_wait()).await?;
             let announcer = cli::announcer(&settings)?;
             cli::keys::run(&pool, &announcer, command, cli.json).await?;
+        }
+        Command::Admin(command) => {
+            let pool =
+                infra::postgres(&settings.database, settings.startup.dependency_wait()).await?;
+            cli::admin::run(&pool, &settings, command, cli.json).await?;
         }
         Command::Serve => {
             let _guard = telemetry::init(&settings.telemetry, "api")?;

@@ -96,7 +96,10 @@ impl Application {
         let flusher = (key_usage.clone(), pool.clone());
         let listener_cache = auth_cache.clone();
         let state_pool = pool.clone();
+        // Validated when the settings load: a malformed key never gets here.
+        let mcp_key = settings.mcp.key().context("mcp.encryption_key")?;
         let state = AppState {
+            mcp_key,
             creates,
             dispatches,
             tokens,
@@ -212,16 +215,24 @@ pub fn build_router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(api.max_body_bytes))
         .layer(from_fn_with_state(timeout, crate::layers::deadline));
     let cors = cors_layer(&state.settings.api.cors_allowed_origins);
-    Router::new()
+    let mut routes = Router::new()
         .route("/healthz", get(routes::health::healthz))
         .route("/readyz", get(routes::health::readyz))
         .route("/openapi.json", get(routes::openapi::openapi))
         .merge(v1)
-        .merge(routes::admin::router(&state))
+        .merge(routes::admin::router(&state));
+    if telemetry::exporting() {
+        routes = routes.route_layer(from_fn(crate::layers::name_span));
+    }
+    routes
         .fallback(crate::error::no_route)
         .method_not_allowed_fallback(crate::error::method_not_allowed)
         .layer(from_fn(crate::layers::catch_panic))
-        .layer(TraceLayer::new_for_http())
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(crate::layers::request_span)
+                .on_response(crate::layers::record_status),
+        )
         .layer(cors)
         .with_state(state)
 }

@@ -32,4 +32,7 @@ pub struct AppState {
     pub announcer: crate::auth_invalidation::Announcer,
     /// Cancelled when the server stops, so open event streams end and shutdown can finish.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// Seals registered MCP servers' header values (`mcp.encryption_key`); none: headers are
+    /// refused.
+    pub mcp_key: Option<[u8; 32]>,
 }

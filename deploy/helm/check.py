@@ -73,6 +73,7 @@ SECRET_SETTINGS = {
     "amqp.url",
     "api.stream_token_secret",
     "api.admin_token",
+    "mcp.encryption_key",
 }
 # Where values.yaml deliberately differs from the code's default (values.yaml says why).
 CHART_DEFAULTS = {

@@ -41,6 +41,10 @@ pub struct Settings {
     pub rate_limit: RateLimitSettings,
     /// Webhook endpoints and their deliveries (sent by the API).
     pub webhooks: WebhookSettings,
+    /// MCP tool servers: registration (API) and tool listing (worker).
+    pub mcp: McpSettings,
+    /// Keeping a run's requests within its model's context window (worker).
+    pub context: ContextSettings,
     /// Models an agent may name, by the name clients use.
     #[serde(default)]
     pub models: BTreeMap<String, ModelSettings>,
@@ -171,6 +175,11 @@ pub struct ApiSettings {
 pub struct WorkerSettings {
     /// Runs executed at once by one worker; also the consumer prefetch.
     pub concurrency: u16,
+    /// A run's message stays unacknowledged while the run holds its slot, so the prefetch
+    /// alone keeps deliveries to free slots. A holding longer than this acknowledges early:
+    /// RabbitMQ closes a channel whose delivery stays unacknowledged past its
+    /// `consumer_timeout` (30 min by default), so keep this well below it.
+    pub max_delivery_hold_ms: u64,
     pub lease_ms: u64,
     pub lease_renew_ms: u64,
     pub sweep_interval_ms: u64,
@@ -189,6 +198,9 @@ pub struct WorkerSettings {
     /// A tool's answer is read up to this many bytes; the rest is cut off (the run sees a
     /// truncated result and a flag).
     pub max_tool_result_bytes: usize,
+    /// Tool calls of one response that run at once (per run); an agent's
+    /// `max_parallel_tool_calls` may lower it.
+    pub max_parallel_tool_calls: usize,
     /// One model response (the whole stream) may not exceed this many bytes; a longer one
     /// fails the call.
     pub max_model_response_bytes: usize,
@@ -269,6 +281,9 @@ pub struct TelemetrySettings {
     pub service_name: String,
     /// `auto` (human-readable on a terminal, JSON otherwise), `json` or `pretty`.
     pub log_format: String,
+    /// Which spans and events are exported (an `EnvFilter` directive, like `RUST_LOG`, but
+    /// independent of it): by default agentfleet's own spans at `info`, warnings from all.
+    pub trace_filter: String,
 }
 
 /// What tool calls may reach (see `crate::egress`).
@@ -281,6 +296,123 @@ pub struct EgressSettings {
     /// Redirects a tool call follows (each hop is checked); 0 returns a 3xx to the model as an
     /// error result.
     pub max_redirects: usize,
+}
+
+/// How a run's history is compacted when the next request would exceed the model's context
+/// budget: old tool results, then old messages, are cut to a head; then the oldest part is
+/// summarised by the model itself (docs/tools.md, "Context management").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextSettings {
+    /// Bytes kept of a compressed message (its head); the rest is read back with the built-in
+    /// `expand_message` tool.
+    pub keep_head_bytes: usize,
+    /// A summary leaves the history at most this percentage of the budget, so the next
+    /// summary is many turns away.
+    pub summary_target_percent: u8,
+    /// Summaries one request may need at most (each summarises what fits in one model call);
+    /// past them the oldest turns are dropped.
+    pub max_summary_rounds: u8,
+    /// Completion tokens of a summary.
+    pub summary_max_tokens: u32,
+    /// The system prompt of a summarising call.
+    pub summary_prompt: String,
+    /// Most bytes one `expand_message` call returns (it pages with `offset`).
+    pub expand_max_bytes: usize,
+}
+
+/// MCP servers: what a tenant may register, and how the worker lists their tools.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpSettings {
+    /// Base64 of 32 bytes: seals registered servers' header values (ChaCha20-Poly1305) in
+    /// Postgres. Empty: servers can be registered without headers only. The API and every
+    /// worker need the same key. A secret.
+    pub encryption_key: String,
+    /// How long a server's tool list is reused before it is listed again (per tenant, server
+    /// and headers).
+    pub tools_ttl_ms: u64,
+    /// Deadline of listing a server's tools (connect, initialize, list).
+    pub list_timeout_ms: u64,
+    /// Most tools taken from one server; more fail the listing.
+    pub max_tools_per_server: usize,
+    /// Largest input schema of one MCP tool (serialized JSON); a larger one fails the listing.
+    pub max_schema_bytes: usize,
+    /// Largest listing response read from a server.
+    pub max_list_bytes: usize,
+    /// Servers one tenant may register.
+    pub max_servers_per_tenant: i64,
+    /// Headers one registered server may carry, and the longest value.
+    pub max_headers: usize,
+    pub max_header_value_bytes: usize,
+}
+
+impl ContextSettings {
+    fn check(&self) -> Result<(), ConfigError> {
+        if !(10..=90).contains(&self.summary_target_percent) {
+            return Err(invalid(
+                "context.summary_target_percent",
+                "must be within 10..=90",
+            ));
+        }
+        if self.keep_head_bytes > 16 * 1024 {
+            return Err(invalid("context.keep_head_bytes", "must be at most 16384"));
+        }
+        if self.expand_max_bytes < 256 {
+            return Err(invalid("context.expand_max_bytes", "must be at least 256"));
+        }
+        if self.summary_max_tokens < 64 {
+            return Err(invalid("context.summary_max_tokens", "must be at least 64"));
+        }
+        if self.summary_prompt.trim().is_empty() {
+            return Err(invalid("context.summary_prompt", "must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+impl McpSettings {
+    /// The sealing key, when one is configured.
+    pub fn key(&self) -> Result<Option<[u8; 32]>, ConfigError> {
+        use base64::Engine;
+        if self.encryption_key.is_empty() {
+            return Ok(None);
+        }
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(self.encryption_key.trim())
+            .map_err(|_| invalid("mcp.encryption_key", "is not base64"))?;
+        let key: [u8; 32] = bytes
+            .try_into()
+            .map_err(|_| invalid("mcp.encryption_key", "must be base64 of exactly 32 bytes"))?;
+        Ok(Some(key))
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        self.key()?;
+        for (key, n) in [
+            ("mcp.tools_ttl_ms", self.tools_ttl_ms),
+            ("mcp.list_timeout_ms", self.list_timeout_ms),
+            ("mcp.max_tools_per_server", self.max_tools_per_server as u64),
+            ("mcp.max_schema_bytes", self.max_schema_bytes as u64),
+            ("mcp.max_list_bytes", self.max_list_bytes as u64),
+            (
+                "mcp.max_servers_per_tenant",
+                self.max_servers_per_tenant.max(0) as u64,
+            ),
+            (
+                "mcp.max_header_value_bytes",
+                self.max_header_value_bytes as u64,
+            ),
+        ] {
+            if n == 0 {
+                return Err(invalid(key, "must be positive"));
+            }
+        }
+        if self.max_headers > 64 {
+            return Err(invalid("mcp.max_headers", "must be within 0..=64"));
+        }
+        Ok(())
+    }
 }
 
 /// Webhooks: what a tenant may register, and how the API's deliverer sends.
@@ -424,6 +556,36 @@ pub struct ModelSettings {
     /// Context budget in tokens for the prompt.
     #[serde(default = "default_context_tokens")]
     pub context_tokens: usize,
+    /// How the worker counts this model's tokens to keep requests within `context_tokens`.
+    #[serde(default)]
+    pub tokenizer: Tokenizer,
+    /// How the model calls tools: `native` (the request's `tools`, the answer's `tool_calls`)
+    /// or `xml` (described in the system prompt, written in the answer's text).
+    #[serde(default)]
+    pub tool_calling: ToolCalling,
+}
+
+/// How a model calls tools (docs/tools.md, "Models without native tool calls").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolCalling {
+    #[default]
+    Native,
+    Xml,
+}
+
+/// A model's tokenizer: the exact encoding of OpenAI-family models, or an estimate of 4 bytes
+/// a token for models whose tokenizer the worker does not have.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tokenizer {
+    /// GPT-4o, GPT-4.1, o-series and later.
+    #[default]
+    O200kBase,
+    /// GPT-4, GPT-3.5.
+    Cl100kBase,
+    /// 4 bytes a token: an estimate, not a bound (a margin in `context_tokens` is advisable).
+    Estimate,
 }
 
 fn default_context_tokens() -> usize {
@@ -484,6 +646,7 @@ batch_sweep_interval_ms = 1000
 
 [worker]
 concurrency = 16
+max_delivery_hold_ms = 600000
 lease_ms = 10000
 lease_renew_ms = 3000
 sweep_interval_ms = 2000
@@ -495,6 +658,7 @@ drain_grace_ms = 30000
 default_max_iterations = 25
 tool_timeout_ms = 30000
 max_tool_result_bytes = 65536
+max_parallel_tool_calls = 8
 max_model_response_bytes = 8388608
 metrics_listen = ""
 model_connect_timeout_ms = 5000
@@ -524,6 +688,7 @@ lost_id_margin = 100000
 otlp_endpoint = ""
 service_name = "agentfleet"
 log_format = "auto"
+trace_filter = "warn,agentfleet_api=info,agentfleet_worker=info,agentfleet_shared=info"
 
 [startup]
 dependency_wait_ms = 60000
@@ -560,6 +725,25 @@ max_response_bytes = 4096
 max_endpoints_per_tenant = 20
 max_url_bytes = 2048
 keep_finished_ms = 604800000
+
+[context]
+keep_head_bytes = 400
+summary_target_percent = 50
+max_summary_rounds = 3
+summary_max_tokens = 1024
+summary_prompt = "You compress the earlier part of a conversation between a user and an AI agent that uses tools. Write a faithful summary that the agent can continue from: the user's goals and constraints, decisions taken, facts and figures learned from tools (keep exact identifiers, numbers and names), what is done and what is still open. Write plain text, no preamble."
+expand_max_bytes = 8192
+
+[mcp]
+encryption_key = ""
+tools_ttl_ms = 60000
+list_timeout_ms = 10000
+max_tools_per_server = 128
+max_schema_bytes = 65536
+max_list_bytes = 4194304
+max_servers_per_tenant = 20
+max_headers = 8
+max_header_value_bytes = 4096
 "#;
 
 impl Settings {
@@ -607,6 +791,14 @@ impl Settings {
             return Err(invalid("egress.allow", e));
         }
         self.webhooks.check()?;
+        self.mcp.check()?;
+        self.context.check()?;
+        if self.worker.max_parallel_tool_calls == 0 {
+            return Err(invalid(
+                "worker.max_parallel_tool_calls",
+                "must be at least 1",
+            ));
+        }
         if self.startup.dependency_wait_ms == 0 {
             return Err(invalid(
                 "startup.dependency_wait_ms",
@@ -707,6 +899,12 @@ impl Settings {
         if self.worker.concurrency == 0 {
             return Err(invalid("worker.concurrency", "must be at least 1"));
         }
+        if !(1_000..=1_500_000).contains(&self.worker.max_delivery_hold_ms) {
+            return Err(invalid(
+                "worker.max_delivery_hold_ms",
+                "must be between 1000 and 1500000 (below RabbitMQ's default consumer_timeout of 30 min)",
+            ));
+        }
         if self.worker.lease_renew_ms == 0 || self.worker.lease_renew_ms * 2 > self.worker.lease_ms
         {
             return Err(invalid(
@@ -759,6 +957,12 @@ impl Settings {
             return Err(invalid(
                 "telemetry.log_format",
                 "must be `auto`, `json` or `pretty`",
+            ));
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.telemetry.trace_filter) {
+            return Err(invalid(
+                "telemetry.trace_filter",
+                format!("is not a valid filter directive: {e}"),
             ));
         }
         for (name, model) in &self.models {
@@ -824,6 +1028,31 @@ mod tests {
     }
 
     #[test]
+    fn the_mcp_sealing_key_is_32_bytes_of_base64_or_nothing() {
+        assert_eq!(load(&[]).unwrap().mcp.key().unwrap(), None);
+        let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+        let s = load(&[("mcp.encryption_key", key)]).unwrap();
+        assert_eq!(s.mcp.key().unwrap().unwrap()[31], 31);
+        for (bad, why) in [
+            ("not base64!", "is not base64"),
+            ("AAECAwQ=", "must be base64 of exactly 32 bytes"),
+        ] {
+            let err = load(&[("mcp.encryption_key", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("mcp.encryption_key") && err.contains(why),
+                "{err}"
+            );
+            assert!(!err.contains(bad), "the key is not echoed: {err}");
+        }
+        let err = load(&[("worker.max_parallel_tool_calls", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("worker.max_parallel_tool_calls"), "{err}");
+    }
+
+    #[test]
     fn webhook_settings_are_checked_naming_the_key() {
         let s = load(&[]).unwrap();
         assert_eq!(s.webhooks.retry_for_ms, 86_400_000);
@@ -847,6 +1076,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("lease_ms"), "{err}");
+        let err = load(&[("telemetry.trace_filter", "agentfleet_worker=loud")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("telemetry.trace_filter"), "{err}");
     }
 
     #[test]

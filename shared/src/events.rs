@@ -37,6 +37,8 @@ pub enum EventType {
     RunCancelled,
     /// First event of a stream rebuilt from Postgres after Redis lost the run's list.
     StreamRebuilt,
+    /// The history sent to the model was compacted to fit its context budget.
+    ContextCompacted,
 }
 
 impl EventType {
@@ -57,6 +59,7 @@ impl EventType {
             EventType::RunFailed => "run_failed",
             EventType::RunCancelled => "run_cancelled",
             EventType::StreamRebuilt => "stream_rebuilt",
+            EventType::ContextCompacted => "context_compacted",
         }
     }
 

@@ -13,6 +13,7 @@ pub mod infra;
 pub mod queue;
 pub mod report;
 pub mod sanitize;
+pub mod seal;
 pub mod signals;
 pub mod store;
 pub mod telemetry;

@@ -13,6 +13,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use serde::{Deserialize, Serialize};
+use tracing::Instrument;
 use uuid::Uuid;
 
 #[derive(Debug, Clone)]
@@ -195,8 +196,27 @@ impl Publisher {
         Ok(ch)
     }
 
-    /// Publishes "run has work", carrying the current span's W3C trace context.
+    /// The `queue.publish` span of a publish of `count` messages, when traces are exported.
+    fn publish_span(&self, count: usize) -> tracing::Span {
+        if !crate::telemetry::exporting() {
+            return tracing::Span::none();
+        }
+        tracing::info_span!(
+            "queue.publish",
+            otel.kind = "producer",
+            messaging.system = "rabbitmq",
+            messaging.destination.name = %self.topology.queue,
+            messaging.batch.message_count = count,
+        )
+    }
+
+    /// Publishes "run has work", carrying the W3C trace context of a `queue.publish` span.
     pub async fn publish_run(&self, run_id: Uuid) -> Result<(), PublishError> {
+        let span = self.publish_span(1);
+        self.publish_run_in_span(run_id).instrument(span).await
+    }
+
+    async fn publish_run_in_span(&self, run_id: Uuid) -> Result<(), PublishError> {
         let body = serde_json::to_vec(&RunMessage { run_id }).expect("serializes");
         let result = self
             .publish_raw(
@@ -223,6 +243,11 @@ impl Publisher {
         if ids.is_empty() {
             return Ok(());
         }
+        let span = self.publish_span(ids.len());
+        self.publish_runs_in_span(ids).instrument(span).await
+    }
+
+    async fn publish_runs_in_span(&self, ids: &[Uuid]) -> Result<(), PublishRunsError> {
         let unconfirmed = |first: PublishError, failed: Vec<Uuid>| PublishRunsError {
             total: ids.len(),
             failed,

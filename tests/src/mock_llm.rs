@@ -32,6 +32,15 @@
 //! | `usage` | an object: sent verbatim as the response's `usage` (e.g. `{"prompt_tokens": 10, "completion_tokens": 5}`); `false`: no `usage` at all (a provider that reports none). Absent: a deterministic estimate (about 4 characters a token), as a real provider would report |
 //!
 //! Without a script, or past its end, the answer is `echo: <last user text>`.
+//!
+//! A script may instead be the content of the `system` message, for runs whose history gets
+//! compacted (the first user message is then summarised away): turn `k` is played for the
+//! `k`-th request carrying that same system message (counted per server). In either place a
+//! turn may carry `"repeat": n`, standing for n identical turns.
+//!
+//! A request whose system message starts with [`SUMMARISE_MARKER`] is a summarising call
+//! (tests configure `context.summary_prompt` with it): the answer is a short deterministic
+//! summary naming how many bytes it summarised, and [`MockState::summaries`] counts them.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -59,6 +68,9 @@ const DEFAULT_CHUNKS: usize = 3;
 const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 /// How long `shutdown()` lets in-flight responses finish before cutting them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The start of a system message that makes a request a summarising call.
+pub const SUMMARISE_MARKER: &str = "MOCK-SUMMARISE";
 
 /// Builds the `user` message content that carries a script, so tests don't
 /// hand-write the envelope.
@@ -107,6 +119,10 @@ struct Inner {
     count: AtomicUsize,
     /// Failures served so far per (script, turn), for `fail_times`.
     failures: Mutex<std::collections::HashMap<(String, usize), u32>>,
+    /// Requests served so far per system-message script.
+    system_turns: Mutex<std::collections::HashMap<String, usize>>,
+    /// Summarising calls served.
+    summaries: AtomicUsize,
     /// Lets sleeping and hanging responses end when the server stops, so
     /// graceful shutdown never waits on a deliberately silent stream.
     shutdown: watch::Sender<bool>,
@@ -126,6 +142,8 @@ impl MockState {
                 log: Mutex::new(Vec::new()),
                 count: AtomicUsize::new(0),
                 failures: Mutex::new(std::collections::HashMap::new()),
+                system_turns: Mutex::new(std::collections::HashMap::new()),
+                summaries: AtomicUsize::new(0),
                 shutdown: watch::Sender::new(false),
             }),
         }
@@ -144,6 +162,11 @@ impl MockState {
     /// Counted even when logging is off, so benchmarks can still check totals.
     pub fn request_count(&self) -> usize {
         self.inner.count.load(Ordering::SeqCst)
+    }
+
+    /// Summarising calls served (see [`SUMMARISE_MARKER`]).
+    pub fn summaries(&self) -> usize {
+        self.inner.summaries.load(Ordering::SeqCst)
     }
 
     /// Ends hanging and delayed responses; the embedding app calls this when
@@ -378,7 +401,7 @@ async fn chat_completions(State(state): State<MockState>, body: Bytes) -> Respon
     if let Err(message) = check_history(messages) {
         return error_response(StatusCode::BAD_REQUEST, message, "invalid_request_error");
     }
-    let turn = match select_turn(messages) {
+    let turn = match select_turn(&state, messages) {
         Ok(Some(turn)) => turn,
         Ok(None) => Turn {
             content: Some(format!("echo: {}", last_user_text(messages))),
@@ -491,23 +514,62 @@ async fn chat_completions(State(state): State<MockState>, body: Bytes) -> Respon
 }
 
 /// Picks the scripted turn for this request; `Ok(None)` means "echo".
-fn select_turn(messages: &[Value]) -> Result<Option<Turn>, String> {
-    let Some(script) = messages
+fn select_turn(state: &MockState, messages: &[Value]) -> Result<Option<Turn>, String> {
+    let system = messages
         .iter()
-        .find(|m| m["role"] == "user")
-        .and_then(|m| m["content"].as_str())
-        .and_then(|content| serde_json::from_str::<Value>(content).ok())
-        .and_then(|doc| doc.get("mock_script").and_then(Value::as_array).cloned())
-    else {
-        return Ok(None);
-    };
-    let k = messages.iter().filter(|m| m["role"] == "assistant").count();
-    match script.get(k) {
-        Some(turn) => Turn::deserialize(turn)
-            .map(Some)
-            .map_err(|e| format!("mock_script turn {k} is invalid: {e}")),
-        None => Ok(None),
+        .find(|m| m["role"] == "system")
+        .map(|m| text_of(&m["content"]));
+    if let Some(system) = system.as_deref()
+        && system.starts_with(SUMMARISE_MARKER)
+    {
+        state.inner.summaries.fetch_add(1, Ordering::SeqCst);
+        let bytes: usize = messages
+            .iter()
+            .filter(|m| m["role"] != "system")
+            .map(|m| text_of(&m["content"]).len())
+            .sum();
+        return Ok(Some(Turn {
+            content: Some(format!("mock summary of {bytes} bytes of conversation")),
+            ..Turn::default()
+        }));
     }
+    let script_of = |content: &str| {
+        serde_json::from_str::<Value>(content)
+            .ok()
+            .and_then(|doc| doc.get("mock_script").and_then(Value::as_array).cloned())
+    };
+    let (script, k) = match system.as_deref().and_then(script_of) {
+        Some(script) => {
+            let mut turns = state.inner.system_turns.lock().expect("turns lock");
+            let served = turns.entry(system.unwrap_or_default()).or_insert(0);
+            *served += 1;
+            (script, *served - 1)
+        }
+        None => {
+            let Some(script) = messages
+                .iter()
+                .find(|m| m["role"] == "user")
+                .and_then(|m| m["content"].as_str())
+                .and_then(script_of)
+            else {
+                return Ok(None);
+            };
+            let k = messages.iter().filter(|m| m["role"] == "assistant").count();
+            (script, k)
+        }
+    };
+    // `repeat: n` stands for n turns.
+    let mut left = k;
+    for turn in &script {
+        let times = turn.get("repeat").and_then(Value::as_u64).unwrap_or(1) as usize;
+        if left < times {
+            return Turn::deserialize(turn)
+                .map(Some)
+                .map_err(|e| format!("mock_script turn {k} is invalid: {e}"));
+        }
+        left -= times;
+    }
+    Ok(None)
 }
 
 /// Text of a message's `content`, whether a string or an array of parts.

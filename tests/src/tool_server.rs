@@ -4,8 +4,9 @@
 //! `{"run_id", "tool_call_id", "arguments"}` and header
 //! `Idempotency-Key: <run_id>:<tool_call_id>`. This server offers a few tools
 //! with known behaviour (success, failure, slowness, side effects) and
-//! records every call, so tests can check what the worker actually sent and
-//! that retries after a crash do not repeat a side effect.
+//! records every call (with the `traceparent` it carried), so tests can check
+//! what the worker actually sent and that retries after a crash do not repeat a
+//! side effect.
 //!
 //! | route | behaviour |
 //! | --- | --- |
@@ -14,6 +15,7 @@
 //! | `POST /fail` | 500 `{"error": "tool failed on purpose"}` |
 //! | `POST /slow` | sleeps `arguments.ms` (default 1000), then 200 `{"slept_ms": ms}` |
 //! | `POST /side-effect` | applies an effect once per idempotency key: 200 `{"ok": true, "key", "first_time"}` |
+//! | `POST /text` | 200 `{"text": …}`: `arguments.words` (default 100) words of varied text, a long result |
 //! | `GET /health` | 200 `ok` (not recorded) |
 //!
 //! Any other path is recorded and answered 404.
@@ -47,6 +49,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 pub struct ToolCallRecord {
     pub path: String,
     pub idempotency_key: Option<String>,
+    /// The W3C `traceparent` the worker sent (when it exports traces).
+    pub traceparent: Option<String>,
     /// The parsed body (`Null` if empty; a JSON string if not JSON).
     pub body: Value,
     pub received_at: Instant,
@@ -88,6 +92,18 @@ impl ToolState {
     /// Every recorded call, in arrival order.
     pub fn calls(&self) -> Vec<ToolCallRecord> {
         self.log().clone()
+    }
+
+    /// How many calls to `path` carried each idempotency key (a call without one panics: the
+    /// worker always sends it).
+    pub fn calls_per_key(&self, path: &str) -> std::collections::HashMap<String, usize> {
+        let mut per_key = std::collections::HashMap::new();
+        for c in self.calls_to(path) {
+            *per_key
+                .entry(c.idempotency_key.expect("idempotency key"))
+                .or_default() += 1;
+        }
+        per_key
     }
 
     /// Calls whose path is exactly `path` (e.g. "/side-effect").
@@ -217,6 +233,10 @@ impl ToolServer {
         self.state.calls_to(path)
     }
 
+    pub fn calls_per_key(&self, path: &str) -> std::collections::HashMap<String, usize> {
+        self.state.calls_per_key(path)
+    }
+
     pub fn side_effect_count(&self) -> usize {
         self.state.side_effect_count()
     }
@@ -258,9 +278,14 @@ async fn dispatch(
     } else {
         serde_json::from_slice::<Value>(&body)
     };
+    let traceparent = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     state.log().push(ToolCallRecord {
         path: path.clone(),
         idempotency_key: key.clone(),
+        traceparent,
         body: match &parsed {
             Ok(value) => value.clone(),
             Err(_) => Value::String(String::from_utf8_lossy(&body).into_owned()),
@@ -276,6 +301,7 @@ async fn dispatch(
         "/side-effect",
         "/flood",
         "/redirect",
+        "/text",
     ];
     if !known.contains(&path.as_str()) {
         return reply(
@@ -299,6 +325,25 @@ async fn dispatch(
 
     match path.as_str() {
         "/echo" => reply(StatusCode::OK, json!({ "echo": args })),
+        // `words` (default 100, at most 100,000) words of varied, deterministic text: a
+        // long tool result that tokenizes like prose, not like one repeated character.
+        "/text" => {
+            let words = args
+                .get("words")
+                .and_then(Value::as_u64)
+                .unwrap_or(100)
+                .min(100_000);
+            let text: Vec<String> = (0..words)
+                .map(|i| {
+                    format!(
+                        "{}{}",
+                        ["alpha", "river", "stone", "maple", "orbit"][(i % 5) as usize],
+                        i * 7919 % 10007
+                    )
+                })
+                .collect();
+            reply(StatusCode::OK, json!({ "text": text.join(" ") }))
+        }
         // A hostile tool: streams `bytes` (default 5 GB) for as long as the caller reads.
         "/flood" => {
             let total = args

@@ -1,6 +1,8 @@
-//! Claiming a delivered run: one conditional UPDATE, then the ack. A claim that matches no
-//! row means the message is stale or a duplicate. A run taken over too many times after its
-//! worker vanished is poison: it is failed and its message dead-lettered.
+//! Claiming a delivered run: one conditional UPDATE. A claimed run's delivery is acknowledged
+//! by its slot's task when the slot is let go (`intake`), so the prefetch counts busy slots. A
+//! claim that matches no row means the message is stale or a duplicate (acknowledged here). A
+//! run taken over too many times after its worker vanished is poison: it is failed and its
+//! message dead-lettered.
 
 use std::sync::Arc;
 
@@ -9,15 +11,16 @@ use lapin::options::{BasicAckOptions, BasicNackOptions};
 use serde_json::json;
 
 use agentfleet_shared::events::{EventType, Expiry, Floor, NewEvent, worker_fence};
-use agentfleet_shared::queue::RunMessage;
+use agentfleet_shared::queue::{RunMessage, headers_of};
 use agentfleet_shared::store::runs;
 use agentfleet_shared::store::transitions::{self, Claimed};
+use agentfleet_shared::telemetry;
 
 use crate::shared::Shared;
 
 pub enum ClaimOutcome {
     Claimed(Box<Claimed>),
-    /// Nothing to do (acked).
+    /// Nothing to do (acknowledged or dead-lettered).
     Skipped,
 }
 
@@ -39,6 +42,9 @@ pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<
         metrics::counter!("agentfleet_stale_messages_total").increment(1);
         return Ok(ClaimOutcome::Skipped);
     };
+    if claimed.took_over {
+        metrics::counter!("agentfleet_lease_expiries_total").increment(1);
+    }
     if claimed.run.recoveries > shared.settings.worker.max_recoveries {
         let fence = claimed.fence();
         // The list may be gone (expired, or Redis restarted): ids continue past the last one
@@ -68,6 +74,7 @@ pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<
             let _ = runs::record_last_event_id(&shared.pool, fence.run_id, appended.id).await;
         }
         metrics::counter!("agentfleet_runs_total", "status" => "failed").increment(1);
+        metrics::counter!("agentfleet_poison_runs_total").increment(1);
         tracing::error!(run_id = %fence.run_id, recoveries = claimed.run.recoveries, "poison run failed and dead-lettered");
         delivery
             .acker
@@ -78,6 +85,46 @@ pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<
             .await?;
         return Ok(ClaimOutcome::Skipped);
     }
-    delivery.acker.ack(BasicAckOptions::default()).await?;
+    if claimed.recovered {
+        metrics::counter!("agentfleet_recoveries_total").increment(1);
+    }
     Ok(ClaimOutcome::Claimed(Box::new(claimed)))
+}
+
+/// The span of one attempt (one holding of the run by this worker). Its parent is the run's
+/// stored trace context (`runs.traceparent`, the creating request), so every attempt of a run
+/// is in one trace however its message came: published at creation, after a resume, by the
+/// sweeper, or handed back. When the message carried another context (a resume request's, a
+/// hand-back's), the span links to it. A run without a stored context (created with export
+/// off) follows its message's context, if any.
+pub fn attempt_span(shared: &Shared, claimed: &Claimed, delivery: &Delivery) -> tracing::Span {
+    let span = tracing::info_span!(
+        "run.attempt",
+        run_id = %claimed.run.id,
+        attempt = claimed.run.attempt,
+        worker = %shared.worker_id,
+        recovered = claimed.recovered,
+    );
+    if !telemetry::exporting() {
+        return span;
+    }
+    let delivered = telemetry::remote_context(&headers_of(&delivery.properties));
+    let stored = claimed
+        .run
+        .traceparent
+        .as_deref()
+        .and_then(telemetry::remote_context_of);
+    match (stored, delivered) {
+        (Some(stored), delivered) => {
+            if let Some(delivered) =
+                delivered.filter(|d| telemetry::ids_of(d) != telemetry::ids_of(&stored))
+            {
+                telemetry::add_link(&span, &delivered);
+            }
+            telemetry::set_parent(&span, stored);
+        }
+        (None, Some(delivered)) => telemetry::set_parent(&span, delivered),
+        (None, None) => {}
+    }
+    span
 }

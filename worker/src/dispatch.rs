@@ -67,6 +67,7 @@ pub async fn heal(shared: &Shared) -> anyhow::Result<usize> {
 pub async fn export_backlog(shared: &Shared) -> anyhow::Result<()> {
     let backlog = dispatch::backlog(&shared.pool, BACKLOG_TENANTS).await?;
     metrics::gauge!("agentfleet_runnable_runs").set(backlog.runnable as f64);
+    metrics::gauge!("agentfleet_oldest_runnable_age_seconds").set(backlog.oldest_runnable_secs);
     metrics::gauge!("agentfleet_held_runs").set(backlog.held as f64);
     // A tenant that left the largest backlogs (or drained) reads 0, not its last figure.
     let mut exported = EXPORTED.lock().expect("backlog gauge lock");

@@ -1,21 +1,26 @@
 //! Taking deliveries from `agentfleet.runs` into this worker's run slots.
 //!
-//! The consumer's prefetch equals the number of slots. A run's message is acked as soon as
-//! its claim commits, so RabbitMQ would keep sending while the slots are busy; instead, when
-//! the last slot is taken the consumer is cancelled, and deliveries already sent are returned
-//! to the queue at once, so no delivery waits inside a busy worker while another is idle.
+//! A run's message stays unacknowledged while the run holds its slot (`claim` does not ack a
+//! claimed run; the slot's task does when it lets go), so the consumer's prefetch, equal to
+//! the number of slots, is all it takes to keep deliveries to free slots: the broker pushes a
+//! message exactly when a slot frees, with no `basic.get` round trip per run.
 //!
-//! When a slot frees up, the worker first *pulls* one message (`basic.get`) and only goes back
-//! to consuming when the queue is empty. Re-consuming at once under a backlog would make the
-//! broker push a whole prefetch of messages, of which all but one go straight back: at 64
-//! slots that was 63 redeliveries per run, and RabbitMQ burned more CPU than the workers.
+//! A holding longer than `worker.max_delivery_hold_ms` acknowledges early (RabbitMQ closes a
+//! channel whose delivery stays unacknowledged past its `consumer_timeout`), and slots still
+//! busy with a delivery of a lost connection are not counted by the new one. Either way the
+//! broker may push one delivery more than there are free slots: it goes back to the queue and
+//! the consumer pauses; it consumes again when a slot frees, with the prefetch set to the free
+//! slots plus the deliveries this channel still holds.
 
 use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
 
 use futures_util::StreamExt;
+use lapin::Acker;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicQosOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, Consumer};
@@ -24,10 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use agentfleet_shared::queue::headers_of;
-use agentfleet_shared::telemetry::set_parent_from;
-
-use crate::claim::{ClaimOutcome, claim};
+use crate::claim::{ClaimOutcome, attempt_span, claim};
 use crate::run;
 use crate::shared::Shared;
 use crate::stop::StopSignal;
@@ -38,32 +40,59 @@ pub struct Intake {
     pub freed: Arc<Notify>,
     pub tracker: TaskTracker,
     pub draining: CancellationToken,
+    pub unacked: Arc<Unacked>,
+}
+
+/// The deliveries of the current channel that busy slots hold unacknowledged: what the
+/// broker counts against the prefetch.
+#[derive(Default)]
+pub struct Unacked(Mutex<(u64, u16)>);
+
+impl Unacked {
+    /// A new channel: nothing of it is held yet. Returns nothing; slots of older channels
+    /// still running are simply not counted.
+    fn new_channel(&self) {
+        let mut g = self.0.lock().expect("unacked lock");
+        *g = (g.0 + 1, 0);
+    }
+
+    /// A slot took a delivery of the current channel; returns that channel's number.
+    fn taken(&self) -> u64 {
+        let mut g = self.0.lock().expect("unacked lock");
+        g.1 += 1;
+        g.0
+    }
+
+    /// The slot acknowledged its delivery (or its channel is gone).
+    fn let_go(&self, channel: u64) {
+        let mut g = self.0.lock().expect("unacked lock");
+        if g.0 == channel {
+            g.1 = g.1.saturating_sub(1);
+        }
+    }
+
+    fn count(&self) -> u16 {
+        self.0.lock().expect("unacked lock").1
+    }
 }
 
 impl Intake {
     /// Consumes until `stop`; returns with the consumer cancelled.
     pub async fn run(&self, channel: &Channel, stop: CancellationToken) -> anyhow::Result<()> {
-        let concurrency = self.shared.settings.worker.concurrency;
-        channel
-            .basic_qos(concurrency, BasicQosOptions::default())
-            .await?;
+        self.unacked.new_channel();
         let queue = self.shared.publisher.topology().queue.clone();
         let mut consumer: Option<Consumer> = None;
         loop {
-            if consumer.is_none()
-                && let Ok(permit) = self.slots.clone().try_acquire_owned()
-            {
+            if consumer.is_none() && self.slots.available_permits() > 0 {
                 if stop.is_cancelled() {
                     return Ok(());
                 }
-                let pulled = channel
-                    .basic_get(queue.as_str().into(), BasicGetOptions::default())
+                // Applies to consumers started after it.
+                let free = u16::try_from(self.slots.available_permits()).unwrap_or(u16::MAX);
+                let prefetch = free.saturating_add(self.unacked.count());
+                channel
+                    .basic_qos(prefetch, BasicQosOptions::default())
                     .await?;
-                if let Some(message) = pulled {
-                    self.start(message.delivery, permit);
-                    continue;
-                }
-                drop(permit);
                 consumer = Some(
                     channel
                         .basic_consume(
@@ -89,7 +118,8 @@ impl Intake {
                 None => anyhow::bail!("the consumer was closed by the broker"),
             };
             let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-                // Sent before we paused: give it back for another worker.
+                // Only after an early ack or a reconnection: give it back for another worker,
+                // and pause until a slot frees so that it is not pushed straight back here.
                 let _ = delivery
                     .acker
                     .nack(BasicNackOptions {
@@ -97,55 +127,53 @@ impl Intake {
                         ..Default::default()
                     })
                     .await;
+                if let Some(c) = consumer.take() {
+                    self.pause(channel, c).await;
+                }
                 continue;
             };
-            if self.slots.available_permits() == 0
-                && let Some(c) = consumer.take()
-            {
-                self.pause(channel, c).await;
-            }
             self.start(delivery, permit);
         }
     }
 
-    /// Claims and executes the run of `delivery` in the slot `permit`.
+    /// Claims and executes the run of `delivery` in the slot `permit`; acknowledges the
+    /// delivery when the slot is let go (or after `worker.max_delivery_hold_ms`).
     fn start(&self, delivery: Delivery, permit: tokio::sync::OwnedSemaphorePermit) {
         let shared = self.shared.clone();
         let freed = self.freed.clone();
         let draining = self.draining.clone();
-        let span = tracing::info_span!(
-            "run",
-            run_id = tracing::field::Empty,
-            attempt = tracing::field::Empty
-        );
-        set_parent_from(&span, &headers_of(&delivery.properties));
-        self.tracker.spawn(
-            async move {
-                match claim(&shared, &delivery).await {
-                    Ok(ClaimOutcome::Claimed(claimed)) => {
-                        let run_id = claimed.run.id;
-                        tracing::Span::current().record("run_id", tracing::field::display(run_id));
-                        tracing::Span::current().record("attempt", claimed.run.attempt);
-                        let stop = StopSignal::default();
-                        shared.active.insert(run_id, stop.clone());
-                        metrics::gauge!("agentfleet_runs_in_flight").increment(1.0);
-                        run::execute(shared.clone(), *claimed, stop, draining).await;
-                        metrics::gauge!("agentfleet_runs_in_flight").decrement(1.0);
-                        shared.active.remove(run_id);
-                    }
-                    Ok(ClaimOutcome::Skipped) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %agentfleet_shared::report::one_line(&e), "claim failed; message returned to the queue");
-                        // Postgres is probably down: don't spin on redeliveries.
-                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                        let _ = delivery.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
-                    }
+        let unacked = self.unacked.clone();
+        let channel = unacked.taken();
+        self.tracker.spawn(async move {
+            match claim(&shared, &delivery).await {
+                Ok(ClaimOutcome::Claimed(claimed)) => {
+                    let run_id = claimed.run.id;
+                    let span = attempt_span(&shared, &claimed, &delivery);
+                    let stop = StopSignal::default();
+                    shared.active.insert(run_id, stop.clone());
+                    metrics::gauge!("agentfleet_runs_in_flight").increment(1.0);
+                    let hold = Duration::from_millis(shared.settings.worker.max_delivery_hold_ms);
+                    let execute = run::execute(shared.clone(), *claimed, stop, draining).instrument(span);
+                    let acked = || async {
+                        ack(&delivery.acker).await;
+                        unacked.let_go(channel);
+                    };
+                    hold_delivery(execute, acked, hold).await;
+                    metrics::gauge!("agentfleet_runs_in_flight").decrement(1.0);
+                    shared.active.remove(run_id);
                 }
-                drop(permit);
-                freed.notify_one();
+                Ok(ClaimOutcome::Skipped) => unacked.let_go(channel),
+                Err(e) => {
+                    tracing::warn!(error = %agentfleet_shared::report::one_line(&e), "claim failed; message returned to the queue");
+                    // Postgres is probably down: don't spin on redeliveries.
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    let _ = delivery.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
+                    unacked.let_go(channel);
+                }
             }
-            .instrument(span),
-        );
+            drop(permit);
+            freed.notify_one();
+        });
     }
 
     /// Cancels the consumer and returns whatever it had already been sent.
@@ -171,6 +199,31 @@ impl Intake {
                     .await;
             }
         });
+    }
+}
+
+/// Drives `execute` to its end, then acknowledges the delivery (`acked`); acknowledges it
+/// early if that takes longer than `hold`.
+async fn hold_delivery<F: Future<Output = ()>>(
+    execute: impl Future<Output = ()>,
+    acked: impl FnOnce() -> F,
+    hold: Duration,
+) {
+    tokio::pin!(execute);
+    tokio::select! {
+        () = &mut execute => acked().await,
+        () = tokio::time::sleep(hold) => {
+            acked().await;
+            execute.await;
+        }
+    }
+}
+
+/// A failed ack needs no action: the channel is gone, the broker requeues the message, and
+/// its claim finds the run no longer runnable by then (or takes it over once its lease ends).
+async fn ack(acker: &Acker) {
+    if let Err(e) = acker.ack(BasicAckOptions::default()).await {
+        tracing::debug!(error = %e, "could not acknowledge a run's delivery");
     }
 }
 

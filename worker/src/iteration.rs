@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
+use tracing::Instrument;
 
+use agentfleet_shared::config::ToolCalling;
 use agentfleet_shared::domain::{Risk, ToolCallStatus};
 use agentfleet_shared::events::EventType;
 use agentfleet_shared::store::tool_calls::{NewToolCall, ToolCallRow};
@@ -14,13 +16,11 @@ use agentfleet_shared::store::turns::{self, Turn};
 use agentfleet_shared::store::{StoreError, messages};
 
 use crate::budget::Spent;
-use crate::context_window;
 use crate::model_call::{self, DeltaPolicy, ModelError, ModelRequest, ModelResponse};
 use crate::run_ctx::{RunCtx, RunError};
 use crate::tools;
 use crate::usage::{self, TurnUsage};
 
-#[tracing::instrument(name = "iteration", skip(ctx), fields(run_id = %ctx.run.id, attempt = ctx.fence.attempt))]
 /// Returns the calls the model made, as recorded (an empty list: there is nothing to settle).
 pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<Vec<ToolCallRow>, RunError> {
     let turn_started = Instant::now();
@@ -33,21 +33,51 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<Vec<ToolCallRow>
         .models
         .get(&agent.model)
         .ok_or_else(|| ModelError::UnknownModel(agent.model.clone()))?;
-    let reserve = model.max_tokens.unwrap_or(4096) as usize;
-    let mut prompt = Vec::with_capacity(history.len() + 1);
-    if let Some(system) = agent.system_prompt.as_deref().filter(|s| !s.is_empty()) {
-        prompt.push(json!({"role": "system", "content": system}));
+    let system = agent
+        .system_prompt
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .map(|system| json!({"role": "system", "content": system}));
+    let catalog = ctx.catalog().await?;
+    let mut tools = catalog.definitions();
+    let xml = model.tool_calling == ToolCalling::Xml;
+    // An XML-mode model reads the tools in its system prompt: that is what is counted.
+    let (counted_system, counted_tools) = if xml {
+        let mut all = tools.clone();
+        all.push(tools::builtin::expand_definition());
+        let section = crate::xml_calls::tools_section(&all);
+        let text = system
+            .as_ref()
+            .and_then(|s| s["content"].as_str())
+            .unwrap_or_default();
+        let system = json!({"role": "system", "content": format!("{text}\n\n{section}")});
+        (Some(system), Vec::new())
+    } else {
+        (system.clone(), tools.clone())
+    };
+    let mut messages = crate::compaction::prompt(
+        ctx,
+        model,
+        counted_system,
+        &counted_tools,
+        history,
+        iteration,
+    )
+    .await?;
+    if ctx.compaction.lock().expect("compaction lock").active() {
+        tools.push(tools::builtin::expand_definition());
     }
-    let system_cost: usize = prompt.iter().map(context_window::estimate_tokens).sum();
-    let budget = model
-        .context_tokens
-        .saturating_sub(reserve + system_cost)
-        .max(1024);
-    prompt.extend(context_window::fit(history, budget));
+    if xml {
+        // The fitted history after the counted system message, rendered with the real one.
+        messages.remove(0);
+        messages =
+            crate::xml_calls::to_xml_history(system.into_iter().chain(messages).collect(), &tools);
+        tools = Vec::new();
+    }
     let request = ModelRequest {
         model,
-        messages: prompt,
-        tools: tools::definitions(agent),
+        messages,
+        tools,
     };
     let events = &ctx.shared.settings.events;
     let policy = DeltaPolicy {
@@ -55,6 +85,7 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<Vec<ToolCallRow>
         flush_bytes: events.delta_flush_bytes,
     };
     let model_started = Instant::now();
+    let span = model_span(&model.model, request.messages.len());
     let response = model_call::call(
         &ctx.shared.http,
         &ctx.shared.settings.worker,
@@ -62,13 +93,28 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<Vec<ToolCallRow>
         &ctx.emitter,
         &policy,
     )
+    .instrument(span.clone())
     .await;
     ctx.timing.add_model(model_started.elapsed());
-    let mut response = response?;
+    let mut response = match response {
+        Ok(r) => r,
+        Err(e) => {
+            span.record("status", e.code());
+            span.record("otel.status_code", "error");
+            return Err(e.into());
+        }
+    };
     unique_call_ids(&mut response, taken);
     let usage = usage::of_call(&request.messages, &request.tools, &response)
         .await
         .bounded();
+    span.record("status", "ok");
+    span.record("prompt_tokens", usage.prompt_tokens);
+    span.record("completion_tokens", usage.completion_tokens);
+    span.record("tokens_estimated", usage.estimated);
+    span.record("tool_calls", response.tool_calls.len());
+    // The span ends here, once its figures are known (an estimate may take a moment).
+    drop(span);
     let recorded = persist(ctx, iteration, &response, &usage).await?;
     let calls: Vec<Value> = response
         .tool_calls
@@ -92,6 +138,23 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<Vec<ToolCallRow>
     metrics::histogram!("agentfleet_iteration_duration_seconds")
         .record(turn_started.elapsed().as_secs_f64());
     Ok(recorded)
+}
+
+/// `model.call`: the model, how many messages it was sent, and after the call its status,
+/// tokens and tool calls. No prompt or answer text (bodies stay out of traces).
+fn model_span(model: &str, messages: usize) -> tracing::Span {
+    tracing::info_span!(
+        "model.call",
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        model,
+        messages,
+        status = tracing::field::Empty,
+        prompt_tokens = tracing::field::Empty,
+        completion_tokens = tracing::field::Empty,
+        tokens_estimated = tracing::field::Empty,
+        tool_calls = tracing::field::Empty,
+    )
 }
 
 /// Announces the turn and returns the history the model sees: read from Postgres on the
@@ -232,7 +295,6 @@ async fn persist(
 
 /// The response's calls as rows, `pending`, before anything is decided about them.
 fn new_rows(ctx: &RunCtx, iteration: i32, response: &ModelResponse) -> Vec<ToolCallRow> {
-    let agent = &ctx.run.agent.0;
     let now = Utc::now();
     response
         .tool_calls
@@ -255,7 +317,13 @@ fn new_rows(ctx: &RunCtx, iteration: i32, response: &ModelResponse) -> Vec<ToolC
                 name: call.name.clone(),
                 raw_arguments: call.arguments.clone(),
                 arguments,
-                risk: agent.tool(&call.name).map(|t| t.risk).unwrap_or(Risk::Low),
+                // The catalog was built for this turn's request.
+                risk: ctx
+                    .catalog
+                    .get()
+                    .and_then(|c| c.get(&call.name))
+                    .map(|t| t.risk)
+                    .unwrap_or(Risk::Low),
                 status: ToolCallStatus::Pending,
                 result: None,
                 error: None,

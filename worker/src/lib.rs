@@ -8,6 +8,7 @@
 pub mod bounded;
 pub mod budget;
 pub mod claim;
+pub mod compaction;
 pub mod context_window;
 pub mod control;
 pub mod dispatch;
@@ -25,8 +26,10 @@ pub mod run_ctx;
 pub mod shared;
 pub mod stop;
 pub mod sweeper;
+pub mod tokens;
 pub mod tools;
 pub mod usage;
+pub mod xml_calls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,6 +106,16 @@ impl Worker {
             // and `agentfleet_runs_in_flight` (the autoscaling signal) would go negative when a
             // run taken before the first scrape ends after it.
             telemetry::metrics_handle();
+            // Counters the alerts compute `increase()` on exist from the start at 0: a series
+            // born at its first event would hide that event from `increase()`.
+            for name in [
+                "agentfleet_poison_runs_total",
+                "agentfleet_lease_expiries_total",
+                "agentfleet_recoveries_total",
+                "agentfleet_run_handbacks_total",
+            ] {
+                metrics::counter!(name).absolute(0);
+            }
             Some(
                 tokio::net::TcpListener::bind(&settings.worker.metrics_listen)
                     .await
@@ -115,7 +128,12 @@ impl Worker {
             )
         };
         let writes = shared::Writes::spawn(&pool, &settings, &worker_id);
+        let mcp_key = settings.mcp.key().context("mcp.encryption_key")?;
+        let mcp_tools =
+            tools::mcp::ToolCache::new(Duration::from_millis(settings.mcp.tools_ttl_ms));
         let shared = Arc::new(Shared {
+            mcp_key,
+            mcp_tools,
             writes,
             pool,
             bus,
@@ -173,6 +191,7 @@ impl Worker {
             freed: Arc::new(Notify::new()),
             tracker: tracker.clone(),
             draining: draining.clone(),
+            unacked: Default::default(),
         };
         let stopper = intake_stop.clone();
         tokio::spawn(async move {

@@ -1,5 +1,6 @@
 //! One call to an OpenAI-compatible chat-completions endpoint, streaming, with native tool
-//! calls. Text is forwarded as coalesced `message_delta` events while it streams.
+//! calls (or, for a model in XML mode, calls parsed from the text: `xml_calls`). Text is
+//! forwarded as coalesced `message_delta` events while it streams.
 //!
 //! Failures before the first byte of the answer (connection errors, 429, 5xx) are retried with
 //! exponential backoff and jitter, honouring `Retry-After`. Once text has been streamed to
@@ -12,13 +13,15 @@ use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-use agentfleet_shared::config::{ModelSettings, WorkerSettings};
+use agentfleet_shared::config::{ModelSettings, ToolCalling, WorkerSettings};
 use agentfleet_shared::events::EventType;
+use agentfleet_shared::sanitize::strip_nul_in;
 
 use crate::bounded::{self, LimitError};
 use crate::emitter::{Emitter, Fenced};
 pub use crate::model_stream::{ModelResponse, ModelToolCall, Usage};
 use crate::model_stream::{StreamError, StreamParser, truncate};
+use crate::xml_calls::XmlCalls;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -112,8 +115,8 @@ pub struct DeltaPolicy {
     pub flush_bytes: usize,
 }
 
-/// Calls the model with retries; the whole thing is bounded by the total deadline.
-#[tracing::instrument(name = "model_call", skip_all, fields(model = %req.model.model, messages = req.messages.len()))]
+/// Calls the model with retries; the whole thing is bounded by the total deadline. The
+/// caller's span (`model.call`) is current throughout.
 pub async fn call(
     http: &reqwest::Client,
     settings: &WorkerSettings,
@@ -179,6 +182,11 @@ async fn call_once(
         req.model.base_url.trim_end_matches('/')
     );
     let mut builder = http.post(url).json(&body);
+    // W3C trace context of the `model.call` span (nothing when traces are not exported), so a
+    // gateway that traces joins the run's trace.
+    for (name, value) in agentfleet_shared::telemetry::current_trace_headers() {
+        builder = builder.header(name, value);
+    }
     if !req.model.api_key.is_empty() {
         builder = builder.bearer_auth(&req.model.api_key);
     }
@@ -208,7 +216,8 @@ async fn call_once(
     }
     let idle = Duration::from_millis(settings.model_idle_timeout_ms);
     let cap = settings.max_model_response_bytes;
-    read_stream(response, idle, cap, emitter, policy).await
+    let xml = (req.model.tool_calling == ToolCalling::Xml).then(XmlCalls::default);
+    read_stream(response, idle, cap, emitter, policy, xml).await
 }
 
 /// Buffers streamed text and flushes it as one `message_delta` by time or size.
@@ -253,6 +262,7 @@ async fn read_stream(
     cap: usize,
     emitter: &Emitter,
     policy: &DeltaPolicy,
+    mut xml: Option<XmlCalls>,
 ) -> Result<ModelResponse, ModelError> {
     // Bounded before the SSE decoder, which buffers until a newline: a stream without one
     // would otherwise grow without limit.
@@ -285,10 +295,28 @@ async fn read_stream(
             Ok(Some(Ok(ev))) => ev,
         };
         if let Some(text) = parser.feed(&event.data)? {
-            coalescer.push(&text).await?;
+            // In XML mode clients see the text outside the call blocks only.
+            let shown = match xml.as_mut() {
+                Some(x) => x.feed(&text),
+                None => text,
+            };
+            if !shown.is_empty() {
+                coalescer.push(&shown).await?;
+            }
         }
     }
-    let response = parser.finish()?;
+    let mut response = parser.finish()?;
+    if let Some(x) = xml {
+        let (rest, mut visible, calls) = x.finish().map_err(ModelError::Malformed)?;
+        coalescer.push(&rest).await?;
+        strip_nul_in(&mut visible);
+        response.content = visible;
+        for mut call in calls {
+            strip_nul_in(&mut call.name);
+            strip_nul_in(&mut call.arguments);
+            response.tool_calls.push(call);
+        }
+    }
     coalescer.flush().await?;
     Ok(response)
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use agentfleet_shared::config::OnBudgetExceeded;
 use agentfleet_shared::domain::RunStatus;
@@ -81,6 +82,8 @@ pub async fn execute(
         finished_timing: Default::default(),
         history: Default::default(),
         budget,
+        catalog: Default::default(),
+        compaction: Default::default(),
     };
     let lease = crate::lease::spawn(ctx.shared.clone(), fence, ctx.stop.clone());
     let result = tokio::select! {
@@ -118,11 +121,22 @@ async fn drive(
     let mut started = chrono::Utc::now();
     // The calls of the turn just taken in this loop; unknown (so: read them) after a claim.
     let mut fresh_calls = None;
+    // An iteration's span covers its model turn and the settling of its calls; a claim that
+    // continues an iteration (after a pause or a take-over) settles it in a span of its own.
+    let mut span = if iteration > 0 {
+        iteration_span(iteration, true)
+    } else {
+        tracing::Span::none()
+    };
     loop {
         if iteration > 0 {
             let settled = match fresh_calls.take() {
                 Some(calls) if Vec::is_empty(&calls) => Settled::Complete,
-                fresh => settle(ctx, iteration, fresh).await?,
+                fresh => {
+                    settle(ctx, iteration, fresh)
+                        .instrument(span.clone())
+                        .await?
+                }
             };
             iteration::finish_timing(ctx, iteration, started, ctx.timing.take());
             match settled {
@@ -158,8 +172,18 @@ async fn drive(
         }
         iteration += 1;
         started = chrono::Utc::now();
-        fresh_calls = Some(iteration::model_turn(ctx, iteration).await?);
+        span = iteration_span(iteration, false);
+        fresh_calls = Some(
+            iteration::model_turn(ctx, iteration)
+                .instrument(span.clone())
+                .await?,
+        );
     }
+}
+
+/// `run.iteration`: `continued` when this attempt settles an iteration an earlier one began.
+fn iteration_span(iteration: i32, continued: bool) -> tracing::Span {
+    tracing::info_span!("run.iteration", iteration, continued)
 }
 
 /// Commits the end of this holding and announces it.
@@ -219,6 +243,10 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
         Ok(Outcome::BudgetExceeded(exceeded)) => {
             tracing::info!(%run_id, ?exceeded, "token budget reached; failing the run");
             fail(ctx, "budget_exceeded", exceeded.message(), next_id).await
+        }
+        Err(RunError::Tools { code, message }) => {
+            tracing::info!(%run_id, code, message, "the agent's tools cannot be offered; failing the run");
+            fail(ctx, code, message, next_id).await
         }
         Err(RunError::Model(e)) => {
             tracing::warn!(%run_id, error = %e, "the model call failed; failing the run");

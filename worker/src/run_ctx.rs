@@ -15,6 +15,7 @@ use crate::emitter::{Emitter, Fenced};
 use crate::model_call::ModelError;
 use crate::shared::Shared;
 use crate::stop::StopSignal;
+use crate::tools::catalog::{self, Catalog};
 
 /// Everything one run's execution needs.
 pub struct RunCtx {
@@ -32,9 +33,29 @@ pub struct RunCtx {
     pub history: Mutex<Option<Vec<serde_json::Value>>>,
     /// Token budgets, with the figures of the claim and then of each turn commit.
     pub budget: Budget,
+    /// The tools offered to the model (MCP servers listed), built once per holding.
+    pub catalog: tokio::sync::OnceCell<Arc<Catalog>>,
+    /// What compaction did to the history so far in this holding (`compaction`).
+    pub compaction: Mutex<crate::context_window::Compaction>,
 }
 
 impl RunCtx {
+    /// The run's tools: built on first use (listing its MCP servers), then reused.
+    pub async fn catalog(&self) -> Result<Arc<Catalog>, RunError> {
+        self.catalog
+            .get_or_try_init(|| async {
+                catalog::build(&self.shared, self.run.tenant_id, &self.run.agent)
+                    .await
+                    .map(Arc::new)
+                    .map_err(|e| RunError::Tools {
+                        code: catalog::MCP_UNAVAILABLE,
+                        message: e.0,
+                    })
+            })
+            .await
+            .cloned()
+    }
+
     pub fn take_finished_timing(&self) -> Option<turns::IterationTiming> {
         self.finished_timing.lock().expect("timing lock").take()
     }
@@ -85,6 +106,10 @@ pub enum RunError {
     /// `if_busy = interrupt` arrived before the run could pause: it ends instead of waiting.
     #[error("interrupted by a newer message")]
     Interrupted,
+    /// The agent's tools cannot be offered (an MCP server refused, unreachable, unknown):
+    /// the run fails with this code and tenant-visible message.
+    #[error("{code}: {message}")]
+    Tools { code: &'static str, message: String },
 }
 
 impl From<StoreError> for RunError {

@@ -26,6 +26,10 @@ pub struct Shared {
     /// For tool calls: held to the egress policy.
     pub tools_http: reqwest::Client,
     pub egress: Arc<EgressPolicy>,
+    /// Opens registered MCP servers' sealed headers (`mcp.encryption_key`).
+    pub mcp_key: Option<[u8; 32]>,
+    /// MCP servers' tool lists, reused for `mcp.tools_ttl_ms`.
+    pub mcp_tools: crate::tools::mcp::ToolCache,
     /// Names this worker in leases and events.
     pub worker_id: String,
     /// Runs executing here, by id: where cancel hints and the drain deadline are delivered.

@@ -10,14 +10,6 @@ use crate::model_call::{ModelResponse, Usage};
 /// uses 3, plus 3 priming the reply).
 const PER_MESSAGE: i64 = 3;
 const REPLY_PRIMING: i64 = 3;
-/// Text tokenized exactly per message or call; beyond it, 4 bytes count as a token. Bounds
-/// the CPU one estimate may take whatever a provider or a tool sends (prompts are bounded by
-/// the context window anyway; a completion only by `worker.max_model_response_bytes`).
-const MAX_TOKENIZED_BYTES: usize = 64 * 1024;
-/// Text is tokenized in slices of at most this many bytes: byte-pair merging is quadratic in
-/// the length of one word, and hostile text can be one word long (a slice boundary may split
-/// a token: an estimate can afford that).
-const SLICE_BYTES: usize = 1024;
 
 /// What one model call used, and whether it is an estimate.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -56,7 +48,7 @@ pub async fn of_call(messages: &[Value], tools: &[Value], response: &ModelRespon
     }
     let prompt: Vec<String> = messages
         .iter()
-        .map(message_text)
+        .map(crate::tokens::message_text)
         .chain(tools.iter().map(Value::to_string))
         .collect();
     let completion: Vec<String> = std::iter::once(response.content.clone())
@@ -89,44 +81,11 @@ pub async fn of_call(messages: &[Value], tools: &[Value], response: &ModelRespon
     }
 }
 
-/// The text of a chat message the model reads: its content (a string, or the text parts of a
-/// list) and any tool calls it carries.
-fn message_text(message: &Value) -> String {
-    let mut text = match message.get("content") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join(" "),
-        _ => String::new(),
-    };
-    if let Some(calls) = message.get("tool_calls") {
-        text.push_str(&calls.to_string());
-    }
-    text
-}
-
-/// Tokens of `text` under `o200k_base`: the first [`MAX_TOKENIZED_BYTES`] tokenized, the
-/// rest at 4 bytes a token.
+/// Tokens of `text` under `o200k_base`: the first 64 KiB tokenized, the rest at 4 bytes a
+/// token (an estimate of usage, not a bound).
 fn count_tokens(text: &str) -> i64 {
-    let bpe = tiktoken_rs::o200k_base_singleton();
-    let mut rest = text;
-    let mut tokens = 0;
-    let mut budget = MAX_TOKENIZED_BYTES;
-    while !rest.is_empty() && budget > 0 {
-        let mut end = rest.len().min(SLICE_BYTES).min(budget);
-        while !rest.is_char_boundary(end) {
-            end -= 1;
-        }
-        if end == 0 {
-            break;
-        }
-        tokens += bpe.encode_ordinary(&rest[..end]).len() as i64;
-        budget -= end;
-        rest = &rest[end..];
-    }
-    tokens + rest.len().div_ceil(4) as i64
+    let (tokens, rest) = crate::tokens::count_prefix(crate::tokens::Tokenizer::O200kBase, text);
+    (tokens + rest.div_ceil(4)) as i64
 }
 
 #[cfg(test)]
@@ -166,9 +125,9 @@ mod tests {
     #[test]
     fn huge_text_is_counted_in_bounded_time() {
         // One endless word: the worst case of byte-pair merging, sliced.
-        let text = "a".repeat(MAX_TOKENIZED_BYTES + 4000);
+        let text = "a".repeat(64 * 1024 + 4000);
         let n = count_tokens(&text);
         assert!(n >= 1000 + 8, "{n}");
-        assert!(n < (MAX_TOKENIZED_BYTES / 2) as i64, "{n}");
+        assert!(n < (64 * 1024 / 2) as i64, "{n}");
     }
 }

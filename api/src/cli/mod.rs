@@ -1,7 +1,8 @@
-//! `agentfleet-api tenants …` and `agentfleet-api keys …`: the operator's commands. They call
+//! `agentfleet-api tenants …`, `keys …` and `admin …`: the operator's commands. They call
 //! the same store functions as the admin API (`shared/src/store/{tenants,keys}.rs`), against
 //! the configured database. Output is a table for people, or JSON with `--json`.
 
+pub mod admin;
 pub mod keys;
 pub mod tenants;
 

@@ -127,6 +127,7 @@ pub async fn submit_batch(
         request_hash: Some(hash.clone()),
         fair: crate::dispatch::is_fair(&state.settings, &caller),
         lease: Some((owner.clone(), state.settings.api.batch_lease_ms)),
+        traceparent: agentfleet_shared::telemetry::current_traceparent(),
     };
     let items: Vec<NewItem> = body
         .runs

@@ -10,6 +10,7 @@ pub mod batches_events;
 pub mod batches_get;
 pub mod batches_results;
 pub mod health;
+pub mod mcp_servers;
 pub mod openapi;
 pub mod runs_batch;
 pub mod runs_cancel;
@@ -84,6 +85,14 @@ pub fn router(state: &AppState) -> Router<AppState> {
             post(batches_cancel::cancel_batch),
         )
         .route("/v1/batches/{id}/events", get(batches_events::batch_events))
+        .route(
+            "/v1/mcp-servers",
+            post(mcp_servers::create_mcp_server).get(mcp_servers::list_mcp_servers),
+        )
+        .route(
+            "/v1/mcp-servers/{name}",
+            get(mcp_servers::get_mcp_server).delete(mcp_servers::delete_mcp_server),
+        )
         .route(
             "/v1/webhooks",
             post(webhooks_create::create_webhook).get(webhooks_list::list_webhooks),

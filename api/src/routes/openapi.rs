@@ -45,6 +45,10 @@ use crate::validate::MAX_ID;
         super::batches_results::batch_results,
         super::batches_cancel::cancel_batch,
         super::batches_events::batch_events,
+        super::mcp_servers::create_mcp_server,
+        super::mcp_servers::list_mcp_servers,
+        super::mcp_servers::get_mcp_server,
+        super::mcp_servers::delete_mcp_server,
         super::webhooks_create::create_webhook,
         super::webhooks_list::list_webhooks,
         super::webhooks_get::get_webhook,
@@ -98,6 +102,10 @@ use crate::validate::MAX_ID;
         view::ErrorDetail,
         view::Health,
         view::Readiness,
+        super::mcp_servers::CreateMcpServer,
+        super::mcp_servers::HeaderBody,
+        super::mcp_servers::McpServerList,
+        agentfleet_shared::store::mcp_servers::McpServer,
         super::webhooks_create::CreateWebhook,
         super::webhooks_create::WebhookCreated,
         super::webhooks_rotate::RotateSecret,
@@ -334,7 +342,7 @@ fn constrain(doc: &mut Value, settings: &Settings) {
         &format!("{p}/name"),
         json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$",
                "not": {"enum": agentfleet_shared::domain::BUILTIN_TOOLS},
-               "description": "Unique within the agent; not a built-in tool (`complete`, `ask`)"}),
+               "description": "Unique within the agent; not a built-in tool (`complete`, `ask`, `expand_message`)"}),
     );
     replace(
         doc,
@@ -472,10 +480,80 @@ fn constrain(doc: &mut Value, settings: &Settings) {
             sse_event_schema(&id_pattern);
     }
     constrain_webhooks(doc, settings);
+    constrain_mcp(doc, settings);
     parameter(doc, "/v1/runs", "post", "Idempotency-Key")["schema"] = json!({
         "type": "string", "minLength": 1, "maxLength": 255,
         "pattern": "^[!-~]([\t -~]{0,253}[!-~])?$",
     });
+}
+
+/// The rules of `POST /v1/mcp-servers` (`mcp_servers::check`) and of `mcp` tool entries.
+fn constrain_mcp(doc: &mut Value, settings: &Settings) {
+    let mcp = &settings.mcp;
+    let name = json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"});
+    let p = "/components/schemas/CreateMcpServer/properties";
+    replace(doc, &format!("{p}/name"), name.clone());
+    replace(
+        doc,
+        &format!("{p}/url"),
+        json!({"type": "string", "maxLength": agentfleet_shared::domain::MAX_TOOL_URL_BYTES,
+               "pattern": tool_url(),
+               "description": "The streamable-HTTP endpoint; an address the egress policy refuses is refused"}),
+    );
+    replace(
+        doc,
+        &format!("{p}/description"),
+        json!({"type": ["string", "null"], "maxLength": super::mcp_servers::MAX_DESCRIPTION_CHARS,
+               "pattern": no_nul()}),
+    );
+    replace(
+        doc,
+        &format!("{p}/headers"),
+        json!({"type": ["array", "null"], "maxItems": mcp.max_headers,
+               "items": {"$ref": "#/components/schemas/HeaderBody"},
+               "description": "Write-only; needs `mcp.encryption_key` on the deployment"}),
+    );
+    let p = "/components/schemas/HeaderBody/properties";
+    replace(
+        doc,
+        &format!("{p}/name"),
+        json!({"type": "string", "pattern": format!(
+            "^[A-Za-z0-9!#$%&'*+.^_`|~-]{{1,{}}}$", super::mcp_servers::MAX_HEADER_NAME_BYTES),
+            "not": {"enum": super::mcp_servers::RESERVED_HEADERS}}),
+    );
+    replace(
+        doc,
+        &format!("{p}/value"),
+        json!({"type": "string", "maxLength": mcp.max_header_value_bytes,
+               "pattern": "^[\t -~]*$",
+               "description": "Visible ASCII, spaces and tabs"}),
+    );
+    for path in ["/v1/mcp-servers/{name}"] {
+        for method in ["get", "delete"] {
+            parameter(doc, path, method, "name")["schema"] = name.clone();
+        }
+    }
+    let p = "/components/schemas/ToolSpec/properties";
+    replace(
+        doc,
+        &format!("{p}/server"),
+        json!({"type": ["string", "null"], "pattern": "^[A-Za-z0-9_-]{1,64}$",
+               "description": "`mcp`: a server registered under `/v1/mcp-servers` (instead of `url`)"}),
+    );
+    replace(
+        doc,
+        &format!("{p}/tools"),
+        json!({"type": ["array", "null"], "minItems": 1,
+               "maxItems": agentfleet_shared::domain::MAX_MCP_TOOL_PICKS,
+               "items": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": no_nul()},
+               "description": "`mcp`: the server's tools to offer (all when absent)"}),
+    );
+    replace(
+        doc,
+        "/components/schemas/AgentSpec/properties/max_parallel_tool_calls",
+        json!({"type": ["integer", "null"], "minimum": 1, "maximum": 1024, "description":
+            "Tool calls of one response that run at once; `worker.max_parallel_tool_calls` when null, and never more"}),
+    );
 }
 
 /// The rules of `POST /v1/webhooks` (`webhooks_create::check`) and the deliveries' page.
@@ -540,6 +618,7 @@ fn event_types() -> Vec<&'static str> {
         E::RunFailed,
         E::RunCancelled,
         E::StreamRebuilt,
+        E::ContextCompacted,
     ];
     for e in all {
         match e {
@@ -557,7 +636,8 @@ fn event_types() -> Vec<&'static str> {
             | E::RunCompleted
             | E::RunFailed
             | E::RunCancelled
-            | E::StreamRebuilt => {}
+            | E::StreamRebuilt
+            | E::ContextCompacted => {}
         }
     }
     all.iter().map(|e| e.as_str()).collect()
@@ -802,7 +882,7 @@ mod tests {
             }
         }
         assert_eq!(
-            operations, 27,
+            operations, 31,
             "the admin API is absent without api.admin_token"
         );
         let mut with_admin = settings();

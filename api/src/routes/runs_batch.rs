@@ -58,6 +58,8 @@ pub async fn create_batch(
     let fair = crate::dispatch::is_fair(&state.settings, &caller);
     let mut on_threads = Vec::new();
     let mut on_new_threads = Vec::with_capacity(body.runs.len());
+    // Every run of the request joins the request's trace.
+    let traceparent = agentfleet_shared::telemetry::current_traceparent();
     for (i, run) in body.runs.into_iter().enumerate() {
         let hash = Sha256::digest(serde_json::to_vec(&run).expect("serializes")).to_vec();
         let new = NewRun {
@@ -74,6 +76,7 @@ pub async fn create_batch(
             input: run.input,
             agent: run.agent,
             fair,
+            traceparent: traceparent.clone(),
         };
         if new.thread_id.is_some() {
             on_threads.push((i, new));
@@ -153,6 +156,8 @@ async fn commit(
         request_hash: None,
         fair,
         lease: None,
+        // Its runs carry the request's context themselves; nothing is made later.
+        traceparent: None,
     };
     let items: Vec<NewItem> = created
         .iter()

@@ -217,6 +217,7 @@ pub async fn submit(
         input: body.input,
         agent: body.agent,
         fair,
+        traceparent: agentfleet_shared::telemetry::current_traceparent(),
     };
     let created = if new.thread_id.is_none() {
         if new.idempotency_key.is_none() {

@@ -230,7 +230,8 @@ pub struct Message {
     pub id: i64,
     /// The run that added it; null for messages from before runs were recorded.
     pub run_id: Option<Uuid>,
-    /// `user`, `assistant` or `tool`.
+    /// `user`, `assistant`, `tool`, or `status` (not sent to the model: e.g. a
+    /// `context_compacted` record, whose body says what compaction did and holds its summary).
     pub role: String,
     pub is_llm_message: bool,
     /// The message as the model sees it.

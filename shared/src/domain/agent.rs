@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// Tools every agent has without declaring them.
-pub const BUILTIN_TOOLS: [&str; 2] = ["complete", "ask"];
+pub const BUILTIN_TOOLS: [&str; 3] = ["complete", "ask", "expand_message"];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -24,6 +24,10 @@ pub struct AgentSpec {
     /// `api.max_tokens_total`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens_total: Option<i64>,
+    /// Tool calls of one response that run at once; `worker.max_parallel_tool_calls` when
+    /// absent, and never more than it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel_tool_calls: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -37,14 +41,35 @@ pub struct ToolSpec {
     #[schema(value_type = Object)]
     pub parameters: serde_json::Value,
     pub kind: ToolKind,
-    /// Endpoint of an `http` tool.
+    /// Endpoint of an `http` tool; for an `mcp` tool, the server's streamable-HTTP endpoint
+    /// when it is given inline (no `server`). Absent: empty (an empty string given is refused).
+    #[serde(
+        default,
+        deserialize_with = "non_empty",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub url: String,
+    /// `mcp`: a server registered under `/v1/mcp-servers`, by name (instead of `url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+    /// `mcp`: which of the server's tools to offer (all of them when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
     /// `high` calls wait for a human decision before they run.
     #[serde(default)]
     pub risk: Risk,
     /// Deadline of one call; the worker's `tool_timeout_ms` when absent.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+}
+
+/// A string that, when given, is not empty (absent is the field's default).
+fn non_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.is_empty() {
+        return Err(serde::de::Error::custom("must not be empty when given"));
+    }
+    Ok(s)
 }
 
 fn empty_object_schema() -> serde_json::Value {
@@ -56,6 +81,35 @@ fn empty_object_schema() -> serde_json::Value {
 pub enum ToolKind {
     /// POSTs `{run_id, tool_call_id, arguments}` to `url`.
     Http,
+    /// The tools of an MCP server (streamable HTTP), offered as `<name>__<tool>`.
+    Mcp,
+}
+
+/// Longest name of a registered MCP server, and most tools an `mcp` entry may pick.
+pub const MAX_MCP_SERVER_NAME: usize = 64;
+pub const MAX_MCP_TOOL_PICKS: usize = 64;
+
+/// A registered MCP server's name: 1-64 characters of `[A-Za-z0-9_-]`.
+pub fn check_mcp_server_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_MCP_SERVER_NAME
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err("must be 1-64 characters of [A-Za-z0-9_-]".into())
+    }
+}
+
+impl ToolKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolKind::Http => "http",
+            ToolKind::Mcp => "mcp",
+        }
+    }
 }
 
 #[derive(
@@ -124,6 +178,14 @@ impl AgentSpec {
         {
             return Err(err("agent.system_prompt", "longer than 200000 bytes"));
         }
+        if let Some(n) = self.max_parallel_tool_calls
+            && !(1..=1024).contains(&n)
+        {
+            return Err(err(
+                "agent.max_parallel_tool_calls",
+                "must be within 1..=1024",
+            ));
+        }
         if self.tools.len() > max_tools {
             return Err(err("agent.tools", format!("more than {max_tools} tools")));
         }
@@ -166,7 +228,14 @@ impl AgentSpec {
             match tool.kind {
                 ToolKind::Http => {
                     check_tool_url(&tool.url).map_err(|m| err(field("url"), m))?;
+                    if tool.server.is_some() || tool.tools.is_some() {
+                        return Err(err(
+                            field("kind"),
+                            "`server` and `tools` belong to `mcp` tools",
+                        ));
+                    }
                 }
+                ToolKind::Mcp => check_mcp(tool, &field)?,
             }
             if let Some(t) = tool.timeout_ms
                 && !(1..=3_600_000).contains(&t)
@@ -180,6 +249,47 @@ impl AgentSpec {
     pub fn tool(&self, name: &str) -> Option<&ToolSpec> {
         self.tools.iter().find(|t| t.name == name)
     }
+}
+
+/// An `mcp` entry names its server once: registered (`server`) or inline (`url`). Its name
+/// prefixes the offered tools (`<name>__<tool>`), so it leaves room for theirs.
+fn check_mcp(tool: &ToolSpec, field: &dyn Fn(&str) -> String) -> Result<(), AgentSpecError> {
+    match (&tool.server, tool.url.is_empty()) {
+        (Some(_), false) => {
+            return Err(err(field("url"), "give either `server` or `url`, not both"));
+        }
+        (None, true) => {
+            return Err(err(
+                field("server"),
+                "an `mcp` tool names a registered `server` or an inline `url`",
+            ));
+        }
+        (Some(name), true) => check_mcp_server_name(name).map_err(|m| err(field("server"), m))?,
+        (None, false) => {
+            check_tool_url(&tool.url).map_err(|m| err(field("url"), m))?;
+        }
+    }
+    if tool.name.len() > 32 {
+        return Err(err(
+            field("name"),
+            "an `mcp` tool's name prefixes its tools' names: at most 32 characters",
+        ));
+    }
+    if let Some(picks) = &tool.tools {
+        if picks.is_empty() || picks.len() > MAX_MCP_TOOL_PICKS {
+            return Err(err(
+                field("tools"),
+                format!("must list 1-{MAX_MCP_TOOL_PICKS} tool names"),
+            ));
+        }
+        if picks
+            .iter()
+            .any(|p| p.is_empty() || p.chars().count() > 128)
+        {
+            return Err(err(field("tools"), "tool names are 1-128 characters"));
+        }
+    }
+    Ok(())
 }
 
 /// Longest accepted tool URL.

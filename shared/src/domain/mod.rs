@@ -6,8 +6,8 @@ mod run_status;
 mod tool_call_status;
 
 pub use agent::{
-    AgentSpec, AgentSpecError, BUILTIN_TOOLS, MAX_TOOL_URL_BYTES, Risk, ToolKind, ToolSpec,
-    check_tool_url,
+    AgentSpec, AgentSpecError, BUILTIN_TOOLS, MAX_MCP_SERVER_NAME, MAX_MCP_TOOL_PICKS,
+    MAX_TOOL_URL_BYTES, Risk, ToolKind, ToolSpec, check_mcp_server_name, check_tool_url,
 };
 pub use limits::{LimitError, LimitOverrides, Limits, MAX_REQUESTS_PER_SECOND};
 pub use run_status::RunStatus;

@@ -66,6 +66,8 @@ pub struct NewBatch {
     pub fair: bool,
     /// The driver's lease, for a `creating` batch.
     pub lease: Option<(String, u64)>,
+    /// W3C `traceparent` of the submitting request: the runs the driver makes later join it.
+    pub traceparent: Option<String>,
 }
 
 /// One item to write: the run request (for a `creating` batch) or the run made for it.
@@ -96,10 +98,10 @@ pub async fn insert<'e>(
     let row = sqlx::query_as::<_, BatchRow>(
         "WITH batch AS (
             INSERT INTO batches (id, tenant_id, status, total, metadata, idempotency_key,
-                                 request_hash, fair, lease_owner, lease_expires_at)
+                                 request_hash, fair, lease_owner, lease_expires_at, traceparent)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
                     CASE WHEN $9::text IS NULL THEN NULL
-                         ELSE now() + make_interval(secs => $10::bigint / 1000.0) END)
+                         ELSE now() + make_interval(secs => $10::bigint / 1000.0) END, $14)
             ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
             RETURNING *),
          item AS (
@@ -122,6 +124,7 @@ pub async fn insert<'e>(
     .bind(&custom_ids)
     .bind(&bodies)
     .bind(&run_ids)
+    .bind(batch.traceparent.as_deref())
     .fetch_optional(executor)
     .await?;
     Ok(row)
@@ -261,6 +264,8 @@ pub struct Held {
     pub fair: bool,
     /// The tenant is suspended: nothing new of it may start, so no run is created for now.
     pub suspended: bool,
+    /// The submitting request's trace context, stored with each run the driver makes.
+    pub traceparent: Option<String>,
 }
 
 /// Locks the batch row until the transaction ends and renews `owner`'s lease by `lease_ms`;
@@ -272,24 +277,28 @@ pub async fn renew(
     owner: &str,
     lease_ms: u64,
 ) -> Result<Option<Held>, StoreError> {
-    let row: Option<(String, Uuid, bool, bool)> = sqlx::query_as(
+    type Row = (String, Uuid, bool, bool, Option<String>);
+    let row: Option<Row> = sqlx::query_as(
         "UPDATE batches b
             SET lease_expires_at = now() + make_interval(secs => $3::bigint / 1000.0)
            FROM tenants t
           WHERE b.id = $1 AND b.lease_owner = $2 AND t.id = b.tenant_id
-          RETURNING b.status, b.tenant_id, b.fair, t.suspended_at IS NOT NULL",
+          RETURNING b.status, b.tenant_id, b.fair, t.suspended_at IS NOT NULL, b.traceparent",
     )
     .bind(id)
     .bind(owner)
     .bind(lease_ms as i64)
     .fetch_optional(conn)
     .await?;
-    Ok(row.map(|(status, tenant_id, fair, suspended)| Held {
-        status,
-        tenant_id,
-        fair,
-        suspended,
-    }))
+    Ok(
+        row.map(|(status, tenant_id, fair, suspended, traceparent)| Held {
+            status,
+            tenant_id,
+            fair,
+            suspended,
+            traceparent,
+        }),
+    )
 }
 
 /// An item still without a run.
@@ -549,6 +558,7 @@ mod tests {
             request_hash: Some(vec![1; 32]),
             fair: false,
             lease: Some(("me".into(), 60_000)),
+            traceparent: None,
         }
     }
 
@@ -671,6 +681,7 @@ mod tests {
             request_hash: None,
             input: "hi".into(),
             fair: false,
+            traceparent: None,
         };
         let run_id = run.id;
         let mut tx = pool.begin().await.unwrap();

@@ -22,16 +22,19 @@ use super::transitions::NewRun;
 const RUNS_ON_NEW_THREADS: &str = "
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::jsonb[], $5::jsonb[],
-                         $6::text[], $7::bytea[], $8::int4[], $9::jsonb[], $10::bool[])
+                         $6::text[], $7::bytea[], $8::int4[], $9::jsonb[], $10::bool[],
+                         $12::text[])
         AS t(id, tenant_id, thread_id, agent, metadata, idempotency_key, request_hash,
-             max_iterations, body, fair)),
+             max_iterations, body, fair, traceparent)),
  thread AS (
     INSERT INTO threads (id, tenant_id) SELECT thread_id, tenant_id FROM input),
  run AS (
     INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata,
-                      idempotency_key, request_hash, max_iterations, held, fair, batch_id)
+                      idempotency_key, request_hash, max_iterations, held, fair, batch_id,
+                      traceparent)
     SELECT id, tenant_id, thread_id, 'queued', agent, metadata,
-           idempotency_key, request_hash, max_iterations, fair, fair, $11::uuid FROM input
+           idempotency_key, request_hash, max_iterations, fair, fair, $11::uuid, traceparent
+    FROM input
     RETURNING *),
  message AS (
     INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
@@ -71,6 +74,7 @@ pub async fn create_on_new_threads_in<'e>(
     let mut max_iterations = Vec::with_capacity(n);
     let mut bodies = Vec::with_capacity(n);
     let mut fair = Vec::with_capacity(n);
+    let mut traceparents = Vec::with_capacity(n);
     for run in runs {
         ids.push(run.id);
         tenants.push(run.tenant_id);
@@ -82,6 +86,7 @@ pub async fn create_on_new_threads_in<'e>(
         max_iterations.push(run.max_iterations);
         bodies.push(Json(messages::user_body(&run.input)));
         fair.push(run.fair);
+        traceparents.push(run.traceparent.as_deref());
     }
     let rows = sqlx::query_as::<_, RunRow>(RUNS_ON_NEW_THREADS)
         .bind(&ids)
@@ -95,6 +100,7 @@ pub async fn create_on_new_threads_in<'e>(
         .bind(&bodies)
         .bind(&fair)
         .bind(batch)
+        .bind(&traceparents)
         .fetch_all(executor)
         .await?;
     in_order(&ids, rows)
@@ -143,6 +149,7 @@ mod tests {
             request_hash: Some(vec![i as u8; 32]),
             input: format!("hello {i}"),
             fair: false,
+            traceparent: None,
         }
     }
 

@@ -149,11 +149,13 @@ pub async fn tenants_with_held(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>, S
 }
 
 /// What waits: runs a worker may take now, and runs fair dispatch holds back.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Backlog {
     /// Queued and dispatched: what the RabbitMQ queue holds (or will again, once the sweeper
     /// re-publishes a lost message). The signal to scale workers on.
     pub runnable: i64,
+    /// How long the runnable run that became runnable first has been so (0 when none).
+    pub oldest_runnable_secs: f64,
     /// Queued and held, in all.
     pub held: i64,
     /// Held runs of the tenants with most, largest first.
@@ -162,10 +164,12 @@ pub struct Backlog {
 
 /// The backlog, with the `top` tenants holding most.
 pub async fn backlog(pool: &PgPool, top: i64) -> Result<Backlog, StoreError> {
-    let (runnable,): (i64,) =
-        sqlx::query_as("SELECT count(*) FROM runs WHERE status = 'queued' AND NOT held")
-            .fetch_one(pool)
-            .await?;
+    let (runnable, oldest_runnable_secs): (i64, Option<f64>) = sqlx::query_as(
+        "SELECT count(*), EXTRACT(EPOCH FROM now() - min(updated_at))::float8
+         FROM runs WHERE status = 'queued' AND NOT held",
+    )
+    .fetch_one(pool)
+    .await?;
     let per_tenant: Vec<(Uuid, i64)> = sqlx::query_as(
         "SELECT tenant_id, count(*) AS n FROM runs WHERE status = 'queued' AND held
          GROUP BY tenant_id ORDER BY n DESC, tenant_id",
@@ -174,6 +178,7 @@ pub async fn backlog(pool: &PgPool, top: i64) -> Result<Backlog, StoreError> {
     .await?;
     Ok(Backlog {
         runnable,
+        oldest_runnable_secs: oldest_runnable_secs.unwrap_or(0.0).max(0.0),
         held: per_tenant.iter().map(|(_, n)| n).sum(),
         held_by_tenant: per_tenant.into_iter().take(top.max(0) as usize).collect(),
     })
@@ -214,6 +219,7 @@ mod tests {
                 request_hash: None,
                 input: format!("run {i}"),
                 fair,
+                traceparent: None,
             })
             .collect();
         create_on_new_threads(pool, &runs)
@@ -333,6 +339,7 @@ mod tests {
             backlog(&pool, 10).await.unwrap(),
             Backlog {
                 runnable: 0,
+                oldest_runnable_secs: 0.0,
                 held: 3,
                 held_by_tenant: vec![(t, 3)]
             }

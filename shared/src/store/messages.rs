@@ -64,6 +64,57 @@ pub async fn llm_history(pool: &PgPool, thread: Uuid) -> Result<Vec<Value>, Stor
     ))
 }
 
+/// The `type` of the status messages that record a compaction of the history sent to the
+/// model (`GET /v1/threads/{id}/messages` lists them).
+pub const COMPACTION: &str = "context_compacted";
+
+/// The thread's newest summary: its text and how many messages of the thread's history (as
+/// [`llm_history`] returns it) it covers, from the first.
+pub async fn latest_summary(
+    pool: &PgPool,
+    thread: Uuid,
+) -> Result<Option<(usize, String)>, StoreError> {
+    let row: Option<(i64, String)> = sqlx::query_as(
+        "SELECT (body->>'covers')::bigint, body->>'summary' FROM messages
+         WHERE thread_id = $1 AND role = 'status' AND body->>'type' = $2
+           AND body ? 'summary'
+         ORDER BY id DESC LIMIT 1",
+    )
+    .bind(thread)
+    .bind(COMPACTION)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|(covers, text)| (covers.max(0) as usize, text)))
+}
+
+/// Records a compaction as a status message of the thread, fenced: a stale holder records
+/// nothing and gets `LeaseLost`.
+pub async fn insert_compaction(
+    pool: &PgPool,
+    fence: super::Fence,
+    thread: Uuid,
+    body: &Value,
+) -> Result<(), StoreError> {
+    let inserted = sqlx::query(concat!(
+        "WITH ",
+        fence_cte!(),
+        "
+         INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
+         SELECT $3, id, 'status', false, $4 FROM fence",
+    ))
+    .bind(fence.run_id)
+    .bind(fence.attempt)
+    .bind(thread)
+    .bind(Json(body))
+    .execute(pool)
+    .await?
+    .rows_affected();
+    if inserted == 0 {
+        return Err(fence.lost());
+    }
+    Ok(())
+}
+
 /// A history a provider accepts: every assistant message with `tool_calls` is followed by one
 /// tool result per call, and every tool result answers a call of the assistant message before
 /// it. Threads written before runs closed their calls on cancel or failure (or by a worker

@@ -50,9 +50,11 @@ pub mod batches;
 /// also names its ids (`r.id = ANY($1)`) so the primary key carries it.
 pub(crate) const RUNNING: &str = "running";
 pub mod create_many;
+pub mod dead_letters;
 pub mod dispatch;
 pub mod double_text;
 pub mod keys;
+pub mod mcp_servers;
 pub mod messages;
 pub mod runs;
 pub mod tenants;

@@ -48,6 +48,10 @@ pub struct RunRow {
     pub updated_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// W3C `traceparent` of the request that created the run (trace export on), which every
+    /// attempt's span joins. Absent from statements that list their columns.
+    #[sqlx(default)]
+    pub traceparent: Option<String>,
 }
 
 pub async fn get(pool: &PgPool, id: Uuid) -> Result<RunRow, StoreError> {

@@ -37,6 +37,8 @@ pub struct NewRun {
     /// Its tenant has a running limit: the run is created held, for [`super::dispatch`] to
     /// dispatch in turn (and not published by its creator).
     pub fair: bool,
+    /// W3C `traceparent` of the creating request (`runs.traceparent`); every attempt joins it.
+    pub traceparent: Option<String>,
 }
 
 /// `-> queued`: the thread (if new), the user's message and the run, in one transaction.
@@ -93,13 +95,14 @@ pub async fn create(conn: &mut PgConnection, new: NewRun) -> Result<RunRow, Stor
     Ok(run)
 }
 
-/// The run and its user message, as CTEs of one statement (parameters $1..$10).
+/// The run and its user message, as CTEs of one statement (parameters $1..$11).
 macro_rules! run_and_message {
     () => {
         "run AS (
             INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata,
-                              idempotency_key, request_hash, max_iterations, held, fair)
-            VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $10, $10)
+                              idempotency_key, request_hash, max_iterations, held, fair,
+                              traceparent)
+            VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $10, $10, $11)
             RETURNING *),
          message AS (
             INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
@@ -136,6 +139,7 @@ pub(crate) async fn insert_run<'e>(
         .bind(new.max_iterations)
         .bind(Json(messages::user_body(&new.input)))
         .bind(new.fair)
+        .bind(&new.traceparent)
         .fetch_one(executor)
         .await
 }
@@ -158,6 +162,8 @@ pub struct Claimed {
     /// The previous holder died (or was drained) mid-iteration: clients must drop its partial
     /// deltas, and the interrupted iteration is redone from the last committed state.
     pub recovered: bool,
+    /// The run's lease had expired: its holder vanished and this claim took it over.
+    pub took_over: bool,
     /// Prompt + completion tokens of the run's tenant this UTC day, as the claim found them:
     /// with the run's own counters, what the budget check needs before the first model call.
     pub tenant_tokens_today: i64,
@@ -212,6 +218,7 @@ pub async fn claim_many(
            AND ((prev.status = 'queued' AND NOT prev.held)
                 OR (prev.status = 'running' AND r.lease_expires_at < now()))
          RETURNING r.*, (prev.status = 'running' OR prev.interrupted) AS recovered,
+             (prev.status = 'running') AS took_over,
              coalesce((SELECT u.prompt_tokens + u.completion_tokens FROM usage_daily u
                        WHERE u.tenant_id = r.tenant_id
                          AND u.day = (now() AT TIME ZONE 'UTC')::date), 0) AS tenant_tokens_today,
@@ -230,6 +237,7 @@ pub async fn claim_many(
         .map(|id| {
             by_id.remove(id).map(|r| Claimed {
                 recovered: r.recovered,
+                took_over: r.took_over,
                 run: r.run,
                 tenant_tokens_today: r.tenant_tokens_today,
                 tenant_tokens_per_day: r.tenant_tokens_per_day,
@@ -243,6 +251,7 @@ struct ClaimRow {
     #[sqlx(flatten)]
     run: RunRow,
     recovered: bool,
+    took_over: bool,
     tenant_tokens_today: i64,
     tenant_tokens_per_day: Option<Json<serde_json::Value>>,
 }
@@ -852,6 +861,7 @@ mod tests {
                 request_hash: None,
                 input: "hi".into(),
                 fair: false,
+                traceparent: None,
             },
         )
         .await
@@ -1180,6 +1190,7 @@ mod tests {
                 request_hash: None,
                 input: "again".into(),
                 fair: false,
+                traceparent: None,
             },
         )
         .await;

@@ -338,6 +338,7 @@ mod tests {
                 request_hash: None,
                 input: "hi".into(),
                 fair: false,
+                traceparent: None,
             },
         )
         .await

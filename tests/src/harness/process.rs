@@ -68,9 +68,19 @@ impl TestEnv {
 
     /// A worker as a separate OS process (for kill -9 and multi-process tests).
     pub fn spawn_worker_process(&self, extra: &[(&str, &str)]) -> ChildProcess {
+        self.spawn_worker_process_env(extra, &[])
+    }
+
+    /// [`TestEnv::spawn_worker_process`] with extra environment variables (`OTEL_BSP_*`, …).
+    pub fn spawn_worker_process_env(
+        &self,
+        extra: &[(&str, &str)],
+        extra_env: &[(&str, &str)],
+    ) -> ChildProcess {
         let bin = binary("agentfleet-worker");
         let mut cmd = Command::new(&bin);
         cmd.envs(self.env_vars(extra))
+            .envs(extra_env.iter().copied())
             .env(
                 "RUST_LOG",
                 std::env::var("AGENTFLEET_TEST_CHILD_LOG").unwrap_or_else(|_| "warn".into()),
@@ -106,6 +116,21 @@ impl TestEnv {
         })
         .await;
         (ChildProcess { child: Some(child) }, base)
+    }
+
+    /// A `TestApp` for an API running elsewhere (a process from [`TestEnv::spawn_api_process`]),
+    /// with a tenant of its own; `http` may carry default headers.
+    pub async fn app_at(&self, base: &str, http: reqwest::Client) -> TestApp {
+        let tenant = tenants::create(&self.pool, "test tenant")
+            .await
+            .expect("tenant");
+        TestApp {
+            address: base.to_owned(),
+            api_key: tenant.api_key,
+            tenant_id: tenant.tenant_id,
+            http,
+            stop: CancellationToken::new(),
+        }
     }
 
     /// Spawns a worker process with failpoints enabled.
@@ -226,4 +251,26 @@ impl Drop for ChildProcess {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Runs the built `agentfleet-api` with the test's configuration; its stdout, or a panic with
+/// its stderr unless it failed as `expect_ok` says.
+pub async fn api_cli(env: &TestEnv, args: &[&str], expect_ok: bool) -> String {
+    let out = tokio::process::Command::new(binary("agentfleet-api"))
+        .args(args)
+        .envs(env.env_vars(&[]))
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("runs agentfleet-api");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert_eq!(
+        out.status.success(),
+        expect_ok,
+        "{args:?}\nstdout: {stdout}\nstderr: {stderr}"
+    );
+    if expect_ok { stdout } else { stderr }
 }

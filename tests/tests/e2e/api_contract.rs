@@ -644,6 +644,7 @@ async fn the_openapi_document_describes_every_operation_of_this_deployment() {
     assert_eq!(
         operations,
         [
+            "DELETE /v1/mcp-servers/{name}",
             "DELETE /v1/webhooks/{id}",
             "GET /healthz",
             "GET /openapi.json",
@@ -652,6 +653,8 @@ async fn the_openapi_document_describes_every_operation_of_this_deployment() {
             "GET /v1/batches/{id}",
             "GET /v1/batches/{id}/events",
             "GET /v1/batches/{id}/results",
+            "GET /v1/mcp-servers",
+            "GET /v1/mcp-servers/{name}",
             "GET /v1/runs",
             "GET /v1/runs/{id}",
             "GET /v1/runs/{id}/events",
@@ -663,6 +666,7 @@ async fn the_openapi_document_describes_every_operation_of_this_deployment() {
             "GET /v1/webhooks/{id}/deliveries",
             "POST /v1/batches",
             "POST /v1/batches/{id}/cancel",
+            "POST /v1/mcp-servers",
             "POST /v1/runs",
             "POST /v1/runs/batch",
             "POST /v1/runs/{id}/cancel",

@@ -1,6 +1,6 @@
 //! The run path end to end: submit, claim, model, tools, events.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -203,19 +203,59 @@ async fn two_worker_processes_share_fifty_runs_and_each_completes_once() {
         "both worker processes took runs: {workers:?}"
     );
     // Each side effect happened exactly once.
-    let calls = env.tools.calls_to("/side-effect");
-    let mut per_key: HashMap<String, usize> = HashMap::new();
-    for c in &calls {
-        *per_key
-            .entry(c.idempotency_key.clone().unwrap())
-            .or_default() += 1;
-    }
+    let per_key = env.tools.calls_per_key("/side-effect");
     assert_eq!(per_key.len(), 50);
     assert!(per_key.values().all(|&n| n == 1), "{per_key:?}");
     w1.signal("TERM");
     w2.signal("TERM");
     assert_eq!(w1.wait_exit(T).await, Some(0), "worker drains and exits 0");
     assert_eq!(w2.wait_exit(T).await, Some(0));
+}
+
+/// A run's message stays unacknowledged while it holds a slot; a holding past
+/// `worker.max_delivery_hold_ms` acks early, after which the broker pushes more deliveries
+/// than there are free slots: they must go back to the queue and come again, each run once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_held_past_the_delivery_hold_are_acked_early_and_the_backlog_still_drains() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let worker = env
+        .spawn_worker_with(&[
+            ("worker.concurrency", "2"),
+            ("worker.max_delivery_hold_ms", "1000"),
+        ])
+        .await;
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let body = scripted_run(
+            json!([{"tool_calls": [{"name": "effect", "arguments": {"i": i}}], "delay_ms": 1500},
+                   {"content": "ok"}]),
+            json!([http_tool(&env, "effect", "/side-effect")]),
+        );
+        ids.push(
+            app.start_run(&body).await["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    for id in &ids {
+        let run = app
+            .wait_status(id, &["completed", "failed"], Duration::from_secs(60))
+            .await;
+        assert_eq!(run["status"], "completed", "{run}");
+        assert_eq!(run["attempt"], 1, "no run was claimed twice: {run}");
+        let kinds = types(&app.events(id, 0, T).await);
+        assert_eq!(kinds.iter().filter(|k| *k == "run_started").count(), 1);
+    }
+    let calls = env.tools.calls_to("/side-effect");
+    assert_eq!(calls.len(), 6, "each side effect once: {calls:?}");
+    let queue = format!("{}.runs", env.prefix);
+    wait_for("the run queue to be empty", T, || async {
+        (env.queue_depth(&queue).await == 0).then_some(())
+    })
+    .await;
+    worker.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -187,7 +187,7 @@ async fn a_revocation_by_the_cli_reaches_both_replicas_long_before_the_ttl() {
             "cached"
         );
     }
-    cli(
+    api_cli(
         &env,
         &["keys", "revoke", "--key", &tenant.key_id.to_string()],
         true,
@@ -559,33 +559,11 @@ async fn a_suspended_tenant_reads_but_starts_nothing_until_resumed() {
     assert_eq!(t["limits"], json!({"tokens_per_day": 1000}));
 }
 
-/// Runs the built `agentfleet-api` with the test's configuration; its stdout, or a panic with
-/// its stderr unless it failed as `expect_ok` says.
-async fn cli(env: &TestEnv, args: &[&str], expect_ok: bool) -> String {
-    let out = tokio::process::Command::new(binary("agentfleet-api"))
-        .args(args)
-        .envs(env.env_vars(&[]))
-        .env("RUST_LOG", "warn")
-        .output()
-        .await
-        .expect("runs agentfleet-api");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
-    assert_eq!(
-        out.status.success(),
-        expect_ok,
-        "{args:?}\nstdout: {stdout}\nstderr: {stderr}"
-    );
-    if expect_ok { stdout } else { stderr }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_manages_tenants_and_keys() {
     let env = TestEnv::new().await;
     let created: Value = serde_json::from_str(
-        &cli(
+        &api_cli(
             &env,
             &["tenants", "create", "--name", "cli", "--json"],
             true,
@@ -596,7 +574,7 @@ async fn the_cli_manages_tenants_and_keys() {
     let tenant = created["tenant_id"].as_str().unwrap().to_owned();
     assert!(created["api_key"].as_str().unwrap().starts_with("af_"));
     let key: Value = serde_json::from_str(
-        &cli(
+        &api_cli(
             &env,
             &[
                 "keys",
@@ -619,14 +597,14 @@ async fn the_cli_manages_tenants_and_keys() {
         key["api_key"].as_str().unwrap().to_owned(),
     );
     assert!(key["key"]["expires_at"].is_string());
-    let table = cli(&env, &["keys", "list", "--tenant", &tenant], true).await;
+    let table = api_cli(&env, &["keys", "list", "--tenant", &tenant], true).await;
     assert!(
         table.starts_with("ID") && table.contains("ci") && table.contains(&key_id),
         "{table}"
     );
     assert!(!table.contains(&secret), "no secret in listings");
     let t: Value = serde_json::from_str(
-        &cli(
+        &api_cli(
             &env,
             &[
                 "tenants",
@@ -644,7 +622,7 @@ async fn the_cli_manages_tenants_and_keys() {
     .unwrap();
     assert_eq!(t["limits"], json!({"max_running_runs": 3}));
     let t: Value = serde_json::from_str(
-        &cli(
+        &api_cli(
             &env,
             &[
                 "tenants",
@@ -662,7 +640,7 @@ async fn the_cli_manages_tenants_and_keys() {
     .unwrap();
     assert_eq!(t["limits"], json!({}));
     let t: Value = serde_json::from_str(
-        &cli(
+        &api_cli(
             &env,
             &["tenants", "suspend", "--tenant", &tenant, "--json"],
             true,
@@ -672,12 +650,12 @@ async fn the_cli_manages_tenants_and_keys() {
     .unwrap();
     assert!(t["suspended_at"].is_string());
     let rotated: Value = serde_json::from_str(
-        &cli(&env, &["keys", "rotate", "--key", &key_id, "--json"], true).await,
+        &api_cli(&env, &["keys", "rotate", "--key", &key_id, "--json"], true).await,
     )
     .unwrap();
     assert!(rotated["previous"]["revoked_at"].is_string());
     let new_id = rotated["key"]["id"].as_str().unwrap().to_owned();
-    let revoked = cli(&env, &["keys", "revoke", "--key", &new_id], true).await;
+    let revoked = api_cli(&env, &["keys", "revoke", "--key", &new_id], true).await;
     assert!(revoked.contains(&new_id), "{revoked}");
     // What the database now says agrees.
     let live: (i64,) = sqlx::query_as(
@@ -689,7 +667,7 @@ async fn the_cli_manages_tenants_and_keys() {
     .unwrap();
     assert_eq!(live.0, 1, "only the tenant's default key is left");
     // Bad input: a clear error naming the option, nothing written.
-    let err = cli(
+    let err = api_cli(
         &env,
         &[
             "keys", "create", "--tenant", &tenant, "--name", "", "--json",
@@ -698,7 +676,7 @@ async fn the_cli_manages_tenants_and_keys() {
     )
     .await;
     assert!(err.contains("--name"), "{err}");
-    let err = cli(
+    let err = api_cli(
         &env,
         &["tenants", "limits", "--tenant", &tenant, "--clear", "bogus"],
         false,
@@ -706,6 +684,6 @@ async fn the_cli_manages_tenants_and_keys() {
     .await;
     assert!(err.contains("bogus"), "{err}");
     // The old spelling still works.
-    let old = cli(&env, &["create-tenant", "--name", "legacy"], true).await;
+    let old = api_cli(&env, &["create-tenant", "--name", "legacy"], true).await;
     assert!(old.contains("api_key=af_"), "{old}");
 }

@@ -1,6 +1,7 @@
 //! HTTP tools: POST `{run_id, tool_call_id, arguments}` with `Idempotency-Key:
 //! <run_id>:<tool_call_id>`, so a call dispatched again after a crash can be deduplicated by the
-//! tool server. A 2xx body is the result; anything else is an error result the model sees.
+//! tool server, and `traceparent` when traces are exported. A 2xx body is the result; anything
+//! else is an error result the model sees.
 
 use std::time::Duration;
 
@@ -38,31 +39,36 @@ pub async fn call(
     max_result_bytes: usize,
 ) -> HttpOutcome {
     let Ok(url) = Url::parse(url) else {
-        return error("the tool's URL is not valid".into());
+        return error_outcome("the tool's URL is not valid".into());
     };
     if policy.check_url(&url).is_err() {
         metrics::counter!("agentfleet_egress_denied_total", "stage" => "url").increment(1);
-        return error(DENIED_MESSAGE.into());
+        return error_outcome(DENIED_MESSAGE.into());
     }
     let late = || format!("the tool did not answer within {} ms", timeout.as_millis());
     let body = json!({"run_id": run_id, "tool_call_id": tool_call_id, "arguments": arguments});
-    let request = http
+    let mut request = http
         .post(url)
-        .header("Idempotency-Key", format!("{run_id}:{tool_call_id}"))
-        .json(&body)
-        .timeout(timeout)
-        .send();
+        .header("Idempotency-Key", format!("{run_id}:{tool_call_id}"));
+    // W3C trace context of the `tool.call` span (nothing when traces are not exported): a tool
+    // that traces continues the run's trace.
+    for (name, value) in agentfleet_shared::telemetry::current_trace_headers() {
+        request = request.header(name, value);
+    }
+    let request = request.json(&body).timeout(timeout).send();
     let response = match request.await {
         Ok(r) => r,
-        Err(e) if egress::is_denied(&e) => return error(DENIED_MESSAGE.into()),
-        Err(e) if e.is_timeout() => return error(late()),
-        Err(e) if e.is_redirect() => return error("the tool redirected too many times".into()),
+        Err(e) if egress::is_denied(&e) => return error_outcome(DENIED_MESSAGE.into()),
+        Err(e) if e.is_timeout() => return error_outcome(late()),
+        Err(e) if e.is_redirect() => {
+            return error_outcome("the tool redirected too many times".into());
+        }
         Err(e) => {
             // The cause stays in the logs: telling the model (and so the tenant) whether a
             // port refused or timed out would make tool URLs a port scanner.
             tracing::info!(%run_id, tool_call_id, error = %agentfleet_shared::report::error_line(&e),
                 "tool unreachable");
-            return error("the tool could not be reached".into());
+            return error_outcome("the tool could not be reached".into());
         }
     };
     let status = response.status();
@@ -73,36 +79,47 @@ pub async fn call(
     };
     let body = match tokio::time::timeout(timeout, bounded::read(response, cap)).await {
         Ok(Ok(body)) => body,
-        Ok(Err(e)) if e.is_timeout() => return error(late()),
-        Ok(Err(_)) => return error("reading the tool's answer failed".into()),
-        Err(_) => return error(late()),
+        Ok(Err(e)) if e.is_timeout() => return error_outcome(late()),
+        Ok(Err(_)) => return error_outcome("reading the tool's answer failed".into()),
+        Err(_) => return error_outcome(late()),
     };
     // What a tool sends is stored: NUL, which Postgres refuses, is removed.
     let text = agentfleet_shared::sanitize::strip_nul(&body.text()).into_owned();
     if status.is_redirection() {
-        return error(format!(
+        return error_outcome(format!(
             "the tool answered with a redirect (HTTP {}), which tool calls here do not follow",
             status.as_u16()
         ));
     }
     if !status.is_success() {
         let cut = if body.truncated { "…" } else { "" };
-        return error(format!(
+        return error_outcome(format!(
             "the tool answered HTTP {}: {text}{cut}",
             status.as_u16()
         ));
     }
     if body.truncated {
-        metrics::counter!("agentfleet_tool_results_truncated_total").increment(1);
-        return HttpOutcome {
-            ok: true,
-            result: json!({"truncated": true, "limit_bytes": cap, "partial": text}),
-            model_content: format!(
-                "{text}…[truncated: the tool's answer was longer than {cap} bytes]"
-            ),
-            truncated: true,
-        };
+        return truncated_outcome(&text, cap);
     }
+    answer_outcome(text)
+}
+
+/// A tool's answer cut at `cap` bytes (`partial`, already cut): the run sees what came and a
+/// flag. Shared by the tool kinds.
+pub fn truncated_outcome(partial: &str, cap: usize) -> HttpOutcome {
+    metrics::counter!("agentfleet_tool_results_truncated_total").increment(1);
+    HttpOutcome {
+        ok: true,
+        result: json!({"truncated": true, "limit_bytes": cap, "partial": partial}),
+        model_content: format!(
+            "{partial}…[truncated: the tool's answer was longer than {cap} bytes]"
+        ),
+        truncated: true,
+    }
+}
+
+/// A tool's whole answer: JSON when it parses, else the text.
+pub fn answer_outcome(text: String) -> HttpOutcome {
     let mut result = serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text.clone()));
     agentfleet_shared::sanitize::strip_nul_value(&mut result);
     HttpOutcome {
@@ -113,7 +130,8 @@ pub async fn call(
     }
 }
 
-fn error(message: String) -> HttpOutcome {
+/// An error result: the model sees `{"error": message}`.
+pub fn error_outcome(message: String) -> HttpOutcome {
     HttpOutcome {
         ok: false,
         model_content: json!({"error": message}).to_string(),

@@ -2,27 +2,13 @@
 //! iteration are settled (executed, paused for a decision or an answer, or skipped).
 
 pub mod builtin;
+pub mod catalog;
 pub mod egress;
 pub mod http;
+pub mod mcp;
 pub mod settle;
 
-use serde_json::{Value, json};
-
-use agentfleet_shared::domain::{AgentSpec, ToolSpec};
-
-/// The `tools` array of a chat-completions request: the agent's tools plus the built-ins.
-pub fn definitions(agent: &AgentSpec) -> Vec<Value> {
-    let mut defs: Vec<Value> = agent.tools.iter().map(definition).collect();
-    defs.extend(builtin::definitions());
-    defs
-}
-
-fn definition(tool: &ToolSpec) -> Value {
-    json!({
-        "type": "function",
-        "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters},
-    })
-}
+use serde_json::Value;
 
 /// Parses and validates a call's arguments. The error text is what the model will see.
 pub fn check_arguments(raw: &str, schema: &Value) -> Result<Value, String> {
@@ -58,6 +44,7 @@ pub fn check_arguments(raw: &str, schema: &Value) -> Result<Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn arguments_are_checked_against_the_schema() {

@@ -5,17 +5,20 @@
 //! Order of a response: calls before the first terminating call (`ask`, `complete`) run; calls
 //! after it are skipped. If any call before it needs confirmation, nothing runs until every
 //! such call is decided: then the approved ones and the low-risk ones run, and the rejected
-//! ones give the model the user's rejection.
+//! ones give the model the user's rejection. At most the run's cap of calls
+//! (`worker.max_parallel_tool_calls`, lowered by `agent.max_parallel_tool_calls`) are in flight
+//! at once.
 
-use futures_util::future::join_all;
+use futures_util::{StreamExt, stream};
 use serde_json::json;
 
-use agentfleet_shared::domain::{Risk, ToolCallStatus};
+use agentfleet_shared::domain::{Risk, ToolCallStatus, ToolKind};
 use agentfleet_shared::events::EventType;
 use agentfleet_shared::store::messages;
 use agentfleet_shared::store::tool_calls::{self, ToolCallRow};
 
-use super::{builtin, check_arguments, http};
+use super::catalog::Target;
+use super::{builtin, check_arguments, http, mcp};
 use crate::pause;
 use crate::run_ctx::{RunCtx, RunError};
 
@@ -116,7 +119,7 @@ pub fn mark_dispatchable(ctx: &RunCtx, rows: &mut [ToolCallRow]) {
     let ready: Vec<(usize, serde_json::Value)> = calls
         .iter()
         .filter_map(|c| {
-            let spec = ctx.run.agent.tool(&c.name)?;
+            let spec = ctx.catalog.get()?.get(&c.name)?;
             let args = check_arguments(&c.raw_arguments, &spec.parameters).ok()?;
             Some((c.position as usize, args))
         })
@@ -169,12 +172,16 @@ pub async fn settle(
     };
     if !runnable.is_empty() {
         let started = std::time::Instant::now();
-        let results = join_all(
-            runnable
-                .into_iter()
-                .map(|c| execute(ctx, iteration, c, is_fresh)),
-        )
-        .await;
+        let cap = parallel_cap(ctx);
+        // At most `cap` calls in flight; each records its own outcome as it ends.
+        // Collected first: a lazily mapped iterator inside the stream trips the spawned task's
+        // `Send` check (higher-ranked lifetimes).
+        let calls: Vec<_> = runnable
+            .into_iter()
+            .map(|c| execute(ctx, iteration, c, is_fresh))
+            .collect();
+        let results: Vec<Result<(), RunError>> =
+            stream::iter(calls).buffer_unordered(cap).collect().await;
         ctx.timing.add_tools(started.elapsed());
         results.into_iter().collect::<Result<Vec<()>, RunError>>()?;
     }
@@ -206,6 +213,16 @@ pub async fn settle(
             Ok(Settled::Complete)
         }
     }
+}
+
+/// Tool calls of one response that run at once: the agent's `max_parallel_tool_calls`, never
+/// more than `worker.max_parallel_tool_calls`.
+fn parallel_cap(ctx: &RunCtx) -> usize {
+    let most = ctx.shared.settings.worker.max_parallel_tool_calls.max(1);
+    ctx.run
+        .agent
+        .max_parallel_tool_calls
+        .map_or(most, |n| (n as usize).clamp(1, most))
 }
 
 async fn finish(
@@ -258,7 +275,18 @@ async fn finish_failed(
 
 /// Runs one call: recorded as dispatched before it leaves (by the turn's commit when `fresh`
 /// and already `running`), and its outcome after.
-#[tracing::instrument(name = "tool_call", skip(ctx, call), fields(tool = %call.name, tool_call_id = %call.tool_call_id))]
+///
+/// Its span, `tool.call`: the tool, its kind, the call's id, risk and dispatch count, and the
+/// outcome; no arguments or result (bodies stay out of traces).
+#[tracing::instrument(name = "tool.call", skip(ctx, iteration, call, fresh), fields(
+    tool = %call.name,
+    tool_call_id = %call.tool_call_id,
+    risk = call.risk.as_str(),
+    kind = tracing::field::Empty,
+    dispatch = tracing::field::Empty,
+    outcome = tracing::field::Empty,
+    otel.status_code = tracing::field::Empty,
+))]
 async fn execute(
     ctx: &RunCtx,
     iteration: i32,
@@ -267,6 +295,9 @@ async fn execute(
 ) -> Result<(), RunError> {
     let fail =
         |msg: String| async move {
+            let span = tracing::Span::current();
+            span.record("outcome", "rejected_arguments");
+            span.record("otel.status_code", "error");
             finish_failed(ctx, iteration, call, &msg).await?;
             ctx.emitter
             .emit(EventType::ToolCompleted, json!({
@@ -277,7 +308,8 @@ async fn execute(
                 .increment(1);
             Ok::<(), RunError>(())
         };
-    let Some(spec) = ctx.run.agent.tool(&call.name) else {
+    let catalog = ctx.catalog().await?;
+    let Some(spec) = catalog.get(&call.name) else {
         return fail(format!("unknown tool `{}`", call.name)).await;
     };
     let (args, dispatch) = match &call.arguments {
@@ -294,6 +326,14 @@ async fn execute(
             Err(msg) => return fail(msg).await,
         },
     };
+    let span = tracing::Span::current();
+    let kind = match spec.target {
+        Target::Http { .. } => ToolKind::Http.as_str(),
+        Target::Mcp { .. } => ToolKind::Mcp.as_str(),
+        Target::ExpandMessage => "builtin",
+    };
+    span.record("kind", kind);
+    span.record("dispatch", dispatch);
     agentfleet_shared::failpoint::hit(&format!("tool:{}", call.name));
     ctx.emitter
         .emit(EventType::ToolStarted, json!({
@@ -304,23 +344,48 @@ async fn execute(
     let timeout =
         std::time::Duration::from_millis(spec.timeout_ms.unwrap_or(settings.tool_timeout_ms));
     let started = std::time::Instant::now();
-    let outcome = match spec.kind {
-        agentfleet_shared::domain::ToolKind::Http => {
-            let call_fut = http::call(
-                &ctx.shared.tools_http,
-                &ctx.shared.egress,
-                &spec.url,
-                ctx.fence.run_id,
-                &call.tool_call_id,
-                &args,
-                timeout,
-                settings.max_tool_result_bytes,
-            );
-            tokio::select! {
-                o = call_fut => o,
-                _ = ctx.stop.stopped() => return Err(RunError::Stopped),
+    let call_fut = async {
+        match &spec.target {
+            Target::Http { url } => {
+                http::call(
+                    &ctx.shared.tools_http,
+                    &ctx.shared.egress,
+                    url,
+                    ctx.fence.run_id,
+                    &call.tool_call_id,
+                    &args,
+                    timeout,
+                    settings.max_tool_result_bytes,
+                )
+                .await
+            }
+            Target::Mcp { server, tool } => {
+                mcp::call(
+                    &ctx.shared.tools_http,
+                    &ctx.shared.egress,
+                    server,
+                    tool,
+                    ctx.fence.run_id,
+                    &call.tool_call_id,
+                    &args,
+                    timeout,
+                    settings.max_tool_result_bytes,
+                )
+                .await
+            }
+            Target::ExpandMessage => {
+                let history = ctx.history.lock().expect("history lock");
+                builtin::expand(
+                    history.as_deref().unwrap_or_default(),
+                    &args,
+                    ctx.shared.settings.context.expand_max_bytes,
+                )
             }
         }
+    };
+    let outcome = tokio::select! {
+        o = call_fut => o,
+        _ = ctx.stop.stopped() => return Err(RunError::Stopped),
     };
     metrics::histogram!("agentfleet_tool_call_duration_seconds")
         .record(started.elapsed().as_secs_f64());
@@ -330,6 +395,10 @@ async fn execute(
         ToolCallStatus::Failed
     };
     metrics::counter!("agentfleet_tool_calls_total", "outcome" => status.as_str()).increment(1);
+    span.record("outcome", status.as_str());
+    if !outcome.ok {
+        span.record("otel.status_code", "error");
+    }
     finish(
         ctx,
         iteration,

@@ -1,0 +1,377 @@
+//! MCP tools over streamable HTTP, with the official SDK (`rmcp`). The transport runs on the
+//! worker's egress-held reqwest client (`tools_http`: resolved addresses checked, no
+//! redirects, connect timeout), with rmcp's own bounded reads (`max_json_response_size`,
+//! `max_sse_event_size`). Each listing and each call opens a session, does its one request
+//! and closes it: no connection outlives the step that needed it.
+//!
+//! A server's tools are listed once per TTL (`mcp.tools_ttl_ms`) per tenant, URL and headers
+//! ([`ToolCache`]); a listing is bounded in tool count and schema size.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use reqwest::Url;
+use reqwest::header::{HeaderName, HeaderValue};
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, MetaObject, RequestMetaObject};
+use rmcp::service::{RoleClient, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::common::client_side_sse::NeverRetry;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use agentfleet_shared::egress::{DENIED_MESSAGE, EgressDenied, EgressPolicy};
+
+use super::http::{HttpOutcome, answer_outcome, error_outcome, truncated_outcome};
+
+/// A server as the worker reaches it.
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    /// Tenant, URL and a hash of the headers: the tool cache's key.
+    pub key: String,
+}
+
+impl Server {
+    pub fn new(tenant: Uuid, url: String, headers: Vec<(String, String)>) -> Server {
+        let mut hash = Sha256::new();
+        for (n, v) in &headers {
+            hash.update(n.to_ascii_lowercase().as_bytes());
+            hash.update([0]);
+            hash.update(v.as_bytes());
+            hash.update([0]);
+        }
+        let key = format!("{tenant}|{url}|{}", hex::encode(hash.finalize()));
+        Server { url, headers, key }
+    }
+}
+
+/// One tool a server offers.
+#[derive(Debug, Clone)]
+pub struct RemoteTool {
+    pub name: String,
+    pub description: String,
+    pub schema: Value,
+}
+
+/// Why a server could not be used; the text is tenant-visible and reveals nothing internal.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum McpError {
+    #[error("{DENIED_MESSAGE}")]
+    Denied,
+    #[error("the MCP server's URL is not valid")]
+    BadUrl,
+    #[error("the MCP server could not be reached")]
+    Unreachable,
+    #[error("the MCP server did not answer within {0} ms")]
+    Timeout(u128),
+    #[error("the MCP server offers more than {0} tools")]
+    TooManyTools(usize),
+    #[error("the MCP server's tool `{tool}` has an input schema larger than {limit} bytes")]
+    SchemaTooLarge { tool: String, limit: usize },
+    #[error("a header of the MCP server is not a valid HTTP header")]
+    BadHeader,
+}
+
+/// The limits of one listing or call.
+pub struct Limits {
+    pub timeout: Duration,
+    pub max_response_bytes: usize,
+}
+
+/// Tool lists by server key, reused until they are `ttl` old. Bounded: past `MAX_ENTRIES`
+/// the expired entries go, and if none had expired, everything does.
+pub struct ToolCache {
+    ttl: Duration,
+    entries: Mutex<HashMap<String, Listed>>,
+}
+
+/// A server's tools and when they were listed.
+type Listed = (Instant, Arc<Vec<RemoteTool>>);
+
+const MAX_ENTRIES: usize = 4096;
+
+impl ToolCache {
+    pub fn new(ttl: Duration) -> ToolCache {
+        ToolCache {
+            ttl,
+            entries: Mutex::default(),
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<Arc<Vec<RemoteTool>>> {
+        let entries = self.entries.lock().expect("mcp cache lock");
+        entries
+            .get(key)
+            .filter(|(at, _)| at.elapsed() < self.ttl)
+            .map(|(_, tools)| tools.clone())
+    }
+
+    fn put(&self, key: String, tools: Arc<Vec<RemoteTool>>) {
+        let mut entries = self.entries.lock().expect("mcp cache lock");
+        if entries.len() >= MAX_ENTRIES {
+            entries.retain(|_, (at, _)| at.elapsed() < self.ttl);
+            if entries.len() >= MAX_ENTRIES {
+                entries.clear();
+            }
+        }
+        entries.insert(key, (Instant::now(), tools));
+    }
+}
+
+/// The server's tools, from the cache or listed now.
+pub async fn tools(
+    http: &reqwest::Client,
+    policy: &EgressPolicy,
+    cache: &ToolCache,
+    server: &Server,
+    limits: &Limits,
+    max_tools: usize,
+    max_schema_bytes: usize,
+) -> Result<Arc<Vec<RemoteTool>>, McpError> {
+    if let Some(hit) = cache.get(&server.key) {
+        metrics::counter!("agentfleet_mcp_tool_lists_total", "source" => "cache").increment(1);
+        return Ok(hit);
+    }
+    let listed = tokio::time::timeout(limits.timeout, async {
+        let client = connect(http, policy, server, limits.max_response_bytes).await?;
+        let listed = client.list_all_tools().await.map_err(|e| classify(&e));
+        close(client);
+        listed
+    })
+    .await
+    .map_err(|_| McpError::Timeout(limits.timeout.as_millis()))??;
+    metrics::counter!("agentfleet_mcp_tool_lists_total", "source" => "server").increment(1);
+    if listed.len() > max_tools {
+        return Err(McpError::TooManyTools(max_tools));
+    }
+    let mut tools = Vec::with_capacity(listed.len());
+    for tool in listed {
+        let schema = Value::Object((*tool.input_schema).clone());
+        if schema.to_string().len() > max_schema_bytes {
+            return Err(McpError::SchemaTooLarge {
+                tool: tool.name.chars().take(128).collect(),
+                limit: max_schema_bytes,
+            });
+        }
+        tools.push(RemoteTool {
+            name: tool.name.into_owned(),
+            description: tool.description.map(|d| d.into_owned()).unwrap_or_default(),
+            schema,
+        });
+    }
+    let tools = Arc::new(tools);
+    cache.put(server.key.clone(), tools.clone());
+    Ok(tools)
+}
+
+/// Calls `tool` with the run's idempotency metadata in `_meta`: `idempotency_key` is
+/// `<run_id>:<tool_call_id>`, as the `Idempotency-Key` header of http tools, so a call
+/// dispatched again after a crash can be deduplicated by the server.
+#[allow(clippy::too_many_arguments)]
+pub async fn call(
+    http: &reqwest::Client,
+    policy: &EgressPolicy,
+    server: &Server,
+    tool: &str,
+    run_id: Uuid,
+    tool_call_id: &str,
+    arguments: &Value,
+    timeout: Duration,
+    max_result_bytes: usize,
+) -> HttpOutcome {
+    let mut params = CallToolRequestParams::new(tool.to_owned());
+    params.arguments = arguments.as_object().cloned();
+    let meta = json!({
+        "idempotency_key": format!("{run_id}:{tool_call_id}"),
+        "run_id": run_id,
+        "tool_call_id": tool_call_id,
+        "deadline_ms": timeout.as_millis() as u64,
+    });
+    let Value::Object(meta) = meta else {
+        unreachable!("a JSON object literal")
+    };
+    params.meta = Some(RequestMetaObject(MetaObject(meta)));
+    // JSON escaping can double a text's size; past this the answer fails instead of being cut.
+    let max_response = max_result_bytes.saturating_mul(4).saturating_add(65_536);
+    let outcome = tokio::time::timeout(timeout, async {
+        let client = connect(http, policy, server, max_response).await?;
+        let result = client.call_tool(params).await.map_err(|e| classify(&e));
+        close(client);
+        result
+    })
+    .await;
+    let result = match outcome {
+        Err(_) => McpError::Timeout(timeout.as_millis()).to_string(),
+        Ok(Err(e)) => {
+            if matches!(e, McpError::Unreachable) {
+                tracing::info!(%run_id, tool_call_id, "MCP server unreachable");
+            }
+            e.to_string()
+        }
+        Ok(Ok(result)) => return settle_result(result, max_result_bytes),
+    };
+    error_outcome(result)
+}
+
+/// Text content concatenated (else the structured content), bounded like an http tool's
+/// answer; `isError` makes it an error result.
+fn settle_result(result: rmcp::model::CallToolResult, cap: usize) -> HttpOutcome {
+    let texts: Vec<&str> = result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+        .collect();
+    let text = if texts.is_empty() {
+        result
+            .structured_content
+            .as_ref()
+            .map(Value::to_string)
+            .unwrap_or_default()
+    } else {
+        texts.join("\n")
+    };
+    let text = agentfleet_shared::sanitize::strip_nul(&text).into_owned();
+    if result.is_error == Some(true) {
+        let mut end = text.len().min(2048);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        return error_outcome(format!("the MCP tool failed: {}", &text[..end]));
+    }
+    if text.len() > cap {
+        let mut end = cap;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        return truncated_outcome(&text[..end], cap);
+    }
+    answer_outcome(text)
+}
+
+/// Opens a session: the URL is judged by the policy first (a host name is resolved and
+/// judged too, for a clear refusal; the client's resolver judges it again at connect time).
+async fn connect(
+    http: &reqwest::Client,
+    policy: &EgressPolicy,
+    server: &Server,
+    max_response_bytes: usize,
+) -> Result<RunningService<RoleClient, ()>, McpError> {
+    let url = Url::parse(&server.url).map_err(|_| McpError::BadUrl)?;
+    precheck(policy, &url).await?;
+    let mut headers = HashMap::new();
+    for (name, value) in &server.headers {
+        let name = HeaderName::try_from(name.as_str()).map_err(|_| McpError::BadHeader)?;
+        let value = HeaderValue::try_from(value.as_str()).map_err(|_| McpError::BadHeader)?;
+        headers.insert(name, value);
+    }
+    let mut config = StreamableHttpClientTransportConfig::with_uri(server.url.as_str());
+    config.custom_headers = headers;
+    config.retry_config = Arc::new(NeverRetry::default());
+    config.reinit_on_expired_session = false;
+    config.max_json_response_size = max_response_bytes;
+    config.max_sse_event_size = max_response_bytes;
+    config.max_error_response_size = 4096;
+    let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
+    ().serve(transport).await.map_err(|e| {
+        if denied(&e) {
+            McpError::Denied
+        } else {
+            tracing::info!(error = %agentfleet_shared::report::error_line(&e), "MCP initialize failed");
+            McpError::Unreachable
+        }
+    })
+}
+
+async fn precheck(policy: &EgressPolicy, url: &Url) -> Result<(), McpError> {
+    if policy.check_url(url).is_err() {
+        metrics::counter!("agentfleet_egress_denied_total", "stage" => "url").increment(1);
+        return Err(McpError::Denied);
+    }
+    let Some(url::Host::Domain(host)) = url.host() else {
+        return Ok(());
+    };
+    if policy.trusts_name(host) {
+        return Ok(());
+    }
+    let port = url.port_or_known_default().unwrap_or(80);
+    let Ok(resolved) = tokio::net::lookup_host((host, port)).await else {
+        return Err(McpError::Unreachable);
+    };
+    let resolved: Vec<_> = resolved.collect();
+    if !resolved.is_empty() && !resolved.iter().any(|a| policy.allows_resolved(a.ip())) {
+        metrics::counter!("agentfleet_egress_denied_total", "stage" => "resolve").increment(1);
+        return Err(McpError::Denied);
+    }
+    Ok(())
+}
+
+fn classify(e: &rmcp::ServiceError) -> McpError {
+    if denied(e) {
+        return McpError::Denied;
+    }
+    match e {
+        rmcp::ServiceError::Timeout { timeout } => McpError::Timeout(timeout.as_millis()),
+        _ => {
+            tracing::info!(error = %agentfleet_shared::report::error_line(e), "MCP request failed");
+            McpError::Unreachable
+        }
+    }
+}
+
+fn denied(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(e) = source {
+        if e.is::<EgressDenied>() {
+            return true;
+        }
+        if let Some(r) = e.downcast_ref::<reqwest::Error>()
+            && agentfleet_shared::egress_client::is_denied(r)
+        {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// Ends the session (DELETE) off the caller's path.
+fn close(client: RunningService<RoleClient, ()>) {
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(Duration::from_secs(5), client.cancel()).await;
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_key_changes_with_tenant_url_and_headers() {
+        let t = Uuid::now_v7();
+        let a = Server::new(t, "http://x/mcp".into(), vec![("A".into(), "1".into())]);
+        let b = Server::new(t, "http://x/mcp".into(), vec![("A".into(), "2".into())]);
+        let c = Server::new(
+            Uuid::now_v7(),
+            "http://x/mcp".into(),
+            vec![("A".into(), "1".into())],
+        );
+        assert_ne!(a.key, b.key);
+        assert_ne!(a.key, c.key);
+        assert!(!a.key.contains("1\u{0}"), "header values are hashed");
+    }
+
+    #[test]
+    fn cached_lists_expire() {
+        let cache = ToolCache::new(Duration::from_millis(0));
+        cache.put("k".into(), Arc::new(vec![]));
+        assert!(cache.get("k").is_none());
+        let cache = ToolCache::new(Duration::from_secs(60));
+        cache.put("k".into(), Arc::new(vec![]));
+        assert!(cache.get("k").is_some());
+    }
+}
