@@ -6,6 +6,7 @@ pub mod auth;
 pub mod auth_cache;
 pub mod auth_invalidation;
 pub mod batch_driver;
+pub mod console;
 pub mod dispatch;
 pub mod error;
 pub mod hub;

@@ -221,6 +221,9 @@ pub fn build_router(state: AppState) -> Router {
         .route("/openapi.json", get(routes::openapi::openapi))
         .merge(v1)
         .merge(routes::admin::router(&state));
+    if state.settings.api.console {
+        routes = routes.merge(crate::console::router());
+    }
     if telemetry::exporting() {
         routes = routes.route_layer(from_fn(crate::layers::name_span));
     }

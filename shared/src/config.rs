@@ -129,6 +129,12 @@ pub struct ApiSettings {
     pub max_metadata_bytes: usize,
     pub default_page_size: u32,
     pub max_page_size: u32,
+    /// `GET /v1/runs/counts` counts the newest this many runs matching its filters (bounds its
+    /// cost whatever the tenant's history).
+    pub count_window: u32,
+    /// Serve the web console at `/console` (static files in the binary; it signs in with an
+    /// API key and uses the same `/v1` endpoints).
+    pub console: bool,
     pub request_timeout_ms: u64,
     /// Secret that signs browser stream tokens; every API replica needs the same one. When
     /// empty, a random secret is made at start-up (tokens then work only on that process).
@@ -626,6 +632,8 @@ max_tools_per_agent = 64
 max_metadata_bytes = 16384
 default_page_size = 50
 max_page_size = 500
+count_window = 10000
+console = true
 request_timeout_ms = 30000
 stream_token_secret = ""
 stream_token_ttl_secs = 900
@@ -934,6 +942,9 @@ impl Settings {
                 "api.default_page_size",
                 "must be within 1..=api.max_page_size",
             ));
+        }
+        if !(1..=1_000_000).contains(&self.api.count_window) {
+            return Err(invalid("api.count_window", "must be within 1..=1000000"));
         }
         if !(1..=1000).contains(&self.api.max_queued_per_thread) {
             return Err(invalid(

@@ -50,6 +50,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
             post(runs_create::create_run).get(runs_list::list_runs),
         )
         .route("/v1/runs/batch", post(runs_batch::create_batch))
+        .route("/v1/runs/counts", get(runs_list::count_runs))
         .route("/v1/runs/{id}", get(runs_get::get_run))
         .route("/v1/runs/{id}/cancel", post(runs_cancel::cancel_run))
         .route("/v1/runs/{id}/resume", post(runs_resume::resume_run))

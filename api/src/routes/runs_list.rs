@@ -18,15 +18,17 @@ use crate::validate;
 pub struct ListQuery {
     status: Option<String>,
     thread_id: Option<String>,
+    batch_id: Option<String>,
     limit: Option<String>,
     cursor: Option<String>,
 }
 
-/// `GET /v1/runs`: newest first; `status`, `thread_id` filters; `limit`; `cursor` from
-/// `next_cursor` of the previous page.
+/// `GET /v1/runs`: newest first; `status`, `thread_id`, `batch_id` filters; `limit`; `cursor`
+/// from `next_cursor` of the previous page.
 #[utoipa::path(get, path = "/v1/runs", tag = "runs", operation_id = "list_runs",
     params(("status" = Option<RunStatus>, Query, description = "Only runs in this status"),
            ("thread_id" = Option<uuid::Uuid>, Query, description = "Only runs of this thread"),
+           ("batch_id" = Option<uuid::Uuid>, Query, description = "Only runs of this batch"),
            ("limit" = Option<u32>, Query, description = "Page size (`api.default_page_size` when absent)"),
            ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page")),
     responses((status = 200, description = "A page of runs, newest first", body = view::RunPage)))]
@@ -43,10 +45,8 @@ pub async fn list_runs(
                 .ok_or_else(|| ApiError::invalid("status", format!("unknown status `{s}`")))?,
         ),
     };
-    let thread_id = match q.thread_id.as_deref() {
-        None => None,
-        Some(t) => Some(validate::uuid("thread_id", t)?),
-    };
+    let thread_id = optional_uuid("thread_id", q.thread_id.as_deref())?;
+    let batch_id = optional_uuid("batch_id", q.batch_id.as_deref())?;
     let limit = validate::page_limit(q.limit.as_deref(), api.default_page_size, api.max_page_size)?;
     let before = match q.cursor.as_deref() {
         None => None,
@@ -56,6 +56,7 @@ pub async fn list_runs(
         tenant: caller.tenant_id,
         status,
         thread_id,
+        batch_id,
         before,
         limit: limit as i64 + 1,
     };
@@ -72,6 +73,37 @@ pub async fn list_runs(
         data: rows.iter().map(view::run).collect(),
         next_cursor,
     }))
+}
+
+fn optional_uuid(field: &str, raw: Option<&str>) -> Result<Option<uuid::Uuid>, ApiError> {
+    raw.map(|r| validate::uuid(field, r)).transpose()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CountQuery {
+    thread_id: Option<String>,
+    batch_id: Option<String>,
+}
+
+/// `GET /v1/runs/counts`: how many of the newest `api.count_window` runs matching the filters
+/// are in each status (what a dashboard polls; bounded whatever the tenant's history).
+#[utoipa::path(get, path = "/v1/runs/counts", tag = "runs", operation_id = "count_runs",
+    params(("thread_id" = Option<uuid::Uuid>, Query, description = "Only runs of this thread"),
+           ("batch_id" = Option<uuid::Uuid>, Query, description = "Only runs of this batch")),
+    responses((status = 200, description = "Runs per status among the newest `window` runs matching the filters", body = view::RunCounts)))]
+pub async fn count_runs(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    QueryParams(q): QueryParams<CountQuery>,
+) -> Result<Json<view::RunCounts>, ApiError> {
+    let thread_id = optional_uuid("thread_id", q.thread_id.as_deref())?;
+    let batch_id = optional_uuid("batch_id", q.batch_id.as_deref())?;
+    let window = i64::from(state.settings.api.count_window);
+    let rows = runs::count_by_status(&state.pool, caller.tenant_id, thread_id, batch_id, window)
+        .await
+        .map_err(ApiError::unexpected)?;
+    Ok(Json(view::run_counts(&rows, window)))
 }
 
 /// Opaque keyset cursors: `<micros since epoch>_<uuid as 32 lowercase hex>`, read back only in

@@ -75,6 +75,7 @@ async fn follow_thread(
                 tenant,
                 status: None,
                 thread_id: Some(thread),
+                batch_id: None,
                 before: None,
                 limit: 10_000,
             },

@@ -132,6 +132,32 @@ pub struct RunPage {
     pub next_cursor: Option<String>,
 }
 
+/// Runs per status (every status present, 0 when none) among the newest `window` runs that
+/// match; `counted` = `window` means older runs exist that were not counted.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunCounts {
+    #[schema(value_type = Object)]
+    pub counts: serde_json::Map<String, Value>,
+    pub counted: i64,
+    pub window: i64,
+}
+
+pub fn run_counts(rows: &[(String, i64)], window: i64) -> RunCounts {
+    let mut counts = serde_json::Map::new();
+    for status in RunStatus::ALL {
+        let n = rows
+            .iter()
+            .find(|(s, _)| s == status.as_str())
+            .map_or(0, |(_, n)| *n);
+        counts.insert(status.as_str().to_owned(), n.into());
+    }
+    RunCounts {
+        counted: rows.iter().map(|(_, n)| n).sum(),
+        counts,
+        window,
+    }
+}
+
 /// The runs of a batch, in request order.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct BatchCreated {

@@ -90,6 +90,7 @@ pub struct ListFilter {
     pub tenant: Uuid,
     pub status: Option<RunStatus>,
     pub thread_id: Option<Uuid>,
+    pub batch_id: Option<Uuid>,
     /// Keyset cursor: runs strictly older than this (created_at, id).
     pub before: Option<(DateTime<Utc>, Uuid)>,
     pub limit: i64,
@@ -107,6 +108,7 @@ pub async fn list(pool: &PgPool, f: &ListFilter) -> Result<Vec<RunRow>, StoreErr
            AND ($2::text IS NULL OR status = $2)
            AND ($3::uuid IS NULL OR thread_id = $3)
            AND ($4::timestamptz IS NULL OR (created_at, id) < ($4, $5))
+           AND ($7::uuid IS NULL OR batch_id = $7)
          ORDER BY created_at DESC, id DESC
          LIMIT $6",
     )
@@ -116,6 +118,36 @@ pub async fn list(pool: &PgPool, f: &ListFilter) -> Result<Vec<RunRow>, StoreErr
     .bind(before_at)
     .bind(before_id)
     .bind(f.limit)
+    .bind(f.batch_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Runs per status among the tenant's newest `window` runs that match the thread and batch
+/// filters (newest by `created_at`, through `runs_tenant_created`), so the cost is bounded by
+/// the window, never by the tenant's history. `matched` is how many runs were counted: equal
+/// to `window` means older runs exist that were not.
+pub async fn count_by_status(
+    pool: &PgPool,
+    tenant: Uuid,
+    thread_id: Option<Uuid>,
+    batch_id: Option<Uuid>,
+    window: i64,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT status, count(*) FROM (
+             SELECT status FROM runs
+             WHERE tenant_id = $1
+               AND ($2::uuid IS NULL OR thread_id = $2)
+               AND ($3::uuid IS NULL OR batch_id = $3)
+             ORDER BY created_at DESC, id DESC
+             LIMIT $4
+         ) newest GROUP BY status",
+    )
+    .bind(tenant)
+    .bind(thread_id)
+    .bind(batch_id)
+    .bind(window)
     .fetch_all(pool)
     .await?)
 }

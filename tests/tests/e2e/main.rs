@@ -4,6 +4,7 @@ mod api_contract;
 mod batches;
 mod chaos;
 mod combined;
+mod console;
 mod context;
 mod ctl;
 mod dead_letters;

@@ -1,0 +1,307 @@
+//! The web console in a real browser: Debian's headless Chromium, driven by Playwright
+//! (tests/browser/console.mjs), against a real API and worker behind a proxy that cuts the
+//! browser's connections mid-stream. The script reports what the page showed; this test
+//! checks it against the API.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use agentfleet_tests::cut_proxy::CutProxy;
+use agentfleet_tests::harness::*;
+
+const T: Duration = Duration::from_secs(30);
+const BROWSER_DEADLINE: Duration = Duration::from_secs(180);
+
+/// Replies long enough, at 60 chunks of 80 ms, that the script can cut the connection while
+/// they stream. The first carries markup a careless page would run: the console shows it as text.
+const FIRST: &str = "Let me look at invoice 7 first. It was issued on 3 November for 42.00 EUR, \
+    payable to alice, and nothing has been paid against it yet. The amount matches the purchase \
+    order, so the transfer is the right next step; it moves money, so it needs your approval. \
+    (A hostile reply would try <img src=x onerror=\"window.__injected=true\"><script>window.__injected=true</script> here.)";
+const SECOND: &str = "Done: 42.00 EUR went to alice for invoice 7, and the transfer service \
+    confirmed it on the first attempt. The invoice can now be marked as paid; tell me if you \
+    want a receipt sent to alice or the payment noted in the ledger as well.";
+
+fn browser_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("browser")
+}
+
+fn chromium() -> String {
+    std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_streams_a_run_through_cut_connections_approves_a_call_and_sees_it_complete() {
+    let dir = browser_dir();
+    assert!(
+        dir.join("node_modules/playwright-core").is_dir() && PathBuf::from(chromium()).exists(),
+        "the browser tests need Chromium and playwright-core: run scripts/browser-deps"
+    );
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let proxy = CutProxy::start(&app.address).await;
+
+    let (first, second) = (FIRST.to_string(), SECOND.to_string());
+    let mut transfer = http_tool(&env, "transfer", "/side-effect");
+    transfer["risk"] = json!("high");
+    // The script in the system prompt, so the user's message reads as one.
+    let mut agent = agent(json!([transfer]));
+    agent["system_prompt"] = json!(agentfleet_tests::mock_llm::script(json!([
+        {"content": first, "chunks": 60, "chunk_delay_ms": 80,
+         "tool_calls": [{"name": "transfer", "arguments": {"amount": 42, "to": "alice"}}]},
+        {"content": second, "chunks": 60, "chunk_delay_ms": 80}
+    ])));
+    let body = json!({"input": "Please pay invoice 7 (42 EUR to alice).", "agent": agent});
+
+    let screenshots = std::env::var("AGENTFLEET_CONSOLE_SCREENSHOTS").unwrap_or_else(|_| {
+        let d = std::env::temp_dir().join(format!("af-console-{}", uuid::Uuid::now_v7()));
+        d.to_string_lossy().into_owned()
+    });
+    std::fs::create_dir_all(&screenshots).unwrap();
+    let child = tokio::process::Command::new("node")
+        .arg("console.mjs")
+        .current_dir(&dir)
+        .env("CONSOLE_URL", &proxy.address)
+        .env("CONSOLE_KEY", &app.api_key)
+        .env("CONSOLE_RUN_BODY", body.to_string())
+        .env("CONSOLE_CUT", &proxy.control_url)
+        .env("CHROMIUM", chromium())
+        .env("SCREENSHOTS", &screenshots)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start node (the browser tests need Node.js)");
+    let output = tokio::time::timeout(BROWSER_DEADLINE, child.wait_with_output())
+        .await
+        .expect("the browser script finishes within its deadline")
+        .expect("browser script output");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let report: Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no report from the browser script:\n{stdout}\n{stderr}"));
+    assert!(
+        output.status.success() && report.get("error").is_none(),
+        "the browser script failed: {report:#}\n{stderr}"
+    );
+
+    let run_id = report["runId"].as_str().expect("run id").to_string();
+    let run = app.run(&run_id).await;
+    assert_eq!(run["status"], "completed");
+
+    // Every event exactly once, in order, as the API has them: nothing lost or repeated
+    // across two cut connections and the pause.
+    let events = app.events(&run_id, 0, T).await;
+    let expected: Vec<Value> = events
+        .iter()
+        .map(|e| json!({"id": e["id"], "type": e["type"]}))
+        .collect();
+    assert_eq!(report["events"], json!(expected), "{report:#}");
+    assert_eq!(report["gap"], Value::Null);
+    assert!(
+        report["cutsDuringFirstReply"].as_u64().unwrap() >= 1,
+        "{report:#}"
+    );
+    assert!(
+        report["cutsDuringSecondReply"].as_u64().unwrap() >= 1,
+        "{report:#}"
+    );
+    // The first opening, one after each cut, one after the pause ended the stream.
+    assert!(
+        report["eventStreamRequests"].as_u64().unwrap() >= 3,
+        "the page reconnected: {report:#}"
+    );
+
+    // What streamed, delta by delta, is exactly each reply; and markup stayed text.
+    let replies = report["replies"].as_array().unwrap();
+    assert_eq!(replies.len(), 2, "{report:#}");
+    for (r, text) in replies.iter().zip([&first, &second]) {
+        assert_eq!(r["streamed"].as_str(), Some(text.as_str()), "{report:#}");
+        assert_eq!(r["shown"].as_str(), Some(text.as_str()));
+    }
+    assert_eq!(report["injected"], false);
+    assert_eq!(report["outsideRequests"], json!([]));
+    let csp = report["csp"].as_str().unwrap();
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
+    assert!(
+        report["refusedKey"].as_str().unwrap().contains("refused"),
+        "{report:#}"
+    );
+
+    // The approval ran the call once, with the model's arguments.
+    let calls = env.tools.calls_to("/side-effect");
+    assert_eq!(calls.len(), 1, "the approved call ran once");
+    assert_eq!(
+        calls[0].body["arguments"],
+        json!({"amount": 42, "to": "alice"})
+    );
+    let tool = &report["tools"][0];
+    assert_eq!(tool["id"], report["pendingCall"]);
+    assert_ne!(tool["result"], "awaiting approval");
+
+    // Usage as the API reports it; the thread and the filtered list.
+    assert_eq!(
+        report["usage"]["total_tokens"].as_str().unwrap(),
+        run["usage"]["total_tokens"].to_string()
+    );
+    assert_eq!(
+        report["cancelHidden"], true,
+        "an ended run offers no cancel"
+    );
+    let classes: Vec<&str> = report["threadMessages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for role in ["msg user", "msg assistant", "msg tool"] {
+        assert!(classes.contains(&role), "{role} in {classes:?}");
+    }
+    assert!(report["completedCount"].as_u64().unwrap() >= 1);
+    assert!(
+        report["listedStatuses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s == "completed"),
+        "{report:#}"
+    );
+    for shot in [
+        "console-runs.png",
+        "console-run.png",
+        "console-approval.png",
+    ] {
+        let len = std::fs::metadata(PathBuf::from(&screenshots).join(shot))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        assert!(len > 10_000, "{shot} is a screenshot ({len} bytes)");
+    }
+}
+
+#[tokio::test]
+async fn the_console_is_served_with_a_strict_policy_and_can_be_turned_off() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let res = http.get(app.url("/console")).send().await.unwrap();
+    assert_eq!(res.status(), 308);
+    assert_eq!(res.headers()["location"], "/console/");
+    for (path, kind) in [
+        ("/console/", "text/html"),
+        ("/console/console.js", "text/javascript"),
+        ("/console/console.css", "text/css"),
+    ] {
+        let res = http.get(app.url(path)).send().await.unwrap();
+        assert_eq!(res.status(), 200, "{path}");
+        let h = res.headers();
+        assert!(
+            h["content-type"].to_str().unwrap().starts_with(kind),
+            "{path}"
+        );
+        let csp = h["content-security-policy"].to_str().unwrap();
+        assert!(csp.starts_with("default-src 'none'"), "{csp}");
+        assert!(!csp.contains("unsafe"), "{csp}");
+        assert_eq!(h["x-content-type-options"], "nosniff");
+        assert_eq!(h["x-frame-options"], "DENY");
+        let body = res.text().await.unwrap();
+        assert!(
+            !body.contains("http://") && !body.contains("https://"),
+            "{path} loads nothing from another host"
+        );
+    }
+
+    let off = env.spawn_api_with(&[("api.console", "false")]).await;
+    let res = http.get(off.url("/console/")).send().await.unwrap();
+    assert_eq!(res.status(), 404);
+}
+
+/// What the console's list uses: `batch_id` filters the list, and `/v1/runs/counts` counts
+/// per status within the tenant's newest `api.count_window` runs.
+#[tokio::test]
+async fn runs_are_listed_by_batch_and_counted_per_status_within_the_window() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api_with(&[("api.count_window", "3")]).await;
+    let run = |text: &str| json!({"input": text, "agent": agent(json!([]))});
+    let single = app.start_run(&run("alone")).await;
+    let res = app
+        .post("/v1/runs/batch", &json!({"runs": [run("a"), run("b")]}))
+        .await;
+    assert_eq!(res.status(), 202);
+    let batch: Value = res.json().await.unwrap();
+    let batch_id = batch["batch_id"].as_str().unwrap();
+    let listed: Value = app
+        .get(&format!("/v1/runs?batch_id={batch_id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let mut ids: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    ids.sort_unstable();
+    let mut want: Vec<&str> = batch["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    want.sort_unstable();
+    assert_eq!(ids, want);
+
+    let counts: Value = app
+        .get(&format!("/v1/runs/counts?batch_id={batch_id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(counts["counts"]["queued"], 2, "{counts}");
+    assert_eq!(
+        counts["counts"]["completed"], 0,
+        "every status is listed: {counts}"
+    );
+    assert_eq!(counts["counted"], 2);
+    let thread = single["thread_id"].as_str().unwrap();
+    let counts: Value = app
+        .get(&format!("/v1/runs/counts?thread_id={thread}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(counts["counted"], 1, "{counts}");
+
+    // A fourth run: the tenant-wide count stops at the window and says so.
+    app.start_run(&run("fourth")).await;
+    let counts: Value = app.get("/v1/runs/counts").await.json().await.unwrap();
+    assert_eq!(counts["counted"], 3, "{counts}");
+    assert_eq!(counts["window"], 3);
+
+    for (query, field) in [
+        ("/v1/runs?batch_id=nope", "batch_id"),
+        ("/v1/runs/counts?thread_id=nope", "thread_id"),
+        ("/v1/runs/counts?status=queued", "status"),
+    ] {
+        let res = app.get(query).await;
+        assert_eq!(res.status(), 422, "{query}");
+        let err: Value = res.json().await.unwrap();
+        assert!(
+            err["error"]["message"].as_str().unwrap().contains(field),
+            "{query}: {err}"
+        );
+    }
+}
