@@ -306,6 +306,23 @@ function runView(id) {
     }
   };
 
+  const showRejections = async () => {
+    const waiting = [...tools.entries()].filter(([, card]) => card.result.textContent === "awaiting approval");
+    if (!waiting.length || !run) return;
+    let after = 0;
+    for (let page = 0; page < 20; page++) {
+      const res = await call("GET", `/v1/threads/${run.thread_id}/messages?after=${after}&limit=500`);
+      for (const m of res.data) {
+        const card = m.role === "tool" && m.run_id === id && tools.get(m.body?.tool_call_id);
+        if (!card || card.result.textContent !== "awaiting approval") continue;
+        card.result.textContent = typeof m.body.content === "string" ? m.body.content : pretty(m.body.content);
+        card.classList.add("failed", "rejected");
+      }
+      if (res.next_after == null) break;
+      after = res.next_after;
+    }
+  };
+
   const note = (text, cls = "") => convo.append(h("li", { class: `note ${cls}` }, text));
 
   const bubble = (it) => {
@@ -399,7 +416,9 @@ function runView(id) {
         break;
       case "run_resumed":
         note(`resumed (${d.kind})`);
-        if (d.kind !== "confirmation") showUserMessages().catch(() => {});
+        // Rejected calls get their result with the resume and never run: no event says so.
+        if (d.kind === "confirmation") showRejections().catch(() => {});
+        else showUserMessages().catch(() => {});
         break;
       case "run_completed": note("completed", "end ok"); break;
       case "run_failed": note(`failed: ${d.code}: ${d.message ?? ""}`, "end bad"); break;

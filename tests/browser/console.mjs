@@ -8,36 +8,19 @@
 // between the browser and the API), CHROMIUM (the browser's path), SCREENSHOTS (a directory
 // for screenshots; optional).
 
-import { chromium } from "playwright-core";
+import { drive, env, signIn, startRun } from "./lib.mjs";
 
-const env = (name) => {
-  const v = process.env[name];
-  if (!v) throw new Error(`${name} is not set`);
-  return v;
-};
 const base = env("CONSOLE_URL");
 const key = env("CONSOLE_KEY");
 const runBody = JSON.parse(env("CONSOLE_RUN_BODY"));
-let runId = null;
 const cut = env("CONSOLE_CUT");
 const shots = process.env.SCREENSHOTS;
-const T = 30_000;
 
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  // The machine has no network beyond localhost: keep Chromium from trying.
-  args: ["--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync"],
-});
-const out = { consoleErrors: [], cspViolations: [], eventStreamRequests: 0, outsideRequests: [] };
-try {
-  const page = await browser.newPage({ viewport: { width: 1200, height: 900 } });
-  page.setDefaultTimeout(T);
-  page.on("console", (m) => { if (m.type() === "error") out.consoleErrors.push(m.text()); });
+await drive(async (page, out) => {
+  let runId = null;
+  out.eventStreamRequests = 0;
   page.on("request", (r) => {
-    const u = new URL(r.url());
-    if (u.origin !== new URL(base).origin && u.protocol !== "data:") out.outsideRequests.push(r.url());
-    if (u.pathname === `/v1/runs/${runId}/events`) out.eventStreamRequests += 1;
+    if (new URL(r.url()).pathname === `/v1/runs/${runId}/events`) out.eventStreamRequests += 1;
   });
   const cutNow = async () => {
     const res = await fetch(cut, { method: "POST" });
@@ -51,16 +34,10 @@ try {
   await page.click("#sign-in button[type=submit]");
   await page.waitForSelector("#sign-in-error:not(:empty)");
   out.refusedKey = await page.textContent("#sign-in-error");
-  await page.fill("#api-key", key);
-  await page.click("#sign-in button[type=submit]");
-  await page.waitForSelector("#counts .count");
+  await signIn(page, base, key);
 
   // Start the run while the list is open: the list shows it without a reload.
-  const created = await page.request.post(`${base}/v1/runs`, {
-    headers: { Authorization: `Bearer ${key}` }, data: runBody,
-  });
-  if (created.status() !== 202) throw new Error(`POST /v1/runs: ${created.status()} ${await created.text()}`);
-  runId = (await created.json()).id;
+  runId = await startRun(page, base, key, runBody);
   out.runId = runId;
   await page.waitForSelector(`#runs tr[data-run-id="${runId}"]`);
 
@@ -116,10 +93,4 @@ try {
 
   // A hostile reply rendered as text: no script ran (the test's model sends one).
   out.injected = await page.evaluate(() => window.__injected === true);
-  console.log(JSON.stringify(out));
-} catch (e) {
-  console.log(JSON.stringify({ ...out, error: String(e && e.stack || e) }));
-  process.exitCode = 1;
-} finally {
-  await browser.close();
-}
+});

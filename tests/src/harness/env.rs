@@ -1,6 +1,8 @@
 //! `TestEnv`: one test's own database, Redis key prefix and RabbitMQ names, the settings that
 //! point at them, and their removal when it is dropped.
 
+use std::time::Duration;
+
 use sqlx::{Connection, PgPool};
 use uuid::Uuid;
 
@@ -206,23 +208,31 @@ impl Drop for TestEnv {
                 .build()
                 .expect("runtime");
             rt.block_on(async move {
-                pool.close().await;
-                let _ = delete_redis_keys(&prefix).await;
-                if let Ok(conn) =
-                    agentfleet_shared::queue::connect(&amqp_url(), "test-cleanup").await
-                    && let Ok(ch) = conn.create_channel().await
-                {
-                    let t = agentfleet_shared::queue::Topology::new(&prefix);
-                    for q in [&t.queue, &t.dead_queue] {
-                        let _ = ch.queue_delete(q.as_str().into(), Default::default()).await;
+                // `close` waits for every connection to come back, and it was seen to wait
+                // forever after current-thread tests (a connection's return presumably left to
+                // the test's runtime, which is blocked in this drop): bounded, and the forced
+                // DROP DATABASE below ends whatever is still open.
+                let _ = tokio::time::timeout(Duration::from_secs(2), pool.close()).await;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(10), delete_redis_keys(&prefix)).await;
+                let queues = async {
+                    if let Ok(conn) =
+                        agentfleet_shared::queue::connect(&amqp_url(), "test-cleanup").await
+                        && let Ok(ch) = conn.create_channel().await
+                    {
+                        let t = agentfleet_shared::queue::Topology::new(&prefix);
+                        for q in [&t.queue, &t.dead_queue] {
+                            let _ = ch.queue_delete(q.as_str().into(), Default::default()).await;
+                        }
+                        for x in [&t.exchange, &t.dead_exchange] {
+                            let _ = ch
+                                .exchange_delete(x.as_str().into(), Default::default())
+                                .await;
+                        }
+                        let _ = conn.close(200, "cleanup".into()).await;
                     }
-                    for x in [&t.exchange, &t.dead_exchange] {
-                        let _ = ch
-                            .exchange_delete(x.as_str().into(), Default::default())
-                            .await;
-                    }
-                    let _ = conn.close(200, "cleanup".into()).await;
-                }
+                };
+                let _ = tokio::time::timeout(Duration::from_secs(10), queues).await;
                 if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_database_url()).await {
                     let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
                         "DROP DATABASE IF EXISTS {db} WITH (FORCE)"

@@ -33,13 +33,49 @@ fn chromium() -> String {
     std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_console_streams_a_run_through_cut_connections_approves_a_call_and_sees_it_complete() {
+/// Runs a script of tests/browser with `vars` and answers its report, failing the test when
+/// the script failed or overran its deadline.
+async fn browse(script: &str, vars: &[(&str, &str)]) -> Value {
     let dir = browser_dir();
     assert!(
         dir.join("node_modules/playwright-core").is_dir() && PathBuf::from(chromium()).exists(),
         "the browser tests need Chromium and playwright-core: run scripts/browser-deps"
     );
+    let child = tokio::process::Command::new("node")
+        .arg(script)
+        .current_dir(&dir)
+        .envs(vars.iter().copied())
+        .env("CHROMIUM", chromium())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start node (the browser tests need Node.js: scripts/browser-deps)");
+    let output = tokio::time::timeout(BROWSER_DEADLINE, child.wait_with_output())
+        .await
+        .expect("the browser script finishes within its deadline")
+        .expect("browser script output");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let report: Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no report from {script}:\n{stdout}\n{stderr}"));
+    assert!(
+        output.status.success() && report.get("error").is_none(),
+        "{script} failed: {report:#}\n{stderr}"
+    );
+    assert_eq!(
+        report["outsideRequests"],
+        json!([]),
+        "nothing from outside the host"
+    );
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_streams_a_run_through_cut_connections_approves_a_call_and_sees_it_complete() {
     let env = TestEnv::new().await;
     let app = env.spawn_api().await;
     let _worker = env.spawn_worker().await;
@@ -62,35 +98,17 @@ async fn the_console_streams_a_run_through_cut_connections_approves_a_call_and_s
         d.to_string_lossy().into_owned()
     });
     std::fs::create_dir_all(&screenshots).unwrap();
-    let child = tokio::process::Command::new("node")
-        .arg("console.mjs")
-        .current_dir(&dir)
-        .env("CONSOLE_URL", &proxy.address)
-        .env("CONSOLE_KEY", &app.api_key)
-        .env("CONSOLE_RUN_BODY", body.to_string())
-        .env("CONSOLE_CUT", &proxy.control_url)
-        .env("CHROMIUM", chromium())
-        .env("SCREENSHOTS", &screenshots)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start node (the browser tests need Node.js)");
-    let output = tokio::time::timeout(BROWSER_DEADLINE, child.wait_with_output())
-        .await
-        .expect("the browser script finishes within its deadline")
-        .expect("browser script output");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let report: Value = stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no report from the browser script:\n{stdout}\n{stderr}"));
-    assert!(
-        output.status.success() && report.get("error").is_none(),
-        "the browser script failed: {report:#}\n{stderr}"
-    );
+    let report = browse(
+        "console.mjs",
+        &[
+            ("CONSOLE_URL", proxy.address.as_str()),
+            ("CONSOLE_KEY", app.api_key.as_str()),
+            ("CONSOLE_RUN_BODY", body.to_string().as_str()),
+            ("CONSOLE_CUT", proxy.control_url.as_str()),
+            ("SCREENSHOTS", screenshots.as_str()),
+        ],
+    )
+    .await;
 
     let run_id = report["runId"].as_str().expect("run id").to_string();
     let run = app.run(&run_id).await;
@@ -127,7 +145,6 @@ async fn the_console_streams_a_run_through_cut_connections_approves_a_call_and_s
         assert_eq!(r["shown"].as_str(), Some(text.as_str()));
     }
     assert_eq!(report["injected"], false);
-    assert_eq!(report["outsideRequests"], json!([]));
     let csp = report["csp"].as_str().unwrap();
     assert!(
         csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
@@ -188,7 +205,72 @@ async fn the_console_streams_a_run_through_cut_connections_approves_a_call_and_s
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_the_console_a_question_is_answered_a_call_rejected_and_a_run_cancelled() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let mut risky = http_tool(&env, "transfer", "/side-effect");
+    risky["risk"] = json!("high");
+    let runs = json!({
+        "ask": scripted_run(json!([
+            {"tool_calls": [{"name": "ask", "arguments": {"text": "Which city?"}}]},
+            {"content": "Booked for Paris."}
+        ]), json!([])),
+        "risky": scripted_run(json!([
+            {"tool_calls": [{"name": "transfer", "arguments": {"amount": 7}}]},
+            {"content": "Understood, no transfer."}
+        ]), json!([risky])),
+        // Slow enough to be cancelled while it runs (the cancel ends the call).
+        "slow": scripted_run(json!([{"content": "too late", "delay_ms": 120_000}]), json!([])),
+    });
+    let report = browse(
+        "steer.mjs",
+        &[
+            ("CONSOLE_URL", app.address.as_str()),
+            ("CONSOLE_KEY", app.api_key.as_str()),
+            ("CONSOLE_RUNS", runs.to_string().as_str()),
+        ],
+    )
+    .await;
+    let ids = &report["runs"];
+
+    assert_eq!(report["question"], "Which city?");
+    let ask = ids["ask"].as_str().unwrap();
+    assert_eq!(app.run(ask).await["status"], "completed");
+    let thread = app.run(ask).await["thread_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let answered = app
+        .messages(&thread)
+        .await
+        .iter()
+        .any(|m| m["role"] == "user" && m["body"]["content"] == "Paris, please");
+    assert!(answered, "the answer is the thread's user message");
+    assert_eq!(report["askPendingHidden"], true);
+
+    let risky = ids["risky"].as_str().unwrap();
+    assert_eq!(app.run(risky).await["status"], "completed");
+    assert!(
+        env.tools.calls_to("/side-effect").is_empty(),
+        "a rejected call never runs"
+    );
+    let rejection = report["rejection"].as_str().unwrap();
+    assert!(rejection.contains("not on a Friday"), "{rejection}");
+
+    let slow = ids["slow"].as_str().unwrap();
+    assert_eq!(app.run(slow).await["status"], "cancelled");
+    assert!(
+        report["cancelledNote"]
+            .as_str()
+            .unwrap()
+            .contains("cancelled"),
+        "{report:#}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_is_served_with_a_strict_policy_and_can_be_turned_off() {
     let env = TestEnv::new().await;
     let app = env.spawn_api().await;
@@ -230,7 +312,7 @@ async fn the_console_is_served_with_a_strict_policy_and_can_be_turned_off() {
 
 /// What the console's list uses: `batch_id` filters the list, and `/v1/runs/counts` counts
 /// per status within the tenant's newest `api.count_window` runs.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_are_listed_by_batch_and_counted_per_status_within_the_window() {
     let env = TestEnv::new().await;
     let app = env.spawn_api_with(&[("api.count_window", "3")]).await;
