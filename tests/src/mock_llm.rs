@@ -40,7 +40,8 @@
 //!
 //! A request whose system message starts with [`SUMMARISE_MARKER`] is a summarising call
 //! (tests configure `context.summary_prompt` with it): the answer is a short deterministic
-//! summary naming how many bytes it summarised, and [`MockState::summaries`] counts them.
+//! summary naming how many bytes it summarised, reporting [`SUMMARY_USAGE`], and
+//! [`MockState::summaries`] counts them.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -71,6 +72,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// The start of a system message that makes a request a summarising call.
 pub const SUMMARISE_MARKER: &str = "MOCK-SUMMARISE";
+/// The usage every summarising answer reports (so a test can tell what a run was billed).
+pub const SUMMARY_USAGE: (i64, i64) = (1234, 56);
 
 /// Builds the `user` message content that carries a script, so tests don't
 /// hand-write the envelope.
@@ -530,6 +533,9 @@ fn select_turn(state: &MockState, messages: &[Value]) -> Result<Option<Turn>, St
             .sum();
         return Ok(Some(Turn {
             content: Some(format!("mock summary of {bytes} bytes of conversation")),
+            usage: Some(
+                json!({"prompt_tokens": SUMMARY_USAGE.0, "completion_tokens": SUMMARY_USAGE.1}),
+            ),
             ..Turn::default()
         }));
     }

@@ -18,13 +18,15 @@ use crate::model_stream::truncate;
 use crate::run_ctx::{RunCtx, RunError};
 use crate::tokens::{self, Tokenizer};
 use crate::tools::builtin;
+use crate::usage::TurnUsage;
 
 /// Largest summarising response read.
 const MAX_SUMMARY_RESPONSE_BYTES: usize = 256 * 1024;
 
-/// The request's messages: the system prompt (if any), then the history fitted to the budget.
-/// `tools` are the request's tool definitions; `expand_message`'s is reserved for whether or
-/// not it is offered.
+/// The request's messages: the system prompt (if any), then the history fitted to the budget;
+/// and what the summarising calls made for it used (billed with the iteration). `tools` are
+/// the request's tool definitions; `expand_message`'s is reserved for whether or not it is
+/// offered.
 pub async fn prompt(
     ctx: &RunCtx,
     model: &ModelSettings,
@@ -32,7 +34,7 @@ pub async fn prompt(
     tools: &[Value],
     history: Vec<Value>,
     iteration: i32,
-) -> Result<Vec<Value>, RunError> {
+) -> Result<(Vec<Value>, TurnUsage), RunError> {
     let tokenizer = model.tokenizer;
     let reserve = model.max_tokens.unwrap_or(4096) as usize;
     let window = model.context_tokens.saturating_sub(reserve);
@@ -55,7 +57,7 @@ pub async fn prompt(
         && state.fits_as_is(&history, &limits(ctx, tokenizer, window - fixed_upper))
     {
         *ctx.compaction.lock().expect("compaction lock") = state;
-        return Ok(system.into_iter().chain(history).collect());
+        return Ok((system.into_iter().chain(history).collect(), TurnUsage::ZERO));
     }
 
     let (fixed, system) = {
@@ -82,6 +84,7 @@ pub async fn prompt(
     let mut rounds = 0u8;
     let mut summary_failed = false;
     let mut summarised = false;
+    let mut used = TurnUsage::ZERO;
     let view = loop {
         let may_summarise = rounds < settings.max_summary_rounds && !summary_failed;
         let (s, h, fit) = tokio::task::spawn_blocking(move || {
@@ -104,7 +107,8 @@ pub async fn prompt(
                 .map_or(0, |s| tokens::message(tokenizer, &s.message()));
         let part = state.part(&history, from, upto, limits.keep_head_bytes);
         match summarise(ctx, model, state.summary.as_ref(), &part, &limits).await {
-            Ok(text) => {
+            Ok((text, usage)) => {
+                used = used.plus(usage.bounded());
                 state.summarised(Summary { covers: upto, text }, upto - from, &limits, before);
                 summarised = true;
             }
@@ -137,6 +141,9 @@ pub async fn prompt(
         if let Some(s) = summary.as_ref().filter(|_| summarised) {
             record["covers"] = json!(s.covers);
             record["summary"] = json!(s.text);
+            record["usage"] = json!({"prompt_tokens": used.prompt_tokens,
+                                     "completion_tokens": used.completion_tokens,
+                                     "estimated": used.estimated});
         }
         messages::insert_compaction(&ctx.shared.pool, ctx.fence, ctx.run.thread_id, &record)
             .await?;
@@ -147,7 +154,7 @@ pub async fn prompt(
         }
         ctx.emitter.emit(EventType::ContextCompacted, event).await?;
     }
-    Ok(system.into_iter().chain(view).collect())
+    Ok((system.into_iter().chain(view).collect(), used))
 }
 
 fn limits(ctx: &RunCtx, tokenizer: Tokenizer, budget: usize) -> Limits {
@@ -175,13 +182,14 @@ enum SummaryError {
 
 /// Asks the model for a summary of `part`, continuing `previous`. One attempt, bounded in
 /// time and size: a failure makes the caller drop the oldest turns instead (the run goes on).
+/// Answers the summary and what the call used: the provider's figures, else an estimate.
 async fn summarise(
     ctx: &RunCtx,
     model: &ModelSettings,
     previous: Option<&Summary>,
     part: &[Value],
     limits: &Limits,
-) -> Result<String, SummaryError> {
+) -> Result<(String, TurnUsage), SummaryError> {
     let settings = &ctx.shared.settings;
     let mut transcript = String::new();
     if let Some(p) = previous {
@@ -197,11 +205,12 @@ async fn summarise(
     // byte, so a cut to that many bytes always fits).
     let room = limits.budget.saturating_sub(limits.summary_tokens).max(256);
     let tokenizer = limits.tokenizer;
-    let transcript = tokio::task::spawn_blocking(move || {
-        if tokens::count(tokenizer, &transcript) > room {
-            truncate(&transcript, room)
+    let (transcript, transcript_tokens) = tokio::task::spawn_blocking(move || {
+        let n = tokens::count(tokenizer, &transcript);
+        if n > room {
+            (truncate(&transcript, room), room)
         } else {
-            transcript
+            (transcript, n)
         }
     })
     .await
@@ -237,12 +246,13 @@ async fn summarise(
         }
         let value: Value = serde_json::from_slice(&capped.bytes)
             .map_err(|e| SummaryError::Malformed(e.to_string()))?;
-        value["choices"][0]["message"]["content"]
+        let text = value["choices"][0]["message"]["content"]
             .as_str()
             .map(str::to_owned)
-            .ok_or_else(|| SummaryError::Malformed("no message content".into()))
+            .ok_or_else(|| SummaryError::Malformed("no message content".into()))?;
+        Ok((text, TurnUsage::reported(&value)))
     };
-    let mut text = tokio::time::timeout(total, answer)
+    let (mut text, reported) = tokio::time::timeout(total, answer)
         .await
         .map_err(|_| SummaryError::Timeout(total))??;
     strip_nul_in(&mut text);
@@ -250,8 +260,32 @@ async fn summarise(
     if text.is_empty() {
         return Err(SummaryError::Malformed("an empty summary".into()));
     }
+    let usage = match reported {
+        Some(usage) => usage,
+        // The estimate counts the summary as answered, before it is cut to size below.
+        None => {
+            let prompt = settings.context.summary_prompt.clone();
+            let answer = text.to_owned();
+            let (prompt, answer) = tokio::task::spawn_blocking(move || {
+                (
+                    tokens::count(tokenizer, &prompt),
+                    tokens::count(tokenizer, &answer),
+                )
+            })
+            .await
+            .map_err(|e| SummaryError::Malformed(e.to_string()))?;
+            TurnUsage {
+                prompt_tokens: (transcript_tokens + prompt) as i64 + crate::usage::chat_overhead(2),
+                completion_tokens: answer as i64,
+                estimated: true,
+            }
+        }
+    };
     // A model that ignores `max_tokens` does not get to fill the window with its summary.
-    Ok(truncate(text, limits.summary_tokens.saturating_mul(4)))
+    Ok((
+        truncate(text, limits.summary_tokens.saturating_mul(4)),
+        usage,
+    ))
 }
 
 /// One message as a line of the transcript a summary is written from.

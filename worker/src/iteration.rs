@@ -55,7 +55,7 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<Vec<ToolCallRow>
     } else {
         (system.clone(), tools.clone())
     };
-    let mut messages = crate::compaction::prompt(
+    let (mut messages, summary_usage) = crate::compaction::prompt(
         ctx,
         model,
         counted_system,
@@ -115,7 +115,9 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<Vec<ToolCallRow>
     span.record("tool_calls", response.tool_calls.len());
     // The span ends here, once its figures are known (an estimate may take a moment).
     drop(span);
-    let recorded = persist(ctx, iteration, &response, &usage).await?;
+    // Summaries made to fit this call's history are billed with it.
+    let billed = usage.plus(summary_usage).bounded();
+    let recorded = persist(ctx, iteration, &response, &billed).await?;
     let calls: Vec<Value> = response
         .tool_calls
         .iter()

@@ -20,6 +20,33 @@ pub struct TurnUsage {
 }
 
 impl TurnUsage {
+    pub const ZERO: TurnUsage = TurnUsage {
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        estimated: false,
+    };
+
+    /// Both calls' figures (an estimate if either is one).
+    pub fn plus(self, other: TurnUsage) -> TurnUsage {
+        TurnUsage {
+            prompt_tokens: self.prompt_tokens.saturating_add(other.prompt_tokens),
+            completion_tokens: self
+                .completion_tokens
+                .saturating_add(other.completion_tokens),
+            estimated: self.estimated || other.estimated,
+        }
+    }
+
+    /// A non-streaming answer's `usage`, when it has both figures as non-negative integers.
+    pub fn reported(answer: &Value) -> Option<TurnUsage> {
+        let figure = |k: &str| answer["usage"][k].as_i64().filter(|n| *n >= 0);
+        Some(TurnUsage {
+            prompt_tokens: figure("prompt_tokens")?,
+            completion_tokens: figure("completion_tokens")?,
+            estimated: false,
+        })
+    }
+
     /// Each figure within `0..=MAX_TURN_TOKENS`: what is recorded and announced.
     pub fn bounded(self) -> TurnUsage {
         let bound = |n: i64| n.clamp(0, agentfleet_shared::store::turns::MAX_TURN_TOKENS);
@@ -29,6 +56,11 @@ impl TurnUsage {
             estimated: self.estimated,
         }
     }
+}
+
+/// What the chat format adds to the prompt of a call of `messages` messages.
+pub fn chat_overhead(messages: i64) -> i64 {
+    messages * PER_MESSAGE + REPLY_PRIMING
 }
 
 /// The provider's usage, or an estimate over the request's messages and tools and the
@@ -75,7 +107,7 @@ pub async fn of_call(messages: &[Value], tools: &[Value], response: &ModelRespon
     .await
     .unwrap_or(fallback);
     TurnUsage {
-        prompt_tokens: prompt + messages * PER_MESSAGE + REPLY_PRIMING,
+        prompt_tokens: prompt + chat_overhead(messages),
         completion_tokens: completion,
         estimated: true,
     }

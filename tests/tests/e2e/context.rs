@@ -159,6 +159,45 @@ async fn a_long_run_stays_under_budget_and_its_summary_serves_the_next_run() {
         .to_string();
     assert!(stored.starts_with("mock summary of"), "{stored}");
 
+    // The summarising calls are billed with the run: its usage is its calls' plus theirs.
+    let compacted_usage: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "context_compacted")
+        .filter_map(|e| e["data"].get("usage"))
+        .collect();
+    assert!(
+        !compacted_usage.is_empty(),
+        "a summary's event carries its usage"
+    );
+    let sum = |kind: &str, field: &str| -> i64 {
+        events
+            .iter()
+            .filter(|e| e["type"] == kind)
+            .map(|e| e["data"]["usage"][field].as_i64().unwrap_or(0))
+            .sum()
+    };
+    let (summary_prompt, summary_completion) = agentfleet_tests::mock_llm::SUMMARY_USAGE;
+    let n = summaries as i64;
+    assert_eq!(
+        sum("context_compacted", "prompt_tokens"),
+        n * summary_prompt
+    );
+    assert_eq!(
+        sum("context_compacted", "completion_tokens"),
+        n * summary_completion
+    );
+    let run = app.run(&id).await;
+    assert_eq!(
+        run["usage"]["prompt_tokens"].as_i64().unwrap(),
+        sum("message_completed", "prompt_tokens") + n * summary_prompt,
+        "{}",
+        run["usage"]
+    );
+    assert_eq!(
+        run["usage"]["completion_tokens"].as_i64().unwrap(),
+        sum("message_completed", "completion_tokens") + n * summary_completion
+    );
+
     // `expand_message` read the first result back whole.
     let expanded = events
         .iter()
