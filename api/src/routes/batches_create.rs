@@ -116,6 +116,15 @@ pub async fn submit_batch(
     crate::quota::check_batch_len(body.runs.len(), max)?;
     let metadata = check(&state, &body)?;
     check_threads(&state, caller.tenant_id, &body.runs).await?;
+    crate::routes::runs_create::check_servers(
+        &state,
+        caller.tenant_id,
+        body.runs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (format!("runs[{i}]."), &r.agent)),
+    )
+    .await?;
     crate::quota::check_active_runs(&state, &caller, body.runs.len(), None).await?;
     let owner = crate::batch_driver::new_owner();
     let new = NewBatch {

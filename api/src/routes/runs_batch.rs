@@ -55,6 +55,15 @@ pub async fn create_batch(
             ));
         }
     }
+    crate::routes::runs_create::check_servers(
+        &state,
+        caller.tenant_id,
+        body.runs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (format!("runs[{i}]."), &r.agent)),
+    )
+    .await?;
     let fair = crate::dispatch::is_fair(&state.settings, &caller);
     let mut on_threads = Vec::new();
     let mut on_new_threads = Vec::with_capacity(body.runs.len());

@@ -10,12 +10,12 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use agentfleet_shared::domain::{AgentSpec, AgentSpecError, RunStatus};
+use agentfleet_shared::domain::{AgentSpec, AgentSpecError, RunStatus, ToolKind};
 use agentfleet_shared::events::{EventType, Expiry, Floor, NewEvent};
 use agentfleet_shared::store::double_text::{self, IfBusy};
 use agentfleet_shared::store::runs::RunRow;
 use agentfleet_shared::store::transitions::{self, NewRun};
-use agentfleet_shared::store::{StoreError, runs};
+use agentfleet_shared::store::{StoreError, mcp_servers, runs};
 
 use crate::auth::Caller;
 use crate::error::{ApiError, JsonBody};
@@ -184,6 +184,45 @@ pub fn validate(state: &AppState, body: &CreateRun, field_prefix: &str) -> Resul
     Ok(())
 }
 
+/// Every MCP server the runs' tools name (`kind: mcp` with `server`) must be registered by the
+/// tenant: else 422 naming `<prefix>agent.tools[j].server`, before anything is written. One
+/// query for all the runs, none when no tool names a server. (A server deleted later fails the
+/// runs that name it when they list their tools: docs/tools.md.)
+pub async fn check_servers<'a>(
+    state: &AppState,
+    tenant: Uuid,
+    runs: impl Iterator<Item = (String, &'a AgentSpec)> + Clone,
+) -> Result<(), ApiError> {
+    let named = |runs: &mut dyn Iterator<Item = (String, &'a AgentSpec)>| {
+        runs.flat_map(|(prefix, agent)| {
+            agent.tools.iter().enumerate().filter_map(move |(j, t)| {
+                (t.kind == ToolKind::Mcp)
+                    .then_some(t.server.as_ref())
+                    .flatten()
+                    .map(|name| (format!("{prefix}agent.tools[{j}].server"), name.clone()))
+            })
+        })
+        .collect::<Vec<_>>()
+    };
+    let wanted = named(&mut runs.clone());
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let mut names: Vec<String> = wanted.iter().map(|(_, n)| n.clone()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let found = mcp_servers::registered(&state.pool, tenant, &names)
+        .await
+        .map_err(ApiError::unexpected)?;
+    match wanted.iter().find(|(_, n)| !found.contains(n)) {
+        Some((field, name)) => Err(ApiError::invalid(
+            field,
+            format!("no MCP server named `{name}` is registered (POST /v1/mcp-servers)"),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Validates, commits and publishes one run; shared by the single and batch endpoints.
 pub async fn submit(
     state: &AppState,
@@ -193,6 +232,9 @@ pub async fn submit(
     key: Option<String>,
 ) -> Result<RunRow, CreateRunError> {
     validate(state, &body, "").map_err(CreateRunError::Invalid)?;
+    check_servers(state, tenant, std::iter::once((String::new(), &body.agent)))
+        .await
+        .map_err(CreateRunError::Invalid)?;
     let hash = Sha256::digest(serde_json::to_vec(&body).expect("serializes")).to_vec();
     if let Some(k) = &key
         && let Some(existing) = runs::by_idempotency_key(&state.pool, tenant, k)

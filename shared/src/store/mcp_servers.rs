@@ -120,6 +120,21 @@ pub async fn list(pool: &PgPool, tenant: Uuid) -> Result<Vec<McpServer>, StoreEr
     .await?)
 }
 
+/// Which of `names` the tenant has registered.
+pub async fn registered(
+    pool: &PgPool,
+    tenant: Uuid,
+    names: &[String],
+) -> Result<Vec<String>, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT name FROM mcp_servers WHERE tenant_id = $1 AND name = ANY($2)")
+            .bind(tenant)
+            .bind(names)
+            .fetch_all(pool)
+            .await?,
+    )
+}
+
 /// One server of a tenant, by name; another tenant's is simply not found.
 pub async fn get(pool: &PgPool, tenant: Uuid, name: &str) -> Result<McpServer, StoreError> {
     sqlx::query_as::<_, McpServer>(sqlx::AssertSqlSafe(format!(

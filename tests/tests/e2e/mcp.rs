@@ -421,25 +421,31 @@ async fn a_registered_server_sends_its_sealed_header_and_never_shows_it() {
         .await
         .unwrap();
     assert_eq!(list["data"], json!([]));
+    // Refused at submission, naming the field, and nothing is created.
     let resp = post_as(&app, &other, "/v1/runs", &body).await;
-    assert_eq!(resp.status(), 202);
-    let run: Value = resp.json().await.unwrap();
-    let other_id = run["id"].as_str().unwrap();
-    let failed = wait_for("the other tenant's run to fail", T, || async {
-        let run: Value = app
-            .get_as(&format!("/v1/runs/{other_id}"), &other)
-            .await
-            .json()
-            .await
-            .unwrap();
-        (run["status"] == "failed").then_some(run)
-    })
-    .await;
-    assert_eq!(failed["error"]["code"], "mcp_server_unavailable");
+    assert_eq!(resp.status(), 422);
+    let err: Value = resp.json().await.unwrap();
     assert_eq!(
-        failed["error"]["message"],
-        "agent.tools[0] (`b`): no MCP server named `bank` is registered"
+        err["error"]["message"],
+        "agent.tools[0].server: no MCP server named `bank` is registered (POST /v1/mcp-servers)"
     );
+    let batch = json!({"runs": [body.clone(), body.clone()]});
+    let resp = post_as(&app, &other, "/v1/runs/batch", &batch).await;
+    assert_eq!(resp.status(), 422);
+    let err: Value = resp.json().await.unwrap();
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("runs[0].agent.tools[0].server: "),
+        "{err}"
+    );
+    let mut item = body.clone();
+    item["custom_id"] = json!("one");
+    let resp = post_as(&app, &other, "/v1/batches", &json!({"runs": [item]})).await;
+    assert_eq!(resp.status(), 422);
+    let listed: Value = app.get_as("/v1/runs", &other).await.json().await.unwrap();
+    assert_eq!(listed["data"], json!([]), "nothing was created");
     assert_eq!(
         mcp.state().calls_to("add").len(),
         1,
