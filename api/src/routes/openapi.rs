@@ -884,7 +884,7 @@ mod tests {
             }
         }
         assert_eq!(
-            operations, 31,
+            operations, 32,
             "the admin API is absent without api.admin_token"
         );
         let mut with_admin = settings();

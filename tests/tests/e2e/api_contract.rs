@@ -656,6 +656,7 @@ async fn the_openapi_document_describes_every_operation_of_this_deployment() {
             "GET /v1/mcp-servers",
             "GET /v1/mcp-servers/{name}",
             "GET /v1/runs",
+            "GET /v1/runs/counts",
             "GET /v1/runs/{id}",
             "GET /v1/runs/{id}/events",
             "GET /v1/threads/{id}/events",
