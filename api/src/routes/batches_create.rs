@@ -88,7 +88,7 @@ impl From<StoreError> for SubmitBatchError {
     params(("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe submission: the same key with the same body answers the same batch (200), never a second one")),
     responses((status = 202, description = "The batch, accepted; its runs are created in the background", body = view::Batch),
               (status = 200, description = "The batch this `Idempotency-Key` made before (same body); nothing new was created", body = view::Batch),
-              (status = 404, description = "A run's `thread_id` names no thread of this tenant (`runs[i].thread_id`)", body = crate::routes::view::ErrorBody),
+              (status = 404, description = "A run's `thread_id` names no thread of this tenant (`runs[i].thread_id`), or a tool's `server` no MCP server it registered (`runs[i].agent.tools[j].server`)", body = crate::routes::view::ErrorBody),
               (status = 409, description = "`idempotency_key_reused`: the key names a batch made from another body", body = crate::routes::view::ErrorBody),
               (status = 413, description = "`payload_too_large`: the body is over `api.max_batch_body_bytes`", body = crate::routes::view::ErrorBody),
               (status = 422, description = "`invalid_request` naming the field as `runs[i].field`, or `runs` when the batch holds more than `api.max_batch_items` (or the tenant's `max_batch_size`); nothing was created", body = crate::routes::view::ErrorBody),

@@ -33,7 +33,7 @@ pub struct CreateBatch {
 
 #[utoipa::path(post, path = "/v1/runs/batch", tag = "runs", operation_id = "create_batch", request_body = CreateBatch,
     responses((status = 202, description = "The runs, queued, in request order", body = view::BatchCreated),
-              (status = 404, description = "A run's `thread_id` names no thread of this tenant (`runs[i].thread_id`)", body = crate::routes::view::ErrorBody),
+              (status = 404, description = "A run's `thread_id` names no thread of this tenant (`runs[i].thread_id`), or a tool's `server` no MCP server it registered (`runs[i].agent.tools[j].server`)", body = crate::routes::view::ErrorBody),
               (status = 409, description = "`thread_busy`: a run's thread has an active run", body = crate::routes::view::ErrorBody),
               (status = 422, description = "`invalid_request` naming the field as `runs[i].field`, or `runs` when the batch holds more than the tenant's `max_batch_size` (or `api.max_batch_runs`); nothing was created", body = crate::routes::view::ErrorBody),
               (status = 429, description = "`rate_limited` (with `Retry-After`), or `too_many_active_runs`: the batch would take the tenant past its `max_active_runs`; nothing was created", body = crate::routes::view::ErrorBody)))]

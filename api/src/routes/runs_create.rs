@@ -103,7 +103,7 @@ impl From<CreateRunError> for ApiError {
 #[utoipa::path(post, path = "/v1/runs", tag = "runs", operation_id = "create_run", request_body = CreateRun,
     params(("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe submission: the same key with the same body answers the same run")),
     responses((status = 202, description = "The run, queued", body = view::Run),
-              (status = 404, description = "`thread_id` names no thread of this tenant", body = crate::routes::view::ErrorBody),
+              (status = 404, description = "`thread_id` names no thread of this tenant, or `agent.tools[i].server` no MCP server it registered", body = crate::routes::view::ErrorBody),
               (status = 409, description = "`thread_busy`: the thread has an active run; or `idempotency_key_reused`: the key names a run made from another body", body = crate::routes::view::ErrorBody),
               (status = 422, description = "`invalid_request` naming the field (`if_busy` must be `reject`, `enqueue` or `interrupt`)", body = crate::routes::view::ErrorBody),
               (status = 429, description = "`thread_queue_full`: `api.max_queued_per_thread` runs already wait for the thread; `rate_limited` (with `Retry-After`), or `too_many_active_runs`: the tenant's `max_active_runs` is reached; nothing was created", body = crate::routes::view::ErrorBody)))]
@@ -185,7 +185,8 @@ pub fn validate(state: &AppState, body: &CreateRun, field_prefix: &str) -> Resul
 }
 
 /// Every MCP server the runs' tools name (`kind: mcp` with `server`) must be registered by the
-/// tenant: else 422 naming `<prefix>agent.tools[j].server`, before anything is written. One
+/// tenant: else 404 naming `<prefix>agent.tools[j].server` (as for an unknown `thread_id`),
+/// before anything is written. One
 /// query for all the runs, none when no tool names a server. (A server deleted later fails the
 /// runs that name it when they list their tools: docs/tools.md.)
 pub async fn check_servers<'a>(
@@ -215,9 +216,10 @@ pub async fn check_servers<'a>(
         .await
         .map_err(ApiError::unexpected)?;
     match wanted.iter().find(|(_, n)| !found.contains(n)) {
-        Some((field, name)) => Err(ApiError::invalid(
-            field,
-            format!("no MCP server named `{name}` is registered (POST /v1/mcp-servers)"),
+        Some((field, name)) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{field}: no MCP server named `{name}` is registered (POST /v1/mcp-servers)"),
         )),
         None => Ok(()),
     }

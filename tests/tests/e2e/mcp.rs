@@ -421,9 +421,10 @@ async fn a_registered_server_sends_its_sealed_header_and_never_shows_it() {
         .await
         .unwrap();
     assert_eq!(list["data"], json!([]));
-    // Refused at submission, naming the field, and nothing is created.
+    // Refused at submission (not found, as an unknown thread), naming the field, and nothing
+    // is created.
     let resp = post_as(&app, &other, "/v1/runs", &body).await;
-    assert_eq!(resp.status(), 422);
+    assert_eq!(resp.status(), 404);
     let err: Value = resp.json().await.unwrap();
     assert_eq!(
         err["error"]["message"],
@@ -431,7 +432,7 @@ async fn a_registered_server_sends_its_sealed_header_and_never_shows_it() {
     );
     let batch = json!({"runs": [body.clone(), body.clone()]});
     let resp = post_as(&app, &other, "/v1/runs/batch", &batch).await;
-    assert_eq!(resp.status(), 422);
+    assert_eq!(resp.status(), 404);
     let err: Value = resp.json().await.unwrap();
     assert!(
         err["error"]["message"]
@@ -443,7 +444,7 @@ async fn a_registered_server_sends_its_sealed_header_and_never_shows_it() {
     let mut item = body.clone();
     item["custom_id"] = json!("one");
     let resp = post_as(&app, &other, "/v1/batches", &json!({"runs": [item]})).await;
-    assert_eq!(resp.status(), 422);
+    assert_eq!(resp.status(), 404);
     let listed: Value = app.get_as("/v1/runs", &other).await.json().await.unwrap();
     assert_eq!(listed["data"], json!([]), "nothing was created");
     assert_eq!(
