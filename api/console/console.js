@@ -100,6 +100,25 @@ function poll(fn, ms) {
   return () => { stopped = true; clearInterval(timer); };
 }
 
+// A thread holds at most this many pages of messages for the console (500 each): a longer
+// one is shown up to there.
+const MAX_MESSAGE_PAGES = 20;
+
+/** The thread's messages after id `after`, page by page; answers the last id seen. */
+async function eachMessage(threadId, after, fn) {
+  for (let page = 0; page < MAX_MESSAGE_PAGES; page++) {
+    const res = await call("GET", `/v1/threads/${threadId}/messages?after=${after}&limit=500`);
+    for (const m of res.data) fn(m);
+    if (res.data.length) after = res.data[res.data.length - 1].id;
+    if (res.next_after == null) break;
+  }
+  return after;
+}
+
+function contentText(body) {
+  return typeof body?.content === "string" ? body.content : pretty(body?.content ?? "");
+}
+
 function badge(status) {
   return h("span", { class: `badge ${status}` }, status.replaceAll("_", " "));
 }
@@ -292,35 +311,22 @@ function runView(id) {
   // The user's own messages are not events: read them from the thread.
   const showUserMessages = async () => {
     if (!run) return;
-    let after = 0;
-    for (let page = 0; page < 20; page++) {
-      const res = await call("GET", `/v1/threads/${run.thread_id}/messages?after=${after}&limit=500`);
-      for (const m of res.data) {
-        if (m.run_id !== id || m.role !== "user" || shownMessages.has(m.id)) continue;
-        shownMessages.add(m.id);
-        const content = typeof m.body?.content === "string" ? m.body.content : pretty(m.body?.content ?? "");
-        convo.append(h("li", { class: "msg user", dataset: { messageId: m.id } }, h("div", { class: "who" }, "user"), h("div", { class: "text" }, content)));
-      }
-      if (res.next_after == null) break;
-      after = res.next_after;
-    }
+    await eachMessage(run.thread_id, 0, (m) => {
+      if (m.run_id !== id || m.role !== "user" || shownMessages.has(m.id)) return;
+      shownMessages.add(m.id);
+      convo.append(h("li", { class: "msg user", dataset: { messageId: m.id } }, h("div", { class: "who" }, "user"), h("div", { class: "text" }, contentText(m.body))));
+    });
   };
 
   const showRejections = async () => {
-    const waiting = [...tools.entries()].filter(([, card]) => card.result.textContent === "awaiting approval");
-    if (!waiting.length || !run) return;
-    let after = 0;
-    for (let page = 0; page < 20; page++) {
-      const res = await call("GET", `/v1/threads/${run.thread_id}/messages?after=${after}&limit=500`);
-      for (const m of res.data) {
-        const card = m.role === "tool" && m.run_id === id && tools.get(m.body?.tool_call_id);
-        if (!card || card.result.textContent !== "awaiting approval") continue;
-        card.result.textContent = typeof m.body.content === "string" ? m.body.content : pretty(m.body.content);
-        card.classList.add("failed", "rejected");
-      }
-      if (res.next_after == null) break;
-      after = res.next_after;
-    }
+    const awaiting = (card) => card.result.textContent === "awaiting approval";
+    if (!run || ![...tools.values()].some(awaiting)) return;
+    await eachMessage(run.thread_id, 0, (m) => {
+      const card = m.role === "tool" && m.run_id === id && tools.get(m.body?.tool_call_id);
+      if (!card || !awaiting(card)) return;
+      card.result.textContent = contentText(m.body);
+      card.classList.add("failed", "rejected");
+    });
   };
 
   const note = (text, cls = "") => convo.append(h("li", { class: `note ${cls}` }, text));
@@ -556,12 +562,7 @@ function threadView(id) {
       h("td", {}, h("a", { href: `#/runs/${r.id}`, class: "mono" }, short(r.id))),
       h("td", {}, badge(r.status)), h("td", {}, when(r.created_at)),
       h("td", {}, String(r.usage?.total_tokens ?? 0)))));
-    for (let i = 0; i < 20; i++) {
-      const res = await call("GET", `/v1/threads/${id}/messages?after=${after}&limit=500`);
-      for (const m of res.data) msgs.append(messageItem(m));
-      if (res.data.length) after = res.data[res.data.length - 1].id;
-      if (res.next_after == null) break;
-    }
+    after = await eachMessage(id, after, (m) => msgs.append(messageItem(m)));
     error.textContent = "";
   };
   return poll(() => refresh().catch((e) => { error.textContent = e.status === 404 ? "No such thread." : e.message; throw e; }), 3000);
