@@ -36,6 +36,8 @@ pub struct McpCall {
     /// The request's `_meta`.
     pub meta: Value,
     pub authorization: Option<String>,
+    /// The W3C `traceparent` the worker sent (when it exports traces).
+    pub traceparent: Option<String>,
 }
 
 #[derive(Default)]
@@ -119,12 +121,16 @@ impl ServerHandler for Handler {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let authorization = context
-            .extensions
-            .get::<axum::http::request::Parts>()
-            .and_then(|p| p.headers.get("authorization"))
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let header = |name: &str| {
+            context
+                .extensions
+                .get::<axum::http::request::Parts>()
+                .and_then(|p| p.headers.get(name))
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let authorization = header("authorization");
+        let traceparent = header("traceparent");
         let meta = request
             .meta
             .as_ref()
@@ -137,6 +143,7 @@ impl ServerHandler for Handler {
             arguments: arguments.clone(),
             meta,
             authorization,
+            traceparent,
         });
         let now = self.state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.state.max_in_flight.fetch_max(now, Ordering::SeqCst);

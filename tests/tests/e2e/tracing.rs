@@ -381,3 +381,43 @@ async fn the_runs_of_a_batch_join_the_submitting_requests_trace() {
         assert_eq!(attempt.parent_span_id, submit.span_id);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_call_carries_the_context_of_its_span() {
+    let mcp = agentfleet_tests::mcp_server::McpServer::start()
+        .await
+        .unwrap();
+    let allow = mcp.addr().to_string();
+    let env = TestEnv::with(&[("egress.allow", allow.as_str())]).await;
+    let collector = Collector::start().await;
+    let endpoint = collector.endpoint();
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker_process_env(
+        &[("telemetry.otlp_endpoint", endpoint.as_str())],
+        &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
+    );
+    let body = scripted_run(
+        json!([{"tool_calls": [{"name": "m__add", "arguments": {"a": 1, "b": 2}}]},
+               {"content": "3"}]),
+        json!([{"name": "m", "kind": "mcp", "url": mcp.url(), "risk": "low"}]),
+    );
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap();
+    let done = app.wait_status(id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let calls = mcp.state().calls_to("add");
+    assert_eq!(calls.len(), 1);
+    let sent = calls[0]
+        .traceparent
+        .clone()
+        .expect("the MCP call carried a traceparent");
+    let span = wait_for("the tool.call span of the MCP call", T, || async {
+        collector
+            .spans()
+            .into_iter()
+            .find(|s| s.name == "tool.call" && s.attr("tool") == Some("m__add"))
+    })
+    .await;
+    assert_eq!(span.attr("kind"), Some("mcp"));
+    assert_eq!(ids_of(&sent), (span.trace_id.clone(), span.span_id));
+}

@@ -264,7 +264,11 @@ async fn connect(
     let url = Url::parse(&server.url).map_err(|_| McpError::BadUrl)?;
     precheck(policy, &url).await?;
     let mut headers = HashMap::new();
-    for (name, value) in &server.headers {
+    // The W3C context of the current span (the tool call's, or the listing's), as http tools
+    // send it; a header the tenant registered under the same name is left as it is.
+    let trace = agentfleet_shared::telemetry::current_trace_headers();
+    let registered = server.headers.iter().map(|(n, v)| (n.clone(), v.clone()));
+    for (name, value) in trace.into_iter().chain(registered) {
         let name = HeaderName::try_from(name.as_str()).map_err(|_| McpError::BadHeader)?;
         let value = HeaderValue::try_from(value.as_str()).map_err(|_| McpError::BadHeader)?;
         headers.insert(name, value);
