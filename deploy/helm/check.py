@@ -417,6 +417,21 @@ def check_full(docs: list[dict]) -> None:
                 url = r.get("annotations", {}).get("runbook_url", "")
                 if "RUNBOOK_BASE" in url or "#" not in url:
                     problem(f"PrometheusRule: {r.get('alert')}: runbook_url {url!r}")
+                elif url.rsplit("#", 1)[1] not in runbook_anchors():
+                    problem(f"PrometheusRule: {r.get('alert')}: runbook_url {url!r} names no "
+                            f"heading of docs/operations.md")
+
+
+def runbook_anchors() -> set[str]:
+    """The anchors GitHub gives docs/operations.md's headings: lower case, punctuation dropped,
+    spaces as hyphens. An alert's runbook_url must land on one of them."""
+    anchors = set()
+    for line in (ROOT / "docs/operations.md").read_text().splitlines():
+        m = re.match(r"#{1,6}\s+(.*)", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(slug)
+    return anchors
 
 
 def check_refusals(helm_bin: str) -> None:
