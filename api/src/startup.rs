@@ -17,7 +17,7 @@ use agentfleet_shared::config::Settings;
 use agentfleet_shared::events::{EventBus, Keys};
 use agentfleet_shared::infra;
 use agentfleet_shared::queue::Topology;
-use agentfleet_shared::store::batch::Batcher;
+use agentfleet_shared::store::batch::{Batcher, write_fn};
 use agentfleet_shared::store::transitions::NewRun;
 use agentfleet_shared::store::{create_many, dispatch};
 use agentfleet_shared::{db, telemetry};
@@ -87,8 +87,8 @@ impl Application {
             pool.clone(),
             settings.api.create_groups_in_flight,
             settings.api.max_create_group,
-            Arc::new(|pool, runs: Arc<Vec<NewRun>>| {
-                Box::pin(async move { create_many::create_on_new_threads(&pool, &runs).await })
+            write_fn(|conn, runs: Arc<Vec<NewRun>>| {
+                Box::pin(async move { create_many::create_on_new_threads(conn, &runs).await })
             }),
         );
         let dispatches = dispatch::grouped(pool.clone(), settings.limits.max_running_runs);

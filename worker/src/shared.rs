@@ -6,7 +6,7 @@ use agentfleet_shared::config::Settings;
 use agentfleet_shared::egress::EgressPolicy;
 use agentfleet_shared::events::EventBus;
 use agentfleet_shared::queue::Publisher;
-use agentfleet_shared::store::batch::Batcher;
+use agentfleet_shared::store::batch::{Batcher, write_fn};
 use agentfleet_shared::store::dispatch;
 use agentfleet_shared::store::tool_calls::{self, Outcome};
 use agentfleet_shared::store::transitions::{self, Claimed, Ending};
@@ -63,10 +63,10 @@ impl Writes {
                 pool.clone(),
                 n,
                 max,
-                Arc::new(move |pool, ids: Arc<Vec<Uuid>>| {
+                write_fn(move |conn, ids: Arc<Vec<Uuid>>| {
                     let owner = owner.clone();
                     Box::pin(
-                        async move { transitions::claim_many(&pool, &ids, &owner, lease).await },
+                        async move { transitions::claim_many(conn, &ids, &owner, lease).await },
                     )
                 }),
             ),
@@ -74,19 +74,25 @@ impl Writes {
                 pool.clone(),
                 n,
                 max,
-                Arc::new(|pool, items| Box::pin(turns::record_many(pool, items))),
+                write_fn(|conn, items: Arc<Vec<Turn>>| {
+                    Box::pin(async move { turns::record_many(conn, &items).await })
+                }),
             ),
             outcomes: Batcher::spawn(
                 pool.clone(),
                 n,
                 max,
-                Arc::new(|pool, items| Box::pin(tool_calls::finish_many(pool, items))),
+                write_fn(|conn, items: Arc<Vec<Outcome>>| {
+                    Box::pin(async move { tool_calls::finish_many(conn, &items).await })
+                }),
             ),
             endings: Batcher::spawn(
                 pool.clone(),
                 n,
                 max,
-                Arc::new(|pool, items| Box::pin(transitions::end_many(pool, items))),
+                write_fn(|conn, items: Arc<Vec<Ending>>| {
+                    Box::pin(async move { transitions::end_many(conn, &items).await })
+                }),
             ),
             dispatches: dispatch::grouped(pool.clone(), settings.limits.max_running_runs),
         }

@@ -15,22 +15,40 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::StoreError;
 
 type Reply<R> = oneshot::Sender<Result<R, StoreError>>;
 
-/// Writes `items` in one statement; per item, in order, what it answers (for a fenced write:
-/// whether its fence held).
-pub type WriteFn<T, R = bool> = Arc<
-    dyn Fn(PgPool, Arc<Vec<T>>) -> Pin<Box<dyn Future<Output = Result<Vec<R>, StoreError>> + Send>>
-        + Send
-        + Sync,
->;
+/// The future of one group's write, borrowing the connection it runs on.
+pub type WriteFuture<'c, R> = Pin<Box<dyn Future<Output = Result<Vec<R>, StoreError>> + Send + 'c>>;
+
+/// Writes `items` in one statement on the connection it is given; per item, in order, what it
+/// answers (for a fenced write: whether its fence held). Build one with [`write_fn`].
+pub type WriteFn<T, R = bool> =
+    Arc<dyn for<'c> Fn(&'c mut PgConnection, Arc<Vec<T>>) -> WriteFuture<'c, R> + Send + Sync>;
+
+/// Makes a [`WriteFn`] of a closure (a closure passed here is inferred for every lifetime of
+/// the connection; one handed to `Arc::new` directly is not).
+pub fn write_fn<T, R, F>(f: F) -> WriteFn<T, R>
+where
+    F: for<'c> Fn(&'c mut PgConnection, Arc<Vec<T>>) -> WriteFuture<'c, R> + Send + Sync + 'static,
+{
+    Arc::new(f)
+}
+
+/// How long a grouped writer keeps one connection before it takes a fresh one (so a
+/// backend's caches and memory do not grow without end; pooled connections are replaced the
+/// same way).
+const KEPT_CONNECTION_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
+/// How long the check of a connection after a database error may take.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A handle to one kind of grouped write; cheap to clone.
 pub struct Batcher<T, R = bool> {
@@ -47,10 +65,23 @@ impl<T, R> Clone for Batcher<T, R> {
 
 impl<T: Send + Sync + 'static, R: Send + 'static> Batcher<T, R> {
     /// Starts the grouping task; it ends when the last handle is dropped. At most `in_flight`
-    /// groups are written at once, each of at most `max_items`.
+    /// groups are written at once, each of at most `max_items`, and each group in flight keeps
+    /// its own connection (taken from `pool` and then kept out of it: see [`Connections`]).
     pub fn spawn(pool: PgPool, in_flight: usize, max_items: usize, write: WriteFn<T, R>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(group(rx, pool, in_flight.max(1), max_items.max(1), write));
+        let writer = Writer {
+            connections: Connections {
+                pool,
+                kept: Default::default(),
+            },
+            write,
+        };
+        tokio::spawn(group(
+            rx,
+            Arc::new(writer),
+            in_flight.max(1),
+            max_items.max(1),
+        ));
         Batcher { tx }
     }
 
@@ -67,12 +98,72 @@ impl<T: Send + Sync + 'static, R: Send + 'static> Batcher<T, R> {
     }
 }
 
+/// The connections of one kind of grouped write, one per group in flight.
+///
+/// They are detached from the pool because sqlx checks every connection it takes back with a
+/// round trip (a `Sync` and its `ReadyForQuery`): one more wake-up of the worker and of a
+/// Postgres backend for every grouped statement, on the path every run takes. A kept
+/// connection is dropped when a statement on it fails and it may be broken (see
+/// [`Connections::give_back`]), and after [`KEPT_CONNECTION_LIFETIME`]; the next group takes a
+/// fresh one. The pool opens others in their place, so a process holds up
+/// to `database.max_connections` plus one per grouped writer's group in flight.
+struct Connections {
+    pool: PgPool,
+    kept: Mutex<Vec<(PgConnection, Instant)>>,
+}
+
+impl Connections {
+    async fn take(&self) -> Result<(PgConnection, Instant), StoreError> {
+        let kept = self.kept.lock().expect("kept connections lock").pop();
+        match kept {
+            Some(kept) => Ok(kept),
+            None => Ok((self.pool.acquire().await?.detach(), Instant::now())),
+        }
+    }
+
+    /// Keeps `conn` for the next group unless `outcome` says it may be broken: an error of
+    /// the database (which may be its last word, as a backend terminated by an administrator
+    /// says) is followed by one round trip to see the connection still answers.
+    async fn give_back(&self, mut conn: (PgConnection, Instant), error: Option<&StoreError>) {
+        use sqlx::Connection;
+        let usable = match error {
+            None => true,
+            Some(StoreError::Db(sqlx::Error::Database(_))) => {
+                matches!(
+                    tokio::time::timeout(CHECK_TIMEOUT, conn.0.ping()).await,
+                    Ok(Ok(()))
+                )
+            }
+            Some(StoreError::Db(_)) => false,
+            Some(_) => true,
+        };
+        if usable && conn.1.elapsed() < KEPT_CONNECTION_LIFETIME && !self.pool.is_closed() {
+            self.kept.lock().expect("kept connections lock").push(conn);
+        }
+    }
+}
+
+struct Writer<T, R> {
+    connections: Connections,
+    write: WriteFn<T, R>,
+}
+
+impl<T, R> Writer<T, R> {
+    async fn write(&self, items: Arc<Vec<T>>) -> Result<Vec<R>, StoreError> {
+        let mut conn = self.connections.take().await?;
+        let outcome = (self.write)(&mut conn.0, items).await;
+        self.connections
+            .give_back(conn, outcome.as_ref().err())
+            .await;
+        outcome
+    }
+}
+
 async fn group<T: Send + Sync + 'static, R: Send + 'static>(
     mut rx: mpsc::UnboundedReceiver<(T, Reply<R>)>,
-    pool: PgPool,
+    writer: Arc<Writer<T, R>>,
     in_flight: usize,
     max_items: usize,
-    write: WriteFn<T, R>,
 ) {
     let slots = Arc::new(Semaphore::new(in_flight));
     loop {
@@ -90,19 +181,19 @@ async fn group<T: Send + Sync + 'static, R: Send + 'static>(
                 Err(_) => break,
             }
         }
-        let (pool, write) = (pool.clone(), write.clone());
+        let writer = writer.clone();
         tokio::spawn(async move {
-            write_group(&pool, &write, items).await;
+            write_group(&writer, items).await;
             drop(slot);
         });
     }
 }
 
-async fn write_group<T, R>(pool: &PgPool, write: &WriteFn<T, R>, items: Vec<(T, Reply<R>)>) {
+async fn write_group<T, R>(writer: &Writer<T, R>, items: Vec<(T, Reply<R>)>) {
     metrics::histogram!("agentfleet_store_group_size").record(items.len() as f64);
     let (items, replies): (Vec<T>, Vec<Reply<R>>) = items.into_iter().unzip();
     let items = Arc::new(items);
-    match write(pool.clone(), items.clone()).await {
+    match writer.write(items.clone()).await {
         Ok(answers) => {
             debug_assert_eq!(answers.len(), replies.len(), "one answer per item");
             for (reply, answer) in replies.into_iter().zip(answers) {
@@ -122,13 +213,11 @@ async fn write_group<T, R>(pool: &PgPool, write: &WriteFn<T, R>, items: Vec<(T, 
                 return;
             };
             for (item, reply) in items.into_iter().zip(replies) {
-                let result = write(pool.clone(), Arc::new(vec![item]))
-                    .await
-                    .and_then(|a| {
-                        a.into_iter()
-                            .next()
-                            .ok_or(StoreError::Db(sqlx::Error::RowNotFound))
-                    });
+                let result = writer.write(Arc::new(vec![item])).await.and_then(|a| {
+                    a.into_iter()
+                        .next()
+                        .ok_or(StoreError::Db(sqlx::Error::RowNotFound))
+                });
                 let _ = reply.send(result);
             }
         }
@@ -143,13 +232,12 @@ mod tests {
 
     /// Items wait while every slot is busy and are then written as one group; when a group
     /// fails, its items are written one by one, so only the bad item fails.
-    #[tokio::test(flavor = "current_thread")]
-    async fn waiting_items_form_a_group_and_a_failed_group_is_split() {
-        let pool = PgPool::connect_lazy("postgres://unused@127.0.0.1:1/none").unwrap();
+    #[sqlx::test]
+    async fn waiting_items_form_a_group_and_a_failed_group_is_split(pool: PgPool) {
         let gate = Arc::new(tokio::sync::Notify::new());
         let groups: Arc<Mutex<Vec<Vec<u32>>>> = Default::default();
         let (gate2, groups2) = (gate.clone(), groups.clone());
-        let write: WriteFn<u32> = Arc::new(move |_pool, items: Arc<Vec<u32>>| {
+        let write: WriteFn<u32> = write_fn(move |_conn, items: Arc<Vec<u32>>| {
             let (gate, groups) = (gate2.clone(), groups2.clone());
             Box::pin(async move {
                 let first = groups.lock().unwrap().is_empty();
@@ -197,5 +285,51 @@ mod tests {
             [[2], [13], [4], [5]],
             "the failed group was split"
         );
+    }
+
+    /// Groups reuse their connection (no pool round trip per group); a connection whose
+    /// statement failed for another reason than the database refusing it is not reused.
+    #[sqlx::test]
+    async fn a_group_reuses_its_connection_until_it_breaks(pool: PgPool) {
+        let write: WriteFn<u32, i32> = write_fn(|conn, items: Arc<Vec<u32>>| {
+            Box::pin(async move {
+                if items[0] == 0 {
+                    // Refused by the database: the connection is still good.
+                    sqlx::query("SELECT 1/0").execute(&mut *conn).await?;
+                }
+                let (pid,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+                    .fetch_one(&mut *conn)
+                    .await?;
+                Ok(vec![pid; items.len()])
+            })
+        });
+        let batcher = Batcher::spawn(pool.clone(), 1, 64, write);
+        let first = batcher.write(1).await.unwrap();
+        assert_eq!(
+            batcher.write(2).await.unwrap(),
+            first,
+            "the second group reuses it"
+        );
+        assert!(matches!(
+            batcher.write(0).await,
+            Err(StoreError::Db(sqlx::Error::Database(_)))
+        ));
+        assert_eq!(
+            batcher.write(3).await.unwrap(),
+            first,
+            "a refused statement leaves the connection in use"
+        );
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(first)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let broken = batcher.write(4).await;
+        assert!(
+            broken.is_err(),
+            "the terminated connection fails its group: {broken:?}"
+        );
+        let fresh = batcher.write(5).await.unwrap();
+        assert_ne!(fresh, first, "a broken connection is replaced");
     }
 }

@@ -78,8 +78,8 @@ impl Dispatched {
 /// without its own `max_running_runs`), at most `max_per_tenant` each. The caller publishes
 /// what it returns; if it dies first, the sweeper re-publishes them (they are queued, not
 /// held, and their `enqueued_at` ages).
-pub async fn next(
-    pool: &PgPool,
+pub async fn next<'a>(
+    db: impl sqlx::Acquire<'a, Database = sqlx::Postgres>,
     tenants: &[Uuid],
     default_limit: u32,
     max_per_tenant: u32,
@@ -90,7 +90,7 @@ pub async fn next(
     let mut tenants = tenants.to_vec();
     tenants.sort_unstable();
     tenants.dedup();
-    let mut tx = pool.begin().await?;
+    let mut tx = db.begin().await?;
     // In id order, so two dispatchers of overlapping tenants cannot deadlock.
     sqlx::query("SELECT id FROM tenants WHERE id = ANY($1) ORDER BY id FOR UPDATE")
         .bind(&tenants)
@@ -116,9 +116,9 @@ pub fn grouped(pool: PgPool, default_limit: u32) -> Batcher<Uuid, Vec<Uuid>> {
         pool,
         1,
         256,
-        Arc::new(move |pool, tenants: Arc<Vec<Uuid>>| {
+        super::batch::write_fn(move |conn, tenants: Arc<Vec<Uuid>>| {
             Box::pin(async move {
-                let done = next(&pool, &tenants, default_limit, MAX_PER_TENANT).await?;
+                let done = next(&mut *conn, &tenants, default_limit, MAX_PER_TENANT).await?;
                 let mut seen = std::collections::HashSet::new();
                 Ok(tenants
                     .iter()

@@ -231,7 +231,6 @@ pub async fn runnable_on_thread(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
@@ -315,9 +314,7 @@ mod tests {
             last_event_id: 1,
             timing: None,
         };
-        let ended = end_many(pool.clone(), Arc::new(vec![ending]))
-            .await
-            .unwrap();
+        let ended = end_many(&pool, &[ending]).await.unwrap();
         assert!(ended[0].held);
         assert_eq!(ended[0].promoted, Some(two.id));
         assert_eq!(

@@ -1,8 +1,6 @@
 //! Tool-call rows: recorded before dispatch and after completion, so a finished call is never
 //! dispatched again and an interrupted one is dispatched again with the same idempotency key.
 
-use std::sync::Arc;
-
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;
@@ -145,9 +143,9 @@ pub struct Outcome {
 /// Records the outcomes of calls of several runs, each with its tool message, in one
 /// statement (fenced per run: the held runs' rows are locked first, and the writes join
 /// them); per outcome, whether its run's fence held.
-pub async fn finish_many(
-    pool: PgPool,
-    outcomes: Arc<Vec<Outcome>>,
+pub async fn finish_many<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    outcomes: &[Outcome],
 ) -> Result<Vec<bool>, StoreError> {
     let held: Vec<(Uuid,)> = sqlx::query_as(
         "WITH input AS (
@@ -206,7 +204,7 @@ pub async fn finish_many(
             .collect::<Vec<_>>(),
     )
     .bind(super::RUNNING)
-    .fetch_all(&pool)
+    .fetch_all(db)
     .await?;
     Ok(super::held_flags(
         outcomes.iter().map(|o| o.fence.run_id),

@@ -9,7 +9,6 @@
 //! ```
 //! Worker-side transitions take a [`Fence`] and succeed only while that attempt holds the run.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -195,8 +194,8 @@ pub async fn claim(
 /// [`claim`] for several runs in one statement (a worker whose slots free up together);
 /// per run, in order, its claim. The rows are locked in id order, so two groups that share a
 /// run (a duplicate message) wait for each other instead of deadlocking.
-pub async fn claim_many(
-    pool: &PgPool,
+pub async fn claim_many<'e>(
+    db: impl sqlx::PgExecutor<'e>,
     run_ids: &[Uuid],
     owner: &str,
     lease: Duration,
@@ -228,7 +227,7 @@ pub async fn claim_many(
     .bind(run_ids)
     .bind(owner)
     .bind(lease.as_secs_f64())
-    .fetch_all(pool)
+    .fetch_all(db)
     .await?;
     let mut by_id: std::collections::HashMap<Uuid, ClaimRow> =
         rows.into_iter().map(|r| (r.run.id, r)).collect();
@@ -316,7 +315,10 @@ pub struct Ended {
 /// which waiting run of its thread it promoted. The `LATERAL` probe reads the statement's
 /// snapshot (before the trigger promotes): one lookup per ended run in an index that is empty
 /// unless a tenant double-texts.
-pub async fn end_many(pool: PgPool, endings: Arc<Vec<Ending>>) -> Result<Vec<Ended>, StoreError> {
+pub async fn end_many<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    endings: &[Ending],
+) -> Result<Vec<Ended>, StoreError> {
     let held: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(concat!(
         "WITH input AS (
             SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::text[], $4::int8[], $5::jsonb[])
@@ -359,7 +361,7 @@ pub async fn end_many(pool: PgPool, endings: Arc<Vec<Ending>>) -> Result<Vec<End
             .collect::<Vec<_>>(),
     )
     .bind(super::RUNNING)
-    .fetch_all(&pool)
+    .fetch_all(db)
     .await?;
     Ok(endings
         .iter()
@@ -392,7 +394,7 @@ pub async fn complete(pool: &PgPool, fence: Fence, last_event_id: u64) -> Result
 /// Ends one holding (see [`end_many`]).
 pub async fn end(pool: &PgPool, ending: Ending) -> Result<(), StoreError> {
     let fence = ending.fence;
-    let ended = end_many(pool.clone(), Arc::new(vec![ending])).await?;
+    let ended = end_many(pool, std::slice::from_ref(&ending)).await?;
     if !ended.first().is_some_and(|e| e.held) {
         return Err(fence.lost());
     }
@@ -993,7 +995,7 @@ mod tests {
             attempt: held_a.attempt,
         };
         let turns = vec![turn(&held_a, fence_a), turn(&held_b, stale_b)];
-        let held = record_many(pool.clone(), Arc::new(turns)).await.unwrap();
+        let held = record_many(&pool, &turns).await.unwrap();
         let usage = Committed {
             run_tokens: 7,
             tenant_tokens_today: 7,
@@ -1037,7 +1039,7 @@ mod tests {
                 timing: Some(timing(&held_a, 2)),
             },
         ];
-        let ended = end_many(pool.clone(), Arc::new(endings)).await.unwrap();
+        let ended = end_many(&pool, &endings).await.unwrap();
         let held: Vec<bool> = ended.iter().map(|e| e.held).collect();
         assert_eq!(held, [false, true]);
         assert_eq!(
@@ -1241,7 +1243,7 @@ mod tests {
             turn(&held[1], (20, 2, 22), 0),
             turn(&held[2], (31, 2, 0), 1),
         ];
-        let answers = record_many(pool.clone(), Arc::new(turns)).await.unwrap();
+        let answers = record_many(&pool, &turns).await.unwrap();
         let committed = |run, today, own: Option<i64>| {
             Some(Committed {
                 run_tokens: run,
@@ -1276,9 +1278,7 @@ mod tests {
             iteration: 2,
             ..again
         };
-        let answers = record_many(pool.clone(), Arc::new(vec![again]))
-            .await
-            .unwrap();
+        let answers = record_many(&pool, &[again]).await.unwrap();
         assert_eq!(answers, [committed(32, 43, None)]);
         let claimed = {
             let run = new_run_of(&pool, t1).await;

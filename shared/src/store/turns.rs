@@ -6,8 +6,6 @@
 //! is locked first (`FOR UPDATE`); every other part selects from it, so a stale holder writes
 //! nothing at all.
 
-use std::sync::Arc;
-
 use serde_json::Value;
 use sqlx::PgPool;
 use sqlx::types::Json;
@@ -78,9 +76,9 @@ impl Turn {
 /// group (summed first, so a row is touched once; in tenant order, so two groups that share
 /// tenants lock their rows in the same order and wait instead of deadlocking). The upsert's
 /// `RETURNING` is the tenant's figure for the day after this group.
-pub async fn record_many(
-    pool: PgPool,
-    turns: Arc<Vec<Turn>>,
+pub async fn record_many<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    turns: &[Turn],
 ) -> Result<Vec<Option<Committed>>, StoreError> {
     let held: Vec<CommittedRow> = sqlx::query_as(concat!(
         "WITH input AS (
@@ -175,7 +173,7 @@ pub async fn record_many(
     )
     .bind(turns.iter().map(|t| t.estimated_tokens).collect::<Vec<_>>())
     .bind(super::RUNNING)
-    .fetch_all(&pool)
+    .fetch_all(db)
     .await?;
     let mut by_run: std::collections::HashMap<Uuid, Committed> =
         held.into_iter().map(|r| (r.id, r.committed)).collect();
