@@ -1,5 +1,14 @@
 //! Appends a run's events under the holder's fencing token.
 //!
+//! An event may also be deferred: it goes out, in order, in the same round trip as the
+//! holder's next event (an event announced right before another costs one wake-up of Redis
+//! and of the worker, not two). Only an event followed at once by another is deferred, and
+//! only one whose loss in a crash in between the next holder makes good (`run_started`: the
+//! next holder announces `run_recovered`). An event announcing committed data is not: the
+//! crash suite kills a worker between a `message_completed` and the `tool_started` after it,
+//! and the message must be in the stream. `run::finish` flushes what is left before any end
+//! without an event of its own.
+//!
 //! Redis carries the live stream but is not the truth: if it is unreachable the event is
 //! logged and dropped (the stream can be rebuilt from Postgres), and the run goes on. Only a
 //! fencing refusal matters to the run: it means another attempt owns the stream now.
@@ -29,6 +38,8 @@ pub struct Emitter {
     compact: bool,
     /// The current message's deltas, compacted once its `message_completed` is appended.
     deltas: Arc<Mutex<Vec<DeltaRecord>>>,
+    /// Deferred events, appended before the next one.
+    pending: Arc<Mutex<Vec<(EventType, Value, Expiry)>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,11 +64,36 @@ impl Emitter {
             exact: Arc::new(AtomicBool::new(false)),
             compact,
             deltas: Default::default(),
+            pending: Default::default(),
         }
     }
 
+    /// The highest id this holder appended: what a client may have seen.
     pub fn last_id(&self) -> u64 {
         self.last.load(Ordering::SeqCst)
+    }
+
+    /// The id the next event emitted will get, deferred events going first (what an end or
+    /// a pause records as the run's durable floor before announcing itself).
+    pub fn next_id(&self) -> u64 {
+        self.last_id() + self.pending.lock().expect("pending lock").len() as u64 + 1
+    }
+
+    /// Defers `kind` to the round trip of the next event (see the module's note).
+    pub fn defer(&self, kind: EventType, data: Value, expiry: Expiry) {
+        self.pending
+            .lock()
+            .expect("pending lock")
+            .push((kind, data, expiry));
+    }
+
+    /// Appends the deferred events now, if any.
+    pub async fn flush(&self) -> Result<(), Fenced> {
+        let pending = std::mem::take(&mut *self.pending.lock().expect("pending lock"));
+        if pending.is_empty() {
+            return Ok(());
+        }
+        self.append_all(pending).await
     }
 
     pub async fn emit(&self, kind: EventType, data: Value) -> Result<(), Fenced> {
@@ -70,24 +106,24 @@ impl Emitter {
         data: Value,
         expiry: Expiry,
     ) -> Result<(), Fenced> {
+        let mut pending = std::mem::take(&mut *self.pending.lock().expect("pending lock"));
+        if !pending.is_empty() {
+            pending.push((kind, data, expiry));
+            return self.append_all(pending).await;
+        }
         let event = NewEvent {
             run_id: self.run_id,
             thread_id: self.thread_id,
             kind,
             data: &data,
         };
-        let floor = if self.exact.load(Ordering::SeqCst) {
-            Floor::Exact(self.last_id())
-        } else {
-            Floor::Recorded(self.last_id())
-        };
-        match self.bus.append(event, self.fence, floor, expiry).await {
+        match self
+            .bus
+            .append(event, self.fence, self.floor(), expiry)
+            .await
+        {
             Ok(appended) => {
-                self.last.fetch_max(appended.id, Ordering::SeqCst);
-                self.exact.store(true, Ordering::SeqCst);
-                if self.compact {
-                    self.track(kind, &data, &appended);
-                }
+                self.appended(kind, &data, &appended);
                 Ok(())
             }
             Err(AppendError::Fenced { .. }) => Err(Fenced),
@@ -96,6 +132,58 @@ impl Emitter {
                     "event not appended; Redis unavailable");
                 Ok(())
             }
+        }
+    }
+
+    /// Appends `events` in order in one round trip.
+    async fn append_all(&self, events: Vec<(EventType, Value, Expiry)>) -> Result<(), Fenced> {
+        let batch: Vec<(NewEvent<'_>, Expiry)> = events
+            .iter()
+            .map(|(kind, data, expiry)| {
+                let event = NewEvent {
+                    run_id: self.run_id,
+                    thread_id: self.thread_id,
+                    kind: *kind,
+                    data,
+                };
+                (event, *expiry)
+            })
+            .collect();
+        match self.bus.append_run(&batch, self.fence, self.floor()).await {
+            Ok(outcomes) => {
+                let mut fenced = false;
+                for ((kind, data, _), outcome) in events.iter().zip(outcomes) {
+                    match outcome {
+                        Ok(appended) => self.appended(*kind, data, &appended),
+                        Err(AppendError::Fenced { .. }) => fenced = true,
+                        Err(e) => tracing::warn!(run_id = %self.run_id, event = kind.as_str(),
+                            error = %e, "event not appended; Redis unavailable"),
+                    }
+                }
+                if fenced { Err(Fenced) } else { Ok(()) }
+            }
+            Err(AppendError::Fenced { .. }) => Err(Fenced),
+            Err(e) => {
+                tracing::warn!(run_id = %self.run_id, events = events.len(), error = %e,
+                    "events not appended; Redis unavailable");
+                Ok(())
+            }
+        }
+    }
+
+    fn floor(&self) -> Floor {
+        if self.exact.load(Ordering::SeqCst) {
+            Floor::Exact(self.last_id())
+        } else {
+            Floor::Recorded(self.last_id())
+        }
+    }
+
+    fn appended(&self, kind: EventType, data: &Value, appended: &Appended) {
+        self.last.fetch_max(appended.id, Ordering::SeqCst);
+        self.exact.store(true, Ordering::SeqCst);
+        if self.compact {
+            self.track(kind, data, appended);
         }
     }
 

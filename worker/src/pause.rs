@@ -105,7 +105,7 @@ async fn pause(
     if !call_ids.is_empty() {
         tool_calls::set_status(&mut tx, ctx.fence.run_id, call_ids, call_status).await?;
     }
-    let next_id = ctx.emitter.last_id() + 1;
+    let next_id = ctx.emitter.next_id();
     transitions::wait(&mut tx, ctx.fence, run_status, pending, next_id).await?;
     tx.commit().await.map_err(StoreError::from)?;
     metrics::counter!("agentfleet_runs_total", "status" => run_status.as_str()).increment(1);

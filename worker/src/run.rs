@@ -116,7 +116,8 @@ async fn drive(
             json!({"attempt": ctx.fence.attempt, "worker": ctx.shared.worker_id}),
         )
     };
-    ctx.emitter.emit_with(kind, data, Expiry::Persist).await?;
+    // Goes out with the holding's first step (its `iteration_started`, or whatever comes first).
+    ctx.emitter.defer(kind, data, Expiry::Persist);
     let mut iteration = ctx.run.iteration;
     let mut started = chrono::Utc::now();
     // The calls of the turn just taken in this loop; unknown (so: read them) after a claim.
@@ -189,9 +190,12 @@ fn iteration_span(iteration: i32, continued: bool) -> tracing::Span {
 /// Commits the end of this holding and announces it.
 async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
     if !matches!(result, Ok(Outcome::Completed(_))) {
+        // A completed run's deferred events go out with `run_completed`; any other end
+        // appends them now, before it records its ids or hands the run on.
+        let _ = ctx.emitter.flush().await;
         iteration::flush_timing(ctx).await;
     }
-    let next_id = ctx.emitter.last_id() + 1;
+    let next_id = ctx.emitter.next_id();
     let run_id = ctx.fence.run_id;
     let outcome = match result {
         Ok(Outcome::Paused) => return,
