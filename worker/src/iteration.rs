@@ -159,8 +159,9 @@ fn model_span(model: &str, messages: usize) -> tracing::Span {
     )
 }
 
-/// Announces the turn and returns the history the model sees: read from Postgres on the
-/// holding's first turn (both at once: one wait, not two), then kept in memory.
+/// Announces the turn and returns the history the model sees: read by the claim of a fresh
+/// run, else from Postgres on the holding's first turn (both at once: one wait, not two), then
+/// kept in memory.
 async fn history(ctx: &RunCtx, iteration: i32) -> Result<Vec<Value>, RunError> {
     let announce = ctx
         .emitter

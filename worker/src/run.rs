@@ -53,6 +53,7 @@ pub async fn execute(
         shared.settings.limits.tokens_per_day,
     );
     let budget = Budget::new(claimed.run.agent.max_tokens_total, spent);
+    let history = claimed.history;
     let run = claimed.run;
     if run.interrupt_requested_at.is_some() {
         // Asked before this claim (the hint went to a holder that is gone).
@@ -80,7 +81,7 @@ pub async fn execute(
         stop,
         timing: IterationTiming::default(),
         finished_timing: Default::default(),
-        history: Default::default(),
+        history: std::sync::Mutex::new(history),
         budget,
         catalog: Default::default(),
         compaction: Default::default(),

@@ -28,8 +28,9 @@ pub struct RunCtx {
     /// The finished iteration's timing, written by the next statement that commits anyway
     /// (the next turn, or the run's end) instead of one of its own.
     pub finished_timing: Mutex<Option<turns::IterationTiming>>,
-    /// The messages the model sees, read once per holding and kept up to date by this
-    /// holder's own writes (it is the only writer while it holds the run).
+    /// The messages the model sees, read once per holding (by the claim of a fresh run, else
+    /// by the first turn) and kept up to date by this holder's own writes (it is the only
+    /// writer while it holds the run).
     pub history: Mutex<Option<Vec<serde_json::Value>>>,
     /// Token budgets, with the figures of the claim and then of each turn commit.
     pub budget: Budget,

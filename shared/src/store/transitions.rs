@@ -168,6 +168,12 @@ pub struct Claimed {
     pub tenant_tokens_today: i64,
     /// The tenant's own `tokens_per_day` (`tenants.limits`), as stored; `None`: the default.
     pub tenant_tokens_per_day: Option<Json<serde_json::Value>>,
+    /// For a run that has not begun its first iteration, the thread's history as the model
+    /// will see it (`messages::llm_history`), read by the claim itself: one statement and one
+    /// round trip less per run than reading it after. `None` for a run that continues: its
+    /// open calls are settled first, and the history is read after them (read now, their
+    /// missing results would be "repaired" before they are recorded).
+    pub history: Option<Vec<serde_json::Value>>,
 }
 
 impl Claimed {
@@ -222,7 +228,10 @@ pub async fn claim_many<'e>(
                        WHERE u.tenant_id = r.tenant_id
                          AND u.day = (now() AT TIME ZONE 'UTC')::date), 0) AS tenant_tokens_today,
              (SELECT ten.limits -> 'tokens_per_day' FROM tenants ten WHERE ten.id = r.tenant_id)
-                 AS tenant_tokens_per_day",
+                 AS tenant_tokens_per_day,
+             CASE WHEN r.iteration = 0 THEN
+               (SELECT coalesce(jsonb_agg(m.body ORDER BY m.id), '[]'::jsonb) FROM messages m
+                 WHERE m.thread_id = r.thread_id AND m.is_llm_message) END AS history",
     )
     .bind(run_ids)
     .bind(owner)
@@ -240,6 +249,7 @@ pub async fn claim_many<'e>(
                 run: r.run,
                 tenant_tokens_today: r.tenant_tokens_today,
                 tenant_tokens_per_day: r.tenant_tokens_per_day,
+                history: r.history.map(|h| super::messages::repair_tool_results(h.0)),
             })
         })
         .collect())
@@ -253,6 +263,7 @@ struct ClaimRow {
     took_over: bool,
     tenant_tokens_today: i64,
     tenant_tokens_per_day: Option<Json<serde_json::Value>>,
+    history: Option<Json<Vec<serde_json::Value>>>,
 }
 
 /// What a lease renewal learned.
