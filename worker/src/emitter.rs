@@ -6,7 +6,11 @@
 //! only one whose loss in a crash in between the next holder makes good (`run_started`: the
 //! next holder announces `run_recovered`). An event announcing committed data is not: the
 //! crash suite kills a worker between a `message_completed` and the `tool_started` after it,
-//! and the message must be in the stream. `run::finish` flushes what is left before any end
+//! and the message must be in the stream. The one exception is a final answer's
+//! `message_completed`: its commit also ended the run, so nothing but the `run_completed` right
+//! after it is left to announce, and the two go out together (a crash between them loses the
+//! pair from the live stream, as a crash after a separate end would lose `run_completed`; the
+//! message stays readable from the thread). `run::finish` flushes what is left before any end
 //! without an event of its own.
 //!
 //! Redis carries the live stream but is not the truth: if it is unreachable the event is

@@ -10,9 +10,9 @@ use tracing::Instrument;
 
 use agentfleet_shared::config::ToolCalling;
 use agentfleet_shared::domain::{Risk, ToolCallStatus};
-use agentfleet_shared::events::EventType;
+use agentfleet_shared::events::{EventType, Expiry};
 use agentfleet_shared::store::tool_calls::{NewToolCall, ToolCallRow};
-use agentfleet_shared::store::turns::{self, Turn};
+use agentfleet_shared::store::turns::{self, FinalIteration, Turn};
 use agentfleet_shared::store::{StoreError, messages};
 
 use crate::budget::Spent;
@@ -21,8 +21,22 @@ use crate::run_ctx::{RunCtx, RunError};
 use crate::tools;
 use crate::usage::{self, TurnUsage};
 
-/// Returns the calls the model made, as recorded (an empty list: there is nothing to settle).
-pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<Vec<ToolCallRow>, RunError> {
+/// What a committed turn leaves to do.
+pub enum Turned {
+    /// The calls the model made, as recorded (at least one), to settle.
+    Calls(Vec<ToolCallRow>),
+    /// A final answer: the statement that recorded it also ended the run `completed`
+    /// ([`Turn::ending`]); `promoted` is the run waiting for the thread that the end started.
+    Completed { promoted: Option<uuid::Uuid> },
+}
+
+/// Calls the model and commits its turn; `started` is when the iteration began (a final
+/// answer's commit closes the iteration's timing).
+pub async fn model_turn(
+    ctx: &RunCtx,
+    iteration: i32,
+    started: DateTime<Utc>,
+) -> Result<Turned, RunError> {
     let turn_started = Instant::now();
     let history = history(ctx, iteration).await?;
     let taken = tool_call_ids(&history);
@@ -117,29 +131,49 @@ pub async fn model_turn(ctx: &RunCtx, iteration: i32) -> Result<Vec<ToolCallRow>
     drop(span);
     // Summaries made to fit this call's history are billed with it.
     let billed = usage.plus(summary_usage).bounded();
-    let recorded = persist(ctx, iteration, &response, &billed).await?;
+    // A final answer ends the run in the statement that records it.
+    let ending = response.tool_calls.is_empty().then(|| {
+        let (model_us, tools_us) = ctx.timing.take();
+        FinalIteration {
+            started,
+            model_us,
+            tools_us,
+        }
+    });
+    let (recorded, promoted) = persist(ctx, iteration, &response, &billed, ending).await?;
     let calls: Vec<Value> = response
         .tool_calls
         .iter()
         .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
         .collect();
-    ctx.emitter
-        .emit(
-            EventType::MessageCompleted,
-            json!({
-                "iteration": iteration,
-                "content": response.content,
-                "tool_calls": calls,
-                "finish_reason": response.finish_reason,
-                "usage": {"prompt_tokens": usage.prompt_tokens,
-                          "completion_tokens": usage.completion_tokens,
-                          "estimated": usage.estimated},
-            }),
-        )
-        .await?;
+    let completed = json!({
+        "iteration": iteration,
+        "content": response.content,
+        "tool_calls": calls,
+        "finish_reason": response.finish_reason,
+        "usage": {"prompt_tokens": usage.prompt_tokens,
+                  "completion_tokens": usage.completion_tokens,
+                  "estimated": usage.estimated},
+    });
     metrics::histogram!("agentfleet_iteration_duration_seconds")
         .record(turn_started.elapsed().as_secs_f64());
-    Ok(recorded)
+    if let Some(ending) = ending {
+        record_framework_time(
+            (Utc::now() - ending.started)
+                .num_microseconds()
+                .unwrap_or(0),
+            ending.model_us,
+            ending.tools_us,
+        );
+        // Goes out with `run_completed`, in one round trip (see the emitter's note).
+        ctx.emitter
+            .defer(EventType::MessageCompleted, completed, Expiry::Keep);
+        return Ok(Turned::Completed { promoted });
+    }
+    ctx.emitter
+        .emit(EventType::MessageCompleted, completed)
+        .await?;
+    Ok(Turned::Calls(recorded))
 }
 
 /// `model.call`: the model, how many messages it was sent, and after the call its status,
@@ -215,13 +249,15 @@ fn unique_call_ids(response: &mut ModelResponse, mut taken: HashSet<String>) {
 
 /// The assistant message, its tool calls, the iteration counter, usage and the previous
 /// iteration's timing: one statement. Calls that will run at once are recorded as dispatched
-/// by the same statement, so a call still costs no write of its own before it leaves.
+/// by the same statement, so a call still costs no write of its own before it leaves; a
+/// final answer (`ending`) ends the run in it, and the run it promoted comes back.
 async fn persist(
     ctx: &RunCtx,
     iteration: i32,
     response: &ModelResponse,
     usage: &TurnUsage,
-) -> Result<Vec<ToolCallRow>, RunError> {
+    ending: Option<FinalIteration>,
+) -> Result<(Vec<ToolCallRow>, Option<uuid::Uuid>), RunError> {
     if agentfleet_shared::failpoint::error("store:turn") {
         return Err(StoreError::Db(sqlx::Error::PoolTimedOut).into());
     }
@@ -271,8 +307,14 @@ async fn persist(
         prompt_tokens,
         completion_tokens,
         estimated_tokens,
-        last_event_id: ctx.emitter.last_id(),
+        // An ending records the id its `run_completed` will get (after `message_completed`),
+        // as a separate end would.
+        last_event_id: match ending {
+            Some(_) => ctx.emitter.next_id() + 1,
+            None => ctx.emitter.last_id(),
+        },
         timing: ctx.take_finished_timing(),
+        ending,
     };
     let Some(committed) = ctx.shared.writes.turns.write(turn).await? else {
         return Err(ctx.fence.lost().into());
@@ -293,7 +335,7 @@ async fn persist(
     metrics::counter!("agentfleet_tokens_total", "kind" => "completion", "source" => kind)
         .increment(completion_tokens as u64);
     ctx.remember(body);
-    Ok(rows)
+    Ok((rows, committed.promoted))
 }
 
 /// The response's calls as rows, `pending`, before anything is decided about them.
@@ -355,8 +397,7 @@ pub fn finish_timing(
         .num_microseconds()
         .unwrap_or(0)
         .max(model_us + tools_us);
-    let framework = (total_us - model_us - tools_us).max(0) as f64 / 1e6;
-    metrics::histogram!("agentfleet_framework_time_seconds").record(framework);
+    record_framework_time(total_us, model_us, tools_us);
     *ctx.finished_timing.lock().expect("timing lock") = Some(turns::IterationTiming {
         run_id: ctx.run.id,
         iteration,
@@ -367,6 +408,11 @@ pub fn finish_timing(
         tools_us,
         total_us,
     });
+}
+
+fn record_framework_time(total_us: i64, model_us: i64, tools_us: i64) {
+    let framework = (total_us - model_us - tools_us).max(0) as f64 / 1e6;
+    metrics::histogram!("agentfleet_framework_time_seconds").record(framework);
 }
 
 /// Writes a kept timing on its own, when the holding ends without a statement to carry it.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+use uuid::Uuid;
 
 use agentfleet_shared::config::OnBudgetExceeded;
 use agentfleet_shared::domain::RunStatus;
@@ -17,15 +18,19 @@ use agentfleet_shared::store::{StoreError, double_text};
 
 use crate::budget::{Budget, Exceeded, Spent};
 use crate::emitter::Emitter;
-use crate::iteration;
+use crate::iteration::{self, Turned};
 use crate::run_ctx::{IterationTiming, RunCtx, RunError};
 use crate::shared::Shared;
 use crate::stop::{StopReason, StopSignal};
 use crate::tools::settle::{Settled, settle};
 
 enum Outcome {
-    /// Completed at this iteration.
-    Completed(i32),
+    /// Completed at this iteration; `ended` if the final turn's commit already ended the run
+    /// (with the run that end promoted), `None` if the end is still to write.
+    Completed {
+        iteration: i32,
+        ended: Option<Option<Uuid>>,
+    },
     Paused,
     /// Drain: handed back between iterations.
     Released,
@@ -132,18 +137,17 @@ async fn drive(
     };
     loop {
         if iteration > 0 {
-            let settled = match fresh_calls.take() {
-                Some(calls) if Vec::is_empty(&calls) => Settled::Complete,
-                fresh => {
-                    settle(ctx, iteration, fresh)
-                        .instrument(span.clone())
-                        .await?
-                }
-            };
+            let settled = settle(ctx, iteration, fresh_calls.take())
+                .instrument(span.clone())
+                .await?;
             iteration::finish_timing(ctx, iteration, started, ctx.timing.take());
             match settled {
                 Settled::Paused => return Ok(Outcome::Paused),
-                Settled::Complete => return Ok(Outcome::Completed(iteration)),
+                // An iteration an earlier holding committed without calls.
+                Settled::Complete => {
+                    let ended = None;
+                    return Ok(Outcome::Completed { iteration, ended });
+                }
                 Settled::NextIteration => {}
             }
         }
@@ -175,11 +179,16 @@ async fn drive(
         iteration += 1;
         started = chrono::Utc::now();
         span = iteration_span(iteration, false);
-        fresh_calls = Some(
-            iteration::model_turn(ctx, iteration)
-                .instrument(span.clone())
-                .await?,
-        );
+        match iteration::model_turn(ctx, iteration, started)
+            .instrument(span.clone())
+            .await?
+        {
+            Turned::Calls(calls) => fresh_calls = Some(calls),
+            Turned::Completed { promoted } => {
+                let ended = Some(promoted);
+                return Ok(Outcome::Completed { iteration, ended });
+            }
+        }
     }
 }
 
@@ -190,7 +199,7 @@ fn iteration_span(iteration: i32, continued: bool) -> tracing::Span {
 
 /// Commits the end of this holding and announces it.
 async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
-    if !matches!(result, Ok(Outcome::Completed(_))) {
+    if !matches!(result, Ok(Outcome::Completed { .. })) {
         // A completed run's deferred events go out with `run_completed`; any other end
         // appends them now, before it records its ids or hands the run on.
         let _ = ctx.emitter.flush().await;
@@ -200,28 +209,22 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
     let run_id = ctx.fence.run_id;
     let outcome = match result {
         Ok(Outcome::Paused) => return,
-        Ok(Outcome::Completed(iteration)) => {
-            let ending = Ending {
-                fence: ctx.fence,
-                status: RunStatus::Completed,
-                last_event_id: next_id,
-                timing: ctx.take_finished_timing(),
+        Ok(Outcome::Completed { iteration, ended }) => {
+            let ended = match ended {
+                Some(promoted) => Ok(promoted),
+                None => complete(ctx, next_id).await,
             };
-            match ctx.shared.writes.endings.write(ending).await {
-                Ok(ended) if ended.held => {
-                    publish_promoted(ctx, ended.promoted).await;
-                    Ok(())
+            match ended {
+                Ok(promoted) => {
+                    publish_promoted(ctx, promoted).await;
+                    Ok((
+                        EventType::RunCompleted,
+                        json!({"iteration": iteration}),
+                        "completed",
+                    ))
                 }
-                Ok(_) => Err(ctx.fence.lost()),
                 Err(e) => Err(e),
             }
-            .map(|_| {
-                (
-                    EventType::RunCompleted,
-                    json!({"iteration": iteration}),
-                    "completed",
-                )
-            })
         }
         Ok(Outcome::Interrupted) | Err(RunError::Interrupted) => {
             match double_text::interrupt(&ctx.shared.pool, ctx.fence, next_id).await {
@@ -298,6 +301,21 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
         Err(e) => {
             tracing::info!(%run_id, error = %e, "could not record the run's end; another holder owns it");
         }
+    }
+}
+
+/// `running -> completed` by a statement of its own (the final turn was committed by an
+/// earlier holding); the run the end promoted, if any.
+async fn complete(ctx: &RunCtx, next_id: u64) -> Result<Option<Uuid>, StoreError> {
+    let ending = Ending {
+        fence: ctx.fence,
+        status: RunStatus::Completed,
+        last_event_id: next_id,
+        timing: ctx.take_finished_timing(),
+    };
+    match ctx.shared.writes.endings.write(ending).await? {
+        ended if ended.held => Ok(ended.promoted),
+        _ => Err(ctx.fence.lost()),
     }
 }
 

@@ -327,4 +327,77 @@ mod tests {
         );
         assert_eq!(user_messages(&pool, first.thread_id).await, ["one", "two"]);
     }
+
+    /// A final answer's turn is the run's end too: `completed`, lease released, its
+    /// iteration's timing closed by the statement, and the oldest waiting run promoted and
+    /// named, exactly as a grouped end would; a stale holder's final turn writes nothing.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_final_turn_ends_its_run_and_promotes_the_oldest_waiting_run(pool: PgPool) {
+        use crate::store::turns::{FinalIteration, Turn, record_many};
+        let tenant = tenants::create(&pool, "t").await.unwrap().tenant_id;
+        let mut tx = pool.begin().await.unwrap();
+        let first = transitions::create(&mut tx, new_run(tenant, None, "one"))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let thread = Some(first.thread_id);
+        let two = submit(&pool, new_run(tenant, thread, "two"), IfBusy::Enqueue)
+            .await
+            .unwrap()
+            .run;
+        let claimed = claim(&pool, first.id, "w", Duration::from_secs(10))
+            .await
+            .unwrap()
+            .unwrap();
+        let started = chrono::Utc::now() - chrono::Duration::milliseconds(50);
+        let turn = |fence| Turn {
+            fence,
+            thread_id: first.thread_id,
+            iteration: 1,
+            message: json!({"role": "assistant", "content": "done"}),
+            tool_calls: vec![],
+            prompt_tokens: 3,
+            completion_tokens: 4,
+            estimated_tokens: 0,
+            last_event_id: 9,
+            timing: None,
+            ending: Some(FinalIteration {
+                started,
+                model_us: 1_000,
+                tools_us: 0,
+            }),
+        };
+        let stale = Fence {
+            run_id: first.id,
+            attempt: claimed.fence().attempt + 1,
+        };
+        assert_eq!(record_many(&pool, &[turn(stale)]).await.unwrap(), [None]);
+        assert_eq!(
+            runs::get(&pool, first.id).await.unwrap().status,
+            RunStatus::Running,
+            "a stale final turn ends nothing"
+        );
+
+        let committed = record_many(&pool, &[turn(claimed.fence())]).await.unwrap();
+        let committed = committed[0].as_ref().expect("the fence holds");
+        assert_eq!(committed.promoted, Some(two.id));
+        let ended = runs::get(&pool, first.id).await.unwrap();
+        assert_eq!(ended.status, RunStatus::Completed);
+        assert_eq!(ended.last_event_id, 9);
+        assert!(ended.lease_owner.is_none() && ended.lease_expires_at.is_none());
+        assert!(ended.finished_at.is_some());
+        assert_eq!(
+            runs::get(&pool, two.id).await.unwrap().status,
+            RunStatus::Queued
+        );
+        let (iteration, model_us, total_us): (i32, i64, i64) = sqlx::query_as(
+            "SELECT iteration, model_us, total_us FROM iterations WHERE run_id = $1",
+        )
+        .bind(first.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!((iteration, model_us), (1, 1_000));
+        assert!(total_us >= 50_000, "closed after it started: {total_us} us");
+    }
 }

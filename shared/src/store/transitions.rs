@@ -1000,6 +1000,7 @@ mod tests {
             estimated_tokens: 0,
             last_event_id: 7,
             timing: Some(timing(run, 1)),
+            ending: None,
         };
         let fence_a = Fence {
             run_id: a.id,
@@ -1011,6 +1012,7 @@ mod tests {
             run_tokens: 7,
             tenant_tokens_today: 7,
             tenant_tokens_per_day: None,
+            promoted: None,
         };
         assert_eq!(held, [Some(usage), None]);
         for (run, expected) in [(a.id, 1), (b.id, 0)] {
@@ -1248,6 +1250,7 @@ mod tests {
             estimated_tokens: tokens.2,
             last_event_id: 1,
             timing: None,
+            ending: None,
         };
         let turns = vec![
             turn(&held[0], (10, 1, 0), 2),
@@ -1260,6 +1263,7 @@ mod tests {
                 run_tokens: run,
                 tenant_tokens_today: today,
                 tenant_tokens_per_day: own.map(|n| Json(serde_json::json!(n))),
+                promoted: None,
             })
         };
         assert_eq!(

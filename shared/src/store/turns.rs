@@ -1,5 +1,6 @@
 //! Committing a model turn: the assistant message, its tool calls, the iteration counter and
-//! the usage, fenced by the holder's attempt, in one statement.
+//! the usage, fenced by the holder's attempt, in one statement; for a final answer, the run's
+//! end too.
 //!
 //! One statement instead of a transaction of six round trips (BEGIN, fence lock, message,
 //! one INSERT per call, counters, COMMIT): it is the hottest write of the loop. The fence row
@@ -35,6 +36,19 @@ pub struct Turn {
     pub last_event_id: u64,
     /// The previous iteration's timing, written by this statement instead of one of its own.
     pub timing: Option<IterationTiming>,
+    /// Set for a final answer (no tool calls): the statement also ends the run `completed`
+    /// and records this iteration's timing, so a run's last turn and its end cost one write.
+    pub ending: Option<FinalIteration>,
+}
+
+/// The last iteration of a run whose turn ends it. Its timing closes inside the statement
+/// (`clock_timestamp()`), so its total includes the wait for the commit, as every other
+/// iteration's total includes its own turn's commit.
+#[derive(Debug, Clone, Copy)]
+pub struct FinalIteration {
+    pub started: chrono::DateTime<chrono::Utc>,
+    pub model_us: i64,
+    pub tools_us: i64,
 }
 
 /// Most tokens one model call may add to the figures: a hostile or broken provider's usage
@@ -51,6 +65,9 @@ pub struct Committed {
     pub tenant_tokens_today: i64,
     /// The tenant's own `tokens_per_day` (`tenants.limits`), as stored; `None`: the default.
     pub tenant_tokens_per_day: Option<Json<Value>>,
+    /// For a turn that ended its run ([`Turn::ending`]): the run waiting for the thread that
+    /// the end promoted (double-texting), to publish.
+    pub promoted: Option<Uuid>,
 }
 
 impl Turn {
@@ -76,6 +93,11 @@ impl Turn {
 /// group (summed first, so a row is touched once; in tenant order, so two groups that share
 /// tenants lock their rows in the same order and wait instead of deadlocking). The upsert's
 /// `RETURNING` is the tenant's figure for the day after this group.
+///
+/// A turn with an `ending` also moves its run to `completed` (lease released, `finished_at`),
+/// as [`super::transitions::end_many`] would, and reads the run its end promoted the same way.
+/// Setting `status` to itself on the other rows keeps their update HOT (the value is unchanged)
+/// and fires no trigger (each trigger's `WHEN` asks for a change of status).
 pub async fn record_many<'e>(
     db: impl sqlx::PgExecutor<'e>,
     turns: &[Turn],
@@ -84,9 +106,11 @@ pub async fn record_many<'e>(
         "WITH input AS (
             SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::uuid[], $4::int[], $5::jsonb[],
                                  $6::jsonb[], $7::int8[], $8::int8[], $9::int8[], $10::jsonb[],
-                                 $11::int8[])
+                                 $11::int8[], $13::bool[], $14::timestamptz[], $15::int8[],
+                                 $16::int8[])
                 AS t(run_id, attempt, thread_id, iteration, message, calls, prompt_tokens,
-                     completion_tokens, last_event_id, timing, estimated_tokens)),
+                     completion_tokens, last_event_id, timing, estimated_tokens, ends,
+                     final_started, final_model_us, final_tools_us)),
          held AS (
             UPDATE runs r SET iteration = t.iteration,
                               prompt_tokens = r.prompt_tokens + t.prompt_tokens,
@@ -95,11 +119,18 @@ pub async fn record_many<'e>(
                               tool_calls = r.tool_calls + jsonb_array_length(t.calls),
                               updated_at = now(),
                               last_event_id = GREATEST(r.last_event_id, t.last_event_id),
-                              handbacks = 0
+                              handbacks = 0,
+                              status = CASE WHEN t.ends THEN 'completed' ELSE r.status END,
+                              error = CASE WHEN t.ends THEN NULL ELSE r.error END,
+                              lease_owner = CASE WHEN t.ends THEN NULL ELSE r.lease_owner END,
+                              lease_expires_at = CASE WHEN t.ends THEN NULL
+                                                      ELSE r.lease_expires_at END,
+                              finished_at = CASE WHEN t.ends THEN now() ELSE r.finished_at END
             FROM input t
             WHERE r.id = ANY($1) AND r.id = t.run_id AND r.attempt = t.attempt
               AND r.status = $12
-            RETURNING r.id, r.tenant_id, r.prompt_tokens + r.completion_tokens AS run_tokens),
+            RETURNING r.id, r.tenant_id, r.thread_id, t.ends,
+                      r.prompt_tokens + r.completion_tokens AS run_tokens),
          daily AS (
             INSERT INTO usage_daily AS u (tenant_id, day, prompt_tokens, completion_tokens,
                                           estimated_tokens, tool_calls, runs)
@@ -133,13 +164,28 @@ pub async fn record_many<'e>(
                  jsonb_to_recordset(t.calls) AS c(id uuid, tool_call_id text, position int,
                      name text, raw_arguments text, arguments jsonb, risk text, status text,
                      dispatch_count int)),
+         final_timing AS (
+            INSERT INTO iterations (run_id, iteration, attempt, started_at, finished_at,
+                                    model_us, tools_us, total_us)
+            SELECT t.run_id, t.iteration, t.attempt, t.final_started, clock_timestamp(),
+                   t.final_model_us, t.final_tools_us,
+                   GREATEST(t.final_model_us + t.final_tools_us,
+                            (extract(epoch FROM clock_timestamp() - t.final_started)
+                             * 1000000)::int8)
+            FROM input t JOIN held ON held.id = t.run_id
+            WHERE t.ends
+            ON CONFLICT DO NOTHING),
          ",
         timing_cte!(),
         "
          SELECT held.id, held.run_tokens, daily.tenant_tokens_today,
-                ten.limits -> 'tokens_per_day' AS tenant_tokens_per_day
+                ten.limits -> 'tokens_per_day' AS tenant_tokens_per_day, w.id AS promoted
          FROM held JOIN daily ON daily.tenant_id = held.tenant_id
-                   LEFT JOIN tenants ten ON ten.id = held.tenant_id",
+                   LEFT JOIN tenants ten ON ten.id = held.tenant_id
+                   LEFT JOIN LATERAL (
+                      SELECT id FROM runs w WHERE held.ends AND w.thread_id = held.thread_id
+                         AND w.status = 'waiting_for_thread'
+                       ORDER BY w.enqueued_at, w.id LIMIT 1) w ON true",
     ))
     .bind(turns.iter().map(|t| t.fence.run_id).collect::<Vec<_>>())
     .bind(turns.iter().map(|t| t.fence.attempt).collect::<Vec<_>>())
@@ -173,6 +219,25 @@ pub async fn record_many<'e>(
     )
     .bind(turns.iter().map(|t| t.estimated_tokens).collect::<Vec<_>>())
     .bind(super::RUNNING)
+    .bind(turns.iter().map(|t| t.ending.is_some()).collect::<Vec<_>>())
+    .bind(
+        turns
+            .iter()
+            .map(|t| t.ending.map(|f| f.started))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        turns
+            .iter()
+            .map(|t| t.ending.map(|f| f.model_us))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        turns
+            .iter()
+            .map(|t| t.ending.map(|f| f.tools_us))
+            .collect::<Vec<_>>(),
+    )
     .fetch_all(db)
     .await?;
     let mut by_run: std::collections::HashMap<Uuid, Committed> =
