@@ -145,7 +145,7 @@ impl Intake {
         let unacked = self.unacked.clone();
         let channel = unacked.taken();
         self.tracker.spawn(async move {
-            match claim(&shared, &delivery).await {
+            let still_held = match claim(&shared, &delivery).await {
                 Ok(ClaimOutcome::Claimed(claimed)) => {
                     let run_id = claimed.run.id;
                     let span = attempt_span(&shared, &claimed, &delivery);
@@ -154,25 +154,40 @@ impl Intake {
                     metrics::gauge!("agentfleet_runs_in_flight").increment(1.0);
                     let hold = Duration::from_millis(shared.settings.worker.max_delivery_hold_ms);
                     let execute = run::execute(shared.clone(), *claimed, stop, draining).instrument(span);
-                    let acked = || async {
+                    let early = || async {
                         ack(&delivery.acker).await;
                         unacked.let_go(channel);
                     };
-                    hold_delivery(execute, acked, hold).await;
+                    let acked = hold_delivery(execute, early, hold).await;
                     metrics::gauge!("agentfleet_runs_in_flight").decrement(1.0);
                     shared.active.remove(run_id);
+                    !acked
                 }
-                Ok(ClaimOutcome::Skipped) => unacked.let_go(channel),
+                Ok(ClaimOutcome::Skipped) => {
+                    unacked.let_go(channel);
+                    false
+                }
                 Err(e) => {
                     tracing::warn!(error = %agentfleet_shared::report::one_line(&e), "claim failed; message returned to the queue");
                     // Postgres is probably down: don't spin on redeliveries.
                     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                     let _ = delivery.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
                     unacked.let_go(channel);
+                    false
                 }
+            };
+            // The slot is free before the ack leaves: the broker pushes the next delivery as
+            // soon as the ack lands, and it must find the slot free. Acking first raced with
+            // that push (the delivery arrived before this task dropped its permit, was given
+            // back and the consumer paused: three round trips and a redelivery).
+            if still_held {
+                unacked.let_go(channel);
             }
             drop(permit);
             freed.notify_one();
+            if still_held {
+                ack(&delivery.acker).await;
+            }
         });
     }
 
@@ -202,19 +217,20 @@ impl Intake {
     }
 }
 
-/// Drives `execute` to its end, then acknowledges the delivery (`acked`); acknowledges it
-/// early if that takes longer than `hold`.
+/// Drives `execute` to its end; acknowledges the delivery early (`early`) if that takes longer
+/// than `hold`. Returns whether it did (else the caller acks once the slot is free).
 async fn hold_delivery<F: Future<Output = ()>>(
     execute: impl Future<Output = ()>,
-    acked: impl FnOnce() -> F,
+    early: impl FnOnce() -> F,
     hold: Duration,
-) {
+) -> bool {
     tokio::pin!(execute);
     tokio::select! {
-        () = &mut execute => acked().await,
+        () = &mut execute => false,
         () = tokio::time::sleep(hold) => {
-            acked().await;
+            early().await;
             execute.await;
+            true
         }
     }
 }
