@@ -262,6 +262,17 @@ mod tests {
         Ok(created)
     }
 
+    /// A tenant's run on a new thread: the thread's active run.
+    async fn first_run(pool: &PgPool) -> (Uuid, RunRow) {
+        let tenant = tenants::create(pool, "t").await.unwrap().tenant_id;
+        let mut tx = pool.begin().await.unwrap();
+        let first = transitions::create(&mut tx, new_run(tenant, None, "one"))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        (tenant, first)
+    }
+
     async fn user_messages(pool: &PgPool, thread: Uuid) -> Vec<String> {
         sqlx::query_scalar(
             "SELECT body->>'content' FROM messages WHERE thread_id = $1 AND role = 'user' ORDER BY id",
@@ -276,12 +287,7 @@ mod tests {
     /// waiting runs' messages join the thread only then; the limit of waiting runs holds.
     #[sqlx::test(migrations = "../migrations")]
     async fn an_end_promotes_the_oldest_waiting_run(pool: PgPool) {
-        let tenant = tenants::create(&pool, "t").await.unwrap().tenant_id;
-        let mut tx = pool.begin().await.unwrap();
-        let first = transitions::create(&mut tx, new_run(tenant, None, "one"))
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
+        let (tenant, first) = first_run(&pool).await;
         let thread = Some(first.thread_id);
         let busy = submit(&pool, new_run(tenant, thread, "x"), IfBusy::Reject).await;
         assert!(
@@ -334,12 +340,7 @@ mod tests {
     #[sqlx::test(migrations = "../migrations")]
     async fn a_final_turn_ends_its_run_and_promotes_the_oldest_waiting_run(pool: PgPool) {
         use crate::store::turns::{FinalIteration, Turn, record_many};
-        let tenant = tenants::create(&pool, "t").await.unwrap().tenant_id;
-        let mut tx = pool.begin().await.unwrap();
-        let first = transitions::create(&mut tx, new_run(tenant, None, "one"))
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
+        let (tenant, first) = first_run(&pool).await;
         let thread = Some(first.thread_id);
         let two = submit(&pool, new_run(tenant, thread, "two"), IfBusy::Enqueue)
             .await
