@@ -1,13 +1,12 @@
 //! Claiming a delivered run: one conditional UPDATE. A claimed run's delivery is acknowledged
 //! by its slot's task when the slot is let go (`intake`), so the prefetch counts busy slots. A
-//! claim that matches no row means the message is stale or a duplicate (acknowledged here). A
+//! claim that matches no row means the message is stale or a duplicate (acknowledged). A
 //! run taken over too many times after its worker vanished is poison: it is failed and its
 //! message dead-lettered.
 
 use std::sync::Arc;
 
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicNackOptions};
 use serde_json::json;
 
 use agentfleet_shared::events::{EventType, Expiry, Floor, NewEvent, worker_fence};
@@ -20,27 +19,30 @@ use crate::shared::Shared;
 
 pub enum ClaimOutcome {
     Claimed(Box<Claimed>),
-    /// Nothing to do (acknowledged or dead-lettered).
-    Skipped,
+    /// Nothing to run: the delivery is to be settled as said, once its slot is free.
+    Skipped(Settle),
+}
+
+/// What a delivery's slot sends the broker once it has let go of the slot (`intake`): the
+/// broker pushes the next delivery as soon as this lands, and it must find the slot free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    Ack,
+    /// Back to the queue, for any worker (the claim failed).
+    Requeue,
+    /// To the dead-letter queue (a malformed message, a poison run).
+    DeadLetter,
 }
 
 pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<ClaimOutcome> {
     let Ok(message) = serde_json::from_slice::<RunMessage>(&delivery.data) else {
         tracing::warn!("malformed run message dead-lettered");
-        delivery
-            .acker
-            .nack(BasicNackOptions {
-                requeue: false,
-                ..Default::default()
-            })
-            .await?;
-        return Ok(ClaimOutcome::Skipped);
+        return Ok(ClaimOutcome::Skipped(Settle::DeadLetter));
     };
     let claimed = shared.writes.claims.write(message.run_id).await?;
     let Some(claimed) = claimed else {
-        delivery.acker.ack(BasicAckOptions::default()).await?;
         metrics::counter!("agentfleet_stale_messages_total").increment(1);
-        return Ok(ClaimOutcome::Skipped);
+        return Ok(ClaimOutcome::Skipped(Settle::Ack));
     };
     if claimed.took_over {
         metrics::counter!("agentfleet_lease_expiries_total").increment(1);
@@ -76,14 +78,7 @@ pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<
         metrics::counter!("agentfleet_runs_total", "status" => "failed").increment(1);
         metrics::counter!("agentfleet_poison_runs_total").increment(1);
         tracing::error!(run_id = %fence.run_id, recoveries = claimed.run.recoveries, "poison run failed and dead-lettered");
-        delivery
-            .acker
-            .nack(BasicNackOptions {
-                requeue: false,
-                ..Default::default()
-            })
-            .await?;
-        return Ok(ClaimOutcome::Skipped);
+        return Ok(ClaimOutcome::Skipped(Settle::DeadLetter));
     }
     if claimed.recovered {
         metrics::counter!("agentfleet_recoveries_total").increment(1);

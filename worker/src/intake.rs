@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::claim::{ClaimOutcome, attempt_span, claim};
+use crate::claim::{ClaimOutcome, Settle, attempt_span, claim};
 use crate::run;
 use crate::shared::Shared;
 use crate::stop::StopSignal;
@@ -145,7 +145,8 @@ impl Intake {
         let unacked = self.unacked.clone();
         let channel = unacked.taken();
         self.tracker.spawn(async move {
-            let still_held = match claim(&shared, &delivery).await {
+            // What the delivery still needs once the slot is free (`None`: acked early).
+            let settle = match claim(&shared, &delivery).await {
                 Ok(ClaimOutcome::Claimed(claimed)) => {
                     let run_id = claimed.run.id;
                     let span = attempt_span(&shared, &claimed, &delivery);
@@ -155,38 +156,33 @@ impl Intake {
                     let hold = Duration::from_millis(shared.settings.worker.max_delivery_hold_ms);
                     let execute = run::execute(shared.clone(), *claimed, stop, draining).instrument(span);
                     let early = || async {
-                        ack(&delivery.acker).await;
+                        settle_delivery(&delivery.acker, Settle::Ack).await;
                         unacked.let_go(channel);
                     };
                     let acked = hold_delivery(execute, early, hold).await;
                     metrics::gauge!("agentfleet_runs_in_flight").decrement(1.0);
                     shared.active.remove(run_id);
-                    !acked
+                    (!acked).then_some(Settle::Ack)
                 }
-                Ok(ClaimOutcome::Skipped) => {
-                    unacked.let_go(channel);
-                    false
-                }
+                Ok(ClaimOutcome::Skipped(how)) => Some(how),
                 Err(e) => {
                     tracing::warn!(error = %agentfleet_shared::report::one_line(&e), "claim failed; message returned to the queue");
                     // Postgres is probably down: don't spin on redeliveries.
                     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                    let _ = delivery.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
-                    unacked.let_go(channel);
-                    false
+                    Some(Settle::Requeue)
                 }
             };
-            // The slot is free before the ack leaves: the broker pushes the next delivery as
-            // soon as the ack lands, and it must find the slot free. Acking first raced with
-            // that push (the delivery arrived before this task dropped its permit, was given
-            // back and the consumer paused: three round trips and a redelivery).
-            if still_held {
+            // The slot is free before the delivery is settled: the broker pushes the next
+            // delivery as soon as the ack lands, and it must find the slot free. Acking first
+            // raced with that push (the delivery arrived before this task dropped its permit,
+            // was given back and the consumer paused: three round trips and a redelivery).
+            if settle.is_some() {
                 unacked.let_go(channel);
             }
             drop(permit);
             freed.notify_one();
-            if still_held {
-                ack(&delivery.acker).await;
+            if let Some(how) = settle {
+                settle_delivery(&delivery.acker, how).await;
             }
         });
     }
@@ -235,11 +231,24 @@ async fn hold_delivery<F: Future<Output = ()>>(
     }
 }
 
-/// A failed ack needs no action: the channel is gone, the broker requeues the message, and
-/// its claim finds the run no longer runnable by then (or takes it over once its lease ends).
-async fn ack(acker: &Acker) {
-    if let Err(e) = acker.ack(BasicAckOptions::default()).await {
-        tracing::debug!(error = %e, "could not acknowledge a run's delivery");
+/// A failed ack or nack needs no action: the channel is gone, the broker requeues the
+/// message, and its claim finds the run no longer runnable by then (or takes it over once its
+/// lease ends).
+async fn settle_delivery(acker: &Acker, how: Settle) {
+    let sent = match how {
+        Settle::Ack => acker.ack(BasicAckOptions::default()).await,
+        Settle::Requeue | Settle::DeadLetter => {
+            let requeue = how == Settle::Requeue;
+            acker
+                .nack(BasicNackOptions {
+                    requeue,
+                    ..Default::default()
+                })
+                .await
+        }
+    };
+    if let Err(e) = sent {
+        tracing::debug!(error = %e, ?how, "could not settle a run's delivery");
     }
 }
 
