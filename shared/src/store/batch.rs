@@ -53,8 +53,8 @@ const KEPT_CONNECTION_LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// database, before autovacuum's first `ANALYZE` — and the generic plan
 /// (`database.generic_plans`) then keeps that scan for the connection's life, reading every
 /// row version of the table in each group. Measured (`bench --only e2e`, three runs each):
-/// Postgres 0.88 → 0.76 ms per run (medians). Where a table has no index for a statement, Postgres still
-/// scans it: this setting only makes a scan the last resort.
+/// Postgres 0.88 → 0.76 ms per run (medians). Where a table has no index for a statement,
+/// Postgres still scans it: this setting only makes a scan the last resort.
 const NO_SEQUENTIAL_SCANS: &str = "SET enable_seqscan = off";
 
 /// How long the check of a connection after a database error may take.
