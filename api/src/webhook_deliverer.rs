@@ -56,6 +56,7 @@ pub fn spawn(pool: PgPool, settings: &Settings, shutdown: CancellationToken) -> 
         policy.clone(),
         0,
         Duration::from_millis(hooks.connect_timeout_ms),
+        hooks.max_concurrency,
     )?;
     let backoff = Backoff {
         base: Duration::from_millis(hooks.backoff_base_ms),

@@ -37,11 +37,14 @@ impl Resolve for PolicyResolver {
     }
 }
 
-/// A client held to `policy` (tool calls, webhook deliveries).
+/// A client held to `policy` (tool calls, webhook deliveries). `max_idle_per_host`: how many
+/// idle connections it keeps per host, at least as many as the caller runs requests at once,
+/// or each burst above it closes connections the next burst opens again.
 pub fn client(
     policy: Arc<EgressPolicy>,
     max_redirects: usize,
     connect_timeout: Duration,
+    max_idle_per_host: usize,
 ) -> reqwest::Result<reqwest::Client> {
     let hops = policy.clone();
     let redirects = if max_redirects == 0 {
@@ -65,7 +68,7 @@ pub fn client(
         .dns_resolver(Arc::new(PolicyResolver { policy }))
         .redirect(redirects)
         .connect_timeout(connect_timeout)
-        .pool_max_idle_per_host(16)
+        .pool_max_idle_per_host(max_idle_per_host)
         .tcp_nodelay(true)
         .build()
 }

@@ -1,6 +1,7 @@
 //! One model turn: load the history, fit it into the context budget, call the model, and
 //! commit the assistant message with its tool calls (fenced) before announcing it.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::time::Instant;
 
@@ -53,11 +54,11 @@ pub async fn model_turn(
         .filter(|s| !s.is_empty())
         .map(|system| json!({"role": "system", "content": system}));
     let catalog = ctx.catalog().await?;
-    let mut tools = catalog.definitions();
+    let mut tools = Cow::Borrowed(catalog.definitions());
     let xml = model.tool_calling == ToolCalling::Xml;
     // An XML-mode model reads the tools in its system prompt: that is what is counted.
     let (counted_system, counted_tools) = if xml {
-        let mut all = tools.clone();
+        let mut all = tools.to_vec();
         all.push(tools::builtin::expand_definition());
         let section = crate::xml_calls::tools_section(&all);
         let text = system
@@ -65,28 +66,28 @@ pub async fn model_turn(
             .and_then(|s| s["content"].as_str())
             .unwrap_or_default();
         let system = json!({"role": "system", "content": format!("{text}\n\n{section}")});
-        (Some(system), Vec::new())
+        (Some(system), &[][..])
     } else {
-        (system.clone(), tools.clone())
+        (system.clone(), catalog.definitions())
     };
     let (mut messages, summary_usage) = crate::compaction::prompt(
         ctx,
         model,
         counted_system,
-        &counted_tools,
+        counted_tools,
         history,
         iteration,
     )
     .await?;
     if ctx.compaction.lock().expect("compaction lock").active() {
-        tools.push(tools::builtin::expand_definition());
+        tools.to_mut().push(tools::builtin::expand_definition());
     }
     if xml {
         // The fitted history after the counted system message, rendered with the real one.
         messages.remove(0);
         messages =
             crate::xml_calls::to_xml_history(system.into_iter().chain(messages).collect(), &tools);
-        tools = Vec::new();
+        tools = Cow::Borrowed(&[]);
     }
     let request = ModelRequest {
         model,

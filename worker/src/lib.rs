@@ -88,7 +88,8 @@ impl Worker {
             .connect_timeout(Duration::from_millis(
                 settings.worker.model_connect_timeout_ms,
             ))
-            .pool_max_idle_per_host(64)
+            // One idle connection per slot: a slot's next model call reuses one.
+            .pool_max_idle_per_host(usize::from(settings.worker.concurrency))
             .tcp_nodelay(true)
             .build()
             .context("http client")?;
@@ -97,6 +98,7 @@ impl Worker {
             egress.clone(),
             settings.egress.max_redirects,
             Duration::from_millis(settings.worker.model_connect_timeout_ms),
+            usize::from(settings.worker.concurrency),
         )
         .context("tool http client")?;
         let health = if settings.worker.metrics_listen.is_empty() {

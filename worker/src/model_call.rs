@@ -6,6 +6,7 @@
 //! exponential backoff and jitter, honouring `Retry-After`. Once text has been streamed to
 //! clients the call is not retried: a malformed, truncated or silent stream fails the call.
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use backon::{ExponentialBuilder, Retryable};
@@ -107,7 +108,30 @@ impl ModelError {
 pub struct ModelRequest<'a> {
     pub model: &'a ModelSettings,
     pub messages: Vec<Value>,
-    pub tools: Vec<Value>,
+    /// The catalog's definitions as they are, or a copy when this call offers more or none.
+    pub tools: Cow<'a, [Value]>,
+}
+
+/// The body of a chat-completions request, serialised straight from the run's history: a
+/// `serde_json::Value` built for it would copy the whole history (and the tool definitions)
+/// once per model call. Fields in the order `json!` used to give them (sorted).
+#[derive(serde::Serialize)]
+struct RequestBody<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    messages: &'a [Value],
+    model: &'a str,
+    stream: bool,
+    stream_options: StreamOptions,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "<[Value]>::is_empty")]
+    tools: &'a [Value],
+}
+
+#[derive(serde::Serialize)]
+struct StreamOptions {
+    include_usage: bool,
 }
 
 pub struct DeltaPolicy {
@@ -162,21 +186,17 @@ async fn call_once(
     emitter: &Emitter,
     policy: &DeltaPolicy,
 ) -> Result<ModelResponse, ModelError> {
-    let mut body = json!({
-        "model": req.model.model,
-        "messages": req.messages,
-        "stream": true,
-        "stream_options": {"include_usage": true},
-    });
-    if !req.tools.is_empty() {
-        body["tools"] = Value::Array(req.tools.clone());
-    }
-    if let Some(m) = req.model.max_tokens {
-        body["max_tokens"] = json!(m);
-    }
-    if let Some(t) = req.model.temperature {
-        body["temperature"] = json!(t);
-    }
+    let body = RequestBody {
+        max_tokens: req.model.max_tokens,
+        messages: &req.messages,
+        model: &req.model.model,
+        stream: true,
+        stream_options: StreamOptions {
+            include_usage: true,
+        },
+        temperature: req.model.temperature,
+        tools: &req.tools,
+    };
     let url = format!(
         "{}/chat/completions",
         req.model.base_url.trim_end_matches('/')

@@ -2,6 +2,8 @@
 //! terminating: calls after them in the same response are skipped. `expand_message` reads
 //! back a message compaction shortened (`context_window`); it is offered once there is one.
 
+use std::sync::LazyLock;
+
 use serde_json::{Value, json};
 
 use agentfleet_shared::domain::Risk;
@@ -17,31 +19,36 @@ pub fn is_terminating(name: &str) -> bool {
     name == COMPLETE || name == ASK
 }
 
-pub fn definitions() -> Vec<Value> {
-    vec![
-        json!({"type": "function", "function": {
-            "name": COMPLETE,
-            "description": "Call when the task is done. Ends the run.",
-            "parameters": {"type": "object", "properties": {
-                "summary": {"type": "string", "description": "What was achieved."}}}
-        }}),
-        json!({"type": "function", "function": {
-            "name": ASK,
-            "description": "Ask the user a question and wait for the answer.",
-            "parameters": {"type": "object", "properties": {
-                "text": {"type": "string", "description": "The question."},
-                "attachments": {"type": "array", "items": {"type": "string"}}
-            }, "required": ["text"]}
-        }}),
-    ]
+/// `complete` and `ask` as a chat-completions request offers them, built once: every model
+/// call offers them.
+pub fn definitions() -> &'static [Value] {
+    static DEFINITIONS: LazyLock<[Value; 2]> = LazyLock::new(|| {
+        [
+            json!({"type": "function", "function": {
+                "name": COMPLETE,
+                "description": "Call when the task is done. Ends the run.",
+                "parameters": {"type": "object", "properties": {
+                    "summary": {"type": "string", "description": "What was achieved."}}}
+            }}),
+            json!({"type": "function", "function": {
+                "name": ASK,
+                "description": "Ask the user a question and wait for the answer.",
+                "parameters": {"type": "object", "properties": {
+                    "text": {"type": "string", "description": "The question."},
+                    "attachments": {"type": "array", "items": {"type": "string"}}
+                }, "required": ["text"]}
+            }}),
+        ]
+    });
+    &*DEFINITIONS
 }
 
-pub fn ask_schema() -> Value {
-    definitions()[1]["function"]["parameters"].clone()
+pub fn ask_schema() -> &'static Value {
+    &definitions()[1]["function"]["parameters"]
 }
 
-pub fn complete_schema() -> Value {
-    definitions()[0]["function"]["parameters"].clone()
+pub fn complete_schema() -> &'static Value {
+    &definitions()[0]["function"]["parameters"]
 }
 
 fn expand_parameters() -> Value {

@@ -26,6 +26,9 @@ pub struct Unavailable(pub String);
 
 pub struct Catalog {
     tools: Vec<Offered>,
+    /// What [`Catalog::definitions`] answers, built with the catalog (once per holding)
+    /// rather than for each model call.
+    definitions: Vec<Value>,
 }
 
 /// One tool as the model sees it and as the worker calls it.
@@ -57,9 +60,12 @@ impl Catalog {
 
     /// The `tools` array of a chat-completions request: the offered tools plus the built-ins
     /// (`expand_message` apart: `compaction` decides when it is offered).
-    pub fn definitions(&self) -> Vec<Value> {
-        let mut defs: Vec<Value> = self
-            .tools
+    pub fn definitions(&self) -> &[Value] {
+        &self.definitions
+    }
+
+    fn new(tools: Vec<Offered>) -> Catalog {
+        let mut definitions: Vec<Value> = tools
             .iter()
             .filter(|t| !matches!(t.target, Target::ExpandMessage))
             .map(|t| {
@@ -67,8 +73,8 @@ impl Catalog {
                     "name": t.name, "description": t.description, "parameters": t.parameters}})
             })
             .collect();
-        defs.extend(builtin::definitions());
-        defs
+        definitions.extend_from_slice(builtin::definitions());
+        Catalog { tools, definitions }
     }
 }
 
@@ -138,7 +144,7 @@ pub async fn build(
         }
     }
     tools.push(builtin::expand_offered());
-    Ok(Catalog { tools })
+    Ok(Catalog::new(tools))
 }
 
 async fn server_of(shared: &Shared, tenant: Uuid, spec: &ToolSpec) -> Result<mcp::Server, String> {

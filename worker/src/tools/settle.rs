@@ -188,7 +188,7 @@ pub async fn settle(
     match then {
         Then::NextIteration => Ok(Settled::NextIteration),
         Then::Completed => Ok(Settled::Complete),
-        Then::Ask(call) => match check_arguments(&call.raw_arguments, &builtin::ask_schema()) {
+        Then::Ask(call) => match check_arguments(&call.raw_arguments, builtin::ask_schema()) {
             Ok(args) => {
                 pause::for_input(ctx, call, &args).await?;
                 Ok(Settled::Paused)
@@ -199,7 +199,7 @@ pub async fn settle(
             }
         },
         Then::Complete(call) => {
-            let args = check_arguments(&call.raw_arguments, &builtin::complete_schema())
+            let args = check_arguments(&call.raw_arguments, builtin::complete_schema())
                 .unwrap_or(json!({}));
             finish(
                 ctx,
