@@ -11,9 +11,10 @@
 //! Who dispatches: the creator of a fair run (the API, after the create commits), whoever
 //! ends, pauses or cancels a fair run (the worker or the API, right after that commit), a
 //! resume, and the sweeper, which heals whatever was missed (a process that died between the
-//! two commits, a raised limit, a tenant no longer suspended). Dispatching runs in its own
-//! short transaction: the tenant rows are locked first, so two dispatchers of one tenant
-//! count one after the other and never both fill the same free slot.
+//! two commits, a raised limit, a tenant no longer suspended). Dispatching is one call of its
+//! own (`dispatch_held`, one statement's transaction): the tenant rows are locked first, so
+//! two dispatchers of one tenant count one after the other and never both fill the same free
+//! slot.
 
 use std::sync::Arc;
 
@@ -26,31 +27,6 @@ use super::batch::Batcher;
 /// Runs one dispatch may hand out for one tenant; the next dispatch or the sweeper takes the
 /// rest (only a tenant without a limit whose runs were held by a suspension has more).
 pub const MAX_PER_TENANT: u32 = 1000;
-
-/// The dispatch statement, run after the tenant rows are locked (a new statement, so its
-/// snapshot sees every dispatch that committed before the lock was granted). Per tenant (not
-/// suspended): its limit, its runs in flight, and its oldest held runs up to the free slots
-/// (or up to `$3` when it has no limit) become dispatched.
-const DISPATCH: &str = "
-WITH t AS (
-    SELECT id, COALESCE((limits->>'max_running_runs')::bigint, $2) AS lim
-    FROM tenants WHERE id = ANY($1) AND suspended_at IS NULL),
- free AS (
-    SELECT t.id,
-           CASE WHEN t.lim <= 0 THEN $3
-                ELSE LEAST($3, GREATEST(0, t.lim - (
-                    SELECT count(*) FROM runs r
-                    WHERE r.tenant_id = t.id AND r.status IN ('queued', 'running') AND NOT r.held)))
-           END AS n
-    FROM t),
- pick AS (
-    SELECT p.id FROM free f CROSS JOIN LATERAL (
-        SELECT id FROM runs
-        WHERE tenant_id = f.id AND status = 'queued' AND held
-        ORDER BY enqueued_at, id LIMIT f.n) p)
-UPDATE runs r SET held = false, enqueued_at = now(), updated_at = now()
-FROM pick WHERE r.id = pick.id AND r.status = 'queued' AND r.held
-RETURNING r.tenant_id, r.id";
 
 /// Runs dispatched by one call, to publish once the call returns (it has committed).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -78,8 +54,14 @@ impl Dispatched {
 /// without its own `max_running_runs`), at most `max_per_tenant` each. The caller publishes
 /// what it returns; if it dies first, the sweeper re-publishes them (they are queued, not
 /// held, and their `enqueued_at` ages).
-pub async fn next<'a>(
-    db: impl sqlx::Acquire<'a, Database = sqlx::Postgres>,
+///
+/// One call of `dispatch_held` (migration 0016): it locks the tenant rows in id order, then,
+/// in a statement of its own (so its snapshot sees every dispatch that committed before the
+/// lock was granted), gives each tenant not suspended its oldest held runs up to its free
+/// slots (or up to `max_per_tenant` when it has no limit). Outside a transaction the call
+/// commits in the same round trip, so the tenant rows stay locked for one statement only.
+pub async fn next<'e>(
+    db: impl sqlx::PgExecutor<'e>,
     tenants: &[Uuid],
     default_limit: u32,
     max_per_tenant: u32,
@@ -90,19 +72,13 @@ pub async fn next<'a>(
     let mut tenants = tenants.to_vec();
     tenants.sort_unstable();
     tenants.dedup();
-    let mut tx = db.begin().await?;
-    // In id order, so two dispatchers of overlapping tenants cannot deadlock.
-    sqlx::query("SELECT id FROM tenants WHERE id = ANY($1) ORDER BY id FOR UPDATE")
-        .bind(&tenants)
-        .execute(&mut *tx)
-        .await?;
-    let mut runs: Vec<(Uuid, Uuid)> = sqlx::query_as(DISPATCH)
-        .bind(&tenants)
-        .bind(i64::from(default_limit))
-        .bind(i64::from(max_per_tenant))
-        .fetch_all(&mut *tx)
-        .await?;
-    tx.commit().await?;
+    let mut runs: Vec<(Uuid, Uuid)> =
+        sqlx::query_as("SELECT tenant_id, run_id FROM dispatch_held($1, $2, $3)")
+            .bind(&tenants)
+            .bind(i64::from(default_limit))
+            .bind(i64::from(max_per_tenant))
+            .fetch_all(db)
+            .await?;
     runs.sort_unstable();
     Ok(Dispatched { runs })
 }
@@ -312,6 +288,53 @@ mod tests {
         }
         assert_eq!(total, 4);
         assert_eq!(in_flight(&pool, t).await, 4);
+    }
+
+    /// A dispatcher that waited for the tenant's lock counts what the holder dispatched: the
+    /// holder here dispatches the tenant's newer run (not the one the waiter would pick, so
+    /// the row's own recheck cannot save it), and the waiter, finding the one slot taken,
+    /// dispatches nothing. Counting on a snapshot from before the wait would overshoot.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_dispatcher_that_waited_for_the_lock_counts_what_the_holder_dispatched(pool: PgPool) {
+        let t = tenant(&pool, json!({"max_running_runs": 1})).await;
+        let ids = create(&pool, t, 2, true).await;
+        let mut holder = pool.begin().await.unwrap();
+        sqlx::query("SELECT id FROM tenants WHERE id = $1 FOR UPDATE")
+            .bind(t)
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        sqlx::query("UPDATE runs SET held = false WHERE id = $1")
+            .bind(ids[1])
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let waiter = {
+            let pool = pool.clone();
+            tokio::spawn(async move { next(&pool, &[t], 0, 1000).await })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let (waiting,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if waiting == 1 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiter never waited for the lock"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        holder.commit().await.unwrap();
+        let dispatched = waiter.await.unwrap().unwrap();
+        assert!(dispatched.runs.is_empty(), "{dispatched:?}");
+        assert_eq!(in_flight(&pool, t).await, 1);
     }
 
     /// A suspended tenant's dispatched runs are held again and nothing of it is dispatched
