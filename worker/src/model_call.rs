@@ -351,3 +351,53 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// The body borrows the history and leaves out what the model's settings do not set; a
+    /// temperature goes out as written (`0.7`, not the `f64` widening of an `f32`).
+    #[test]
+    fn a_request_body_carries_only_what_is_set() {
+        let messages = vec![json!({"role": "user", "content": "hi"})];
+        let tools = vec![json!({"type": "function", "function": {"name": "echo"}})];
+        let body = |max_tokens, temperature, tools: &[Value]| {
+            serde_json::to_value(RequestBody {
+                max_tokens,
+                messages: &messages,
+                model: "m",
+                stream: true,
+                stream_options: StreamOptions {
+                    include_usage: true,
+                },
+                temperature,
+                tools,
+            })
+            .unwrap()
+        };
+        assert_eq!(
+            body(None, None, &[]),
+            json!({"model": "m", "messages": messages, "stream": true,
+                   "stream_options": {"include_usage": true}})
+        );
+        let full = body(Some(256), Some(0.7), &tools);
+        assert_eq!(full["max_tokens"], 256);
+        assert_eq!(full["tools"], json!(tools));
+        let text = serde_json::to_string(&RequestBody {
+            max_tokens: None,
+            messages: &messages,
+            model: "m",
+            stream: true,
+            stream_options: StreamOptions {
+                include_usage: true,
+            },
+            temperature: Some(0.7),
+            tools: &[],
+        })
+        .unwrap();
+        assert!(text.contains(r#""temperature":0.7"#), "{text}");
+    }
+}
