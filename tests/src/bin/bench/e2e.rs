@@ -25,10 +25,11 @@ pub async fn end_to_end(
         .args
         .runs
         .unwrap_or(if ctx.args.smoke { 20 } else { 3000 });
+    let slots = ctx.args.slots.to_string();
     let workers = ctx.workers(
         ctx.args.workers,
         &[
-            ("worker.concurrency", "64"),
+            ("worker.concurrency", slots.as_str()),
             ("database.max_connections", "20"),
         ],
     );

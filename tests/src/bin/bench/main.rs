@@ -46,6 +46,9 @@ struct Args {
     /// Runs in the end-to-end section.
     #[arg(long)]
     runs: Option<usize>,
+    /// Slots per worker (`worker.concurrency`) in the end-to-end section.
+    #[arg(long, default_value_t = 64)]
+    slots: usize,
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench.json")]
     out: String,
