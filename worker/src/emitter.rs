@@ -13,10 +13,16 @@
 //! message stays readable from the thread). `run::finish` flushes what is left before any end
 //! without an event of its own.
 //!
+//! An event may also go out ahead ([`Emitter::emit_ahead`]): its append starts at once and the
+//! holder goes on, waiting for it later; any event emitted meanwhile goes out after it (an
+//! order lock, taken in the order the events were emitted). `iteration_started` goes out so,
+//! alongside the model call it announces: a Redis round trip less on each iteration's path.
+//!
 //! Redis carries the live stream but is not the truth: if it is unreachable the event is
 //! logged and dropped (the stream can be rebuilt from Postgres), and the run goes on. Only a
 //! fencing refusal matters to the run: it means another attempt owns the stream now.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -44,6 +50,9 @@ pub struct Emitter {
     deltas: Arc<Mutex<Vec<DeltaRecord>>>,
     /// Deferred events, appended before the next one.
     pending: Arc<Mutex<Vec<(EventType, Value, Expiry)>>>,
+    /// Held from an event's emission to the end of its append, so appends leave in the order
+    /// of emission also when one goes out ahead (FIFO: tokio's mutex is fair).
+    order: Arc<tokio::sync::Mutex<()>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +78,7 @@ impl Emitter {
             compact,
             deltas: Default::default(),
             pending: Default::default(),
+            order: Default::default(),
         }
     }
 
@@ -93,11 +103,30 @@ impl Emitter {
 
     /// Appends the deferred events now, if any.
     pub async fn flush(&self) -> Result<(), Fenced> {
-        let pending = std::mem::take(&mut *self.pending.lock().expect("pending lock"));
+        let _order = self.order.lock().await;
+        let pending = self.take_pending();
         if pending.is_empty() {
             return Ok(());
         }
         self.append_all(pending).await
+    }
+
+    /// Emits `kind` ahead: its place in the stream is taken now, and its append (with any
+    /// deferred events before it) runs when the returned future is polled — next to the work
+    /// it announces, as in `join!(announce, work)`. Events emitted before that future is
+    /// done wait for it. Only for an event whose loss in a crash the next holder makes good
+    /// (`iteration_started`: a retried iteration announces itself again), since the work goes
+    /// on before the event is known to be in the stream.
+    pub async fn emit_ahead(
+        &self,
+        kind: EventType,
+        data: Value,
+    ) -> impl Future<Output = Result<(), Fenced>> + '_ {
+        let order = self.order.clone().lock_owned().await;
+        async move {
+            let _order = order;
+            self.append_now(kind, data, Expiry::Keep).await
+        }
     }
 
     pub async fn emit(&self, kind: EventType, data: Value) -> Result<(), Fenced> {
@@ -110,7 +139,17 @@ impl Emitter {
         data: Value,
         expiry: Expiry,
     ) -> Result<(), Fenced> {
-        let mut pending = std::mem::take(&mut *self.pending.lock().expect("pending lock"));
+        let _order = self.order.lock().await;
+        self.append_now(kind, data, expiry).await
+    }
+
+    fn take_pending(&self) -> Vec<(EventType, Value, Expiry)> {
+        std::mem::take(&mut *self.pending.lock().expect("pending lock"))
+    }
+
+    /// Appends the deferred events and `kind`; the caller holds the order lock.
+    async fn append_now(&self, kind: EventType, data: Value, expiry: Expiry) -> Result<(), Fenced> {
+        let mut pending = self.take_pending();
         if !pending.is_empty() {
             pending.push((kind, data, expiry));
             return self.append_all(pending).await;
@@ -218,5 +257,55 @@ impl Emitter {
             }
             _ => deltas.clear(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agentfleet_shared::config::Settings;
+    use agentfleet_shared::events::{peek, redis_connection};
+    use serde_json::json;
+
+    use super::*;
+
+    /// An event emitted ahead keeps its place in the stream: an event emitted after it waits
+    /// for its append, even when the later append is the one polled first; a deferred event
+    /// goes out before both.
+    #[tokio::test]
+    async fn an_event_emitted_ahead_keeps_its_place() {
+        let settings = Settings::load_with(None, [], true).expect("settings");
+        let prefix = format!("emitter-test-{}", Uuid::new_v4().simple());
+        let conn = redis_connection(&settings.redis).expect("redis");
+        let bus = EventBus::new(conn.clone(), &prefix, 60);
+        let run = Uuid::new_v4();
+        let emitter = Emitter::new(bus.clone(), run, Uuid::new_v4(), 1, 0, false);
+        emitter.defer(EventType::RunStarted, json!({}), Expiry::Persist);
+        let ahead = emitter
+            .emit_ahead(EventType::IterationStarted, json!({"iteration": 1}))
+            .await;
+        let after = emitter.emit(EventType::MessageDelta, json!({"text": "x"}));
+        let (after, ahead) = tokio::join!(after, ahead);
+        ahead.expect("ahead appended");
+        after.expect("after appended");
+        let stored = bus.read_after(run, 0).await.expect("read");
+        let last = stored.last().and_then(|raw| peek(raw)).expect("events").0;
+        assert_eq!(emitter.last_id(), last);
+        // A holder that knows only the recorded floor leaves a placeholder first (a margin
+        // for ids an earlier holder may have used).
+        let kinds: Vec<String> = stored
+            .iter()
+            .map(|raw| peek(raw).expect("an event").1)
+            .filter(|kind| kind != "lost")
+            .collect();
+        assert_eq!(kinds, ["run_started", "iteration_started", "message_delta"]);
+        let keys = bus.keys();
+        let mut conn = conn;
+        let _: () = redis::cmd("DEL")
+            .arg(keys.events(run))
+            .arg(keys.fence(run))
+            .arg(keys.base(run))
+            .query_async(&mut conn)
+            .await
+            .expect("clean up");
     }
 }

@@ -39,7 +39,69 @@ pub async fn model_turn(
     started: DateTime<Utc>,
 ) -> Result<Turned, RunError> {
     let turn_started = Instant::now();
-    let history = history(ctx, iteration).await?;
+    // Goes out alongside the preparation and the model call it announces (see the emitter's
+    // note): an event emitted on the way (deltas, a compaction) still follows it.
+    let announce = ctx
+        .emitter
+        .emit_ahead(EventType::IterationStarted, json!({"iteration": iteration}))
+        .await;
+    let (announced, called) = tokio::join!(announce, call_model(ctx, iteration));
+    announced?;
+    let (response, usage, summary_usage) = called?;
+    // Summaries made to fit this call's history are billed with it.
+    let billed = usage.plus(summary_usage).bounded();
+    // A final answer ends the run in the statement that records it.
+    let ending = response.tool_calls.is_empty().then(|| {
+        let (model_us, tools_us) = ctx.timing.take();
+        FinalIteration {
+            started,
+            model_us,
+            tools_us,
+        }
+    });
+    let (recorded, promoted) = persist(ctx, iteration, &response, &billed, ending).await?;
+    let calls: Vec<Value> = response
+        .tool_calls
+        .iter()
+        .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
+        .collect();
+    let completed = json!({
+        "iteration": iteration,
+        "content": response.content,
+        "tool_calls": calls,
+        "finish_reason": response.finish_reason,
+        "usage": {"prompt_tokens": usage.prompt_tokens,
+                  "completion_tokens": usage.completion_tokens,
+                  "estimated": usage.estimated},
+    });
+    metrics::histogram!("agentfleet_iteration_duration_seconds")
+        .record(turn_started.elapsed().as_secs_f64());
+    if let Some(ending) = ending {
+        record_framework_time(
+            (Utc::now() - ending.started)
+                .num_microseconds()
+                .unwrap_or(0),
+            ending.model_us,
+            ending.tools_us,
+        );
+        // Goes out with `run_completed`, in one round trip (see the emitter's note).
+        ctx.emitter
+            .defer(EventType::MessageCompleted, completed, Expiry::Keep);
+        return Ok(Turned::Completed { promoted });
+    }
+    ctx.emitter
+        .emit(EventType::MessageCompleted, completed)
+        .await?;
+    Ok(Turned::Calls(recorded))
+}
+
+/// Reads the history, fits it into the context budget and calls the model: the model's
+/// answer (with ids of its own for its calls), its usage and that of any summaries made.
+async fn call_model(
+    ctx: &RunCtx,
+    iteration: i32,
+) -> Result<(ModelResponse, TurnUsage, TurnUsage), RunError> {
+    let history = history(ctx).await?;
     let taken = tool_call_ids(&history);
     let agent = &ctx.run.agent.0;
     let model = ctx
@@ -130,51 +192,7 @@ pub async fn model_turn(
     span.record("tool_calls", response.tool_calls.len());
     // The span ends here, once its figures are known (an estimate may take a moment).
     drop(span);
-    // Summaries made to fit this call's history are billed with it.
-    let billed = usage.plus(summary_usage).bounded();
-    // A final answer ends the run in the statement that records it.
-    let ending = response.tool_calls.is_empty().then(|| {
-        let (model_us, tools_us) = ctx.timing.take();
-        FinalIteration {
-            started,
-            model_us,
-            tools_us,
-        }
-    });
-    let (recorded, promoted) = persist(ctx, iteration, &response, &billed, ending).await?;
-    let calls: Vec<Value> = response
-        .tool_calls
-        .iter()
-        .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
-        .collect();
-    let completed = json!({
-        "iteration": iteration,
-        "content": response.content,
-        "tool_calls": calls,
-        "finish_reason": response.finish_reason,
-        "usage": {"prompt_tokens": usage.prompt_tokens,
-                  "completion_tokens": usage.completion_tokens,
-                  "estimated": usage.estimated},
-    });
-    metrics::histogram!("agentfleet_iteration_duration_seconds")
-        .record(turn_started.elapsed().as_secs_f64());
-    if let Some(ending) = ending {
-        record_framework_time(
-            (Utc::now() - ending.started)
-                .num_microseconds()
-                .unwrap_or(0),
-            ending.model_us,
-            ending.tools_us,
-        );
-        // Goes out with `run_completed`, in one round trip (see the emitter's note).
-        ctx.emitter
-            .defer(EventType::MessageCompleted, completed, Expiry::Keep);
-        return Ok(Turned::Completed { promoted });
-    }
-    ctx.emitter
-        .emit(EventType::MessageCompleted, completed)
-        .await?;
-    Ok(Turned::Calls(recorded))
+    Ok((response, usage, summary_usage))
 }
 
 /// `model.call`: the model, how many messages it was sent, and after the call its status,
@@ -194,24 +212,14 @@ fn model_span(model: &str, messages: usize) -> tracing::Span {
     )
 }
 
-/// Announces the turn and returns the history the model sees: read by the claim of a fresh
-/// run, else from Postgres on the holding's first turn (both at once: one wait, not two), then
-/// kept in memory.
-async fn history(ctx: &RunCtx, iteration: i32) -> Result<Vec<Value>, RunError> {
-    let announce = ctx
-        .emitter
-        .emit(EventType::IterationStarted, json!({"iteration": iteration}));
+/// The history the model sees: read by the claim of a fresh run, else from Postgres on the
+/// holding's first turn, then kept in memory.
+async fn history(ctx: &RunCtx) -> Result<Vec<Value>, RunError> {
     let cached = ctx.history.lock().expect("history lock").clone();
     if let Some(history) = cached {
-        announce.await?;
         return Ok(history);
     }
-    let (announced, loaded) = tokio::join!(
-        announce,
-        messages::llm_history(&ctx.shared.pool, ctx.run.thread_id)
-    );
-    announced?;
-    let loaded = loaded?;
+    let loaded = messages::llm_history(&ctx.shared.pool, ctx.run.thread_id).await?;
     *ctx.history.lock().expect("history lock") = Some(loaded.clone());
     Ok(loaded)
 }
