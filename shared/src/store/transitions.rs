@@ -224,7 +224,7 @@ pub async fn claim_many<'e>(
                 OR (prev.status = 'running' AND r.lease_expires_at < now()))
          RETURNING r.*, (prev.status = 'running' OR prev.interrupted) AS recovered,
              (prev.status = 'running') AS took_over,
-             coalesce((SELECT u.prompt_tokens + u.completion_tokens FROM usage_daily u
+             coalesce((SELECT u.prompt_tokens + u.completion_tokens FROM usage_days u
                        WHERE u.tenant_id = r.tenant_id
                          AND u.day = (now() AT TIME ZONE 'UTC')::date), 0) AS tenant_tokens_today,
              (SELECT ten.limits -> 'tokens_per_day' FROM tenants ten WHERE ten.id = r.tenant_id)
@@ -1276,7 +1276,7 @@ mod tests {
         );
         let rows: Vec<(Uuid, i64, i64, i64, i64, i64)> = sqlx::query_as(
             "SELECT tenant_id, prompt_tokens, completion_tokens, estimated_tokens, tool_calls, runs
-             FROM usage_daily ORDER BY prompt_tokens",
+             FROM usage_days ORDER BY prompt_tokens",
         )
         .fetch_all(&pool)
         .await
@@ -1303,11 +1303,118 @@ mod tests {
             claimed.tenant_tokens_today, 43,
             "the claim reads the day's figure"
         );
-        let (runs,): (i64,) = sqlx::query_as("SELECT runs FROM usage_daily WHERE tenant_id = $1")
+        let (runs,): (i64,) = sqlx::query_as("SELECT runs FROM usage_days WHERE tenant_id = $1")
             .bind(t1)
             .fetch_one(&pool)
             .await
             .unwrap();
         assert_eq!(runs, 2);
+    }
+
+    /// Two turn groups of one tenant on different connections do not wait for each other:
+    /// each adds to its own shard of the day (before migration 0017 the second waited for the
+    /// first's commit on the tenant's one row; `lock_timeout` turns that wait into a failure).
+    /// The day's figure sums every shard and the rows of `usage_daily`, as the claim, the
+    /// turn's `RETURNING` and `GET /v1/usage` read it.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn turn_groups_on_two_connections_take_different_rows_and_the_day_sums_them(
+        pool: PgPool,
+    ) {
+        use sqlx::Connection;
+
+        use crate::store::turns::{Turn, record_many};
+        use crate::store::usage;
+        let tenant = tenants::create(&pool, "t").await.unwrap().tenant_id;
+        // What a worker of the previous release wrote today.
+        sqlx::query(
+            "INSERT INTO usage_daily (tenant_id, day, prompt_tokens, completion_tokens, runs)
+             VALUES ($1, (now() AT TIME ZONE 'UTC')::date, 100, 0, 1)",
+        )
+        .bind(tenant)
+        .execute(&pool)
+        .await
+        .unwrap();
+        let mut held = vec![];
+        for _ in 0..3 {
+            let run = new_run_of(&pool, tenant).await;
+            held.push(claim(&pool, run.id, "w", LEASE).await.unwrap().unwrap());
+        }
+        assert_eq!(
+            held[0].tenant_tokens_today, 100,
+            "the claim reads usage_daily too"
+        );
+        let turn = |run: &RunRow, prompt: i64| Turn {
+            fence: Fence {
+                run_id: run.id,
+                attempt: run.attempt,
+            },
+            thread_id: run.thread_id,
+            iteration: 1,
+            message: serde_json::json!({"role": "assistant", "content": "x"}),
+            tool_calls: vec![],
+            prompt_tokens: prompt,
+            completion_tokens: 0,
+            estimated_tokens: 0,
+            last_event_id: 1,
+            timing: None,
+            ending: None,
+        };
+        // Two connections whose backends write different shards.
+        async fn shard(conn: &mut sqlx::PgConnection) -> i32 {
+            let (pid,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+                .fetch_one(conn)
+                .await
+                .unwrap();
+            pid % 32
+        }
+        let mut a = pool.acquire().await.unwrap().detach();
+        let mut b = loop {
+            let mut b = pool.acquire().await.unwrap().detach();
+            if shard(&mut b).await != shard(&mut a).await {
+                break b;
+            }
+        };
+        sqlx::query("SET lock_timeout = '2s'")
+            .execute(&mut b)
+            .await
+            .unwrap();
+        let mut first = a.begin().await.unwrap();
+        let in_a = record_many(&mut *first, &[turn(&held[0].run, 10)])
+            .await
+            .unwrap();
+        assert_eq!(in_a[0].as_ref().unwrap().tenant_tokens_today, 110);
+        // The first group holds its row until it commits; the second does not need it.
+        let in_b = record_many(&mut b, &[turn(&held[1].run, 20)])
+            .await
+            .unwrap();
+        assert_eq!(
+            in_b[0].as_ref().unwrap().tenant_tokens_today,
+            120,
+            "the uncommitted group is not counted yet"
+        );
+        first.commit().await.unwrap();
+        let third = record_many(&mut a, &[turn(&held[2].run, 30)])
+            .await
+            .unwrap();
+        assert_eq!(third[0].as_ref().unwrap().tenant_tokens_today, 160);
+        let (shards,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM usage_shards WHERE tenant_id = $1")
+                .bind(tenant)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(shards, 2, "one row per connection's shard");
+        let today = chrono::Utc::now().date_naive();
+        let days = usage::daily(&pool, tenant, today, today).await.unwrap();
+        assert_eq!(
+            days.iter()
+                .map(|d| (d.prompt_tokens, d.runs))
+                .collect::<Vec<_>>(),
+            [(160, 4)],
+            "usage_daily's row and both shards"
+        );
+        let next = new_run_of(&pool, tenant).await;
+        let claimed = claim(&pool, next.id, "w", LEASE).await.unwrap().unwrap();
+        assert_eq!(claimed.tenant_tokens_today, 160);
     }
 }

@@ -89,10 +89,12 @@ impl Turn {
 /// writes nothing at all. The update changes no indexed column, so it is a HOT update (see
 /// migration 0003).
 ///
-/// Usage rides along: the run's counters, and one upsert of `usage_daily` per tenant of the
-/// group (summed first, so a row is touched once; in tenant order, so two groups that share
-/// tenants lock their rows in the same order and wait instead of deadlocking). The upsert's
-/// `RETURNING` is the tenant's figure for the day after this group.
+/// Usage rides along: the run's counters, and one upsert per tenant of the group into the
+/// day's shard of this connection (`usage_shards`, migration 0017: groups on other
+/// connections lock other rows, so they do not wait for this one's commit), summed first so a
+/// row is touched once, in tenant order so two groups that do share a shard wait instead of
+/// deadlocking. The tenant's figure for the day after this group is the shard's `RETURNING`
+/// plus the other rows of the day as this statement sees them.
 ///
 /// A turn with an `ending` also moves its run to `completed` (lease released, `finished_at`),
 /// as [`super::transitions::end_many`] would, and reads the run its end promoted the same way.
@@ -131,10 +133,11 @@ pub async fn record_many<'e>(
               AND r.status = $12
             RETURNING r.id, r.tenant_id, r.thread_id, t.ends,
                       r.prompt_tokens + r.completion_tokens AS run_tokens),
-         daily AS (
-            INSERT INTO usage_daily AS u (tenant_id, day, prompt_tokens, completion_tokens,
-                                          estimated_tokens, tool_calls, runs)
+         shard AS (
+            INSERT INTO usage_shards AS u (tenant_id, day, shard, prompt_tokens,
+                                           completion_tokens, estimated_tokens, tool_calls, runs)
             SELECT held.tenant_id, (now() AT TIME ZONE 'UTC')::date,
+                   (pg_backend_pid() % 32)::smallint,
                    sum(t.prompt_tokens)::bigint, sum(t.completion_tokens)::bigint,
                    sum(t.estimated_tokens)::bigint, sum(jsonb_array_length(t.calls))::bigint,
                    -- A turn of iteration 1 commits once per run (a stale holder writes nothing).
@@ -142,13 +145,26 @@ pub async fn record_many<'e>(
             FROM input t JOIN held ON held.id = t.run_id
             GROUP BY held.tenant_id
             ORDER BY held.tenant_id
-            ON CONFLICT (tenant_id, day) DO UPDATE SET
+            ON CONFLICT (tenant_id, day, shard) DO UPDATE SET
                 prompt_tokens = u.prompt_tokens + EXCLUDED.prompt_tokens,
                 completion_tokens = u.completion_tokens + EXCLUDED.completion_tokens,
                 estimated_tokens = u.estimated_tokens + EXCLUDED.estimated_tokens,
                 tool_calls = u.tool_calls + EXCLUDED.tool_calls,
                 runs = u.runs + EXCLUDED.runs
-            RETURNING u.tenant_id, u.prompt_tokens + u.completion_tokens AS tenant_tokens_today),
+            RETURNING u.tenant_id, u.day, u.shard,
+                      u.prompt_tokens + u.completion_tokens AS shard_tokens),
+         daily AS (
+            SELECT s.tenant_id,
+                   s.shard_tokens
+                   + coalesce((SELECT sum(o.prompt_tokens + o.completion_tokens)::bigint
+                               FROM usage_shards o
+                               WHERE o.tenant_id = s.tenant_id AND o.day = s.day
+                                 AND o.shard <> s.shard), 0)
+                   + coalesce((SELECT o.prompt_tokens + o.completion_tokens
+                               FROM usage_daily o
+                               WHERE o.tenant_id = s.tenant_id AND o.day = s.day), 0)
+                   AS tenant_tokens_today
+            FROM shard s),
          message AS (
             INSERT INTO messages (thread_id, run_id, role, is_llm_message, body, iteration)
             SELECT t.thread_id, t.run_id, 'assistant', true, t.message, t.iteration

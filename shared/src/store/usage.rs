@@ -1,5 +1,5 @@
-//! Reading a tenant's usage per UTC day. Written only by the turn commit
-//! (`turns::record_many`), in the statement it runs anyway.
+//! Reading a tenant's usage per UTC day (`usage_days`: the shards of each day summed). Written
+//! only by the turn commit (`turns::record_many`), in the statement it runs anyway.
 
 use chrono::NaiveDate;
 use sqlx::PgPool;
@@ -30,7 +30,7 @@ pub async fn daily(
 ) -> Result<Vec<UsageDay>, StoreError> {
     Ok(sqlx::query_as::<_, UsageDay>(
         "SELECT day, prompt_tokens, completion_tokens, estimated_tokens, tool_calls, runs
-         FROM usage_daily WHERE tenant_id = $1 AND day BETWEEN $2 AND $3 ORDER BY day",
+         FROM usage_days WHERE tenant_id = $1 AND day BETWEEN $2 AND $3 ORDER BY day",
     )
     .bind(tenant)
     .bind(from)
