@@ -1212,24 +1212,10 @@ mod tests {
         assert!(matches!(second, Err(StoreError::ThreadBusy { run_id, .. }) if run_id == run.id));
     }
 
-    /// Usage rides along with the turn commit: the run's counters, one `usage_daily` row per
-    /// tenant and day summed over the group, and in `RETURNING` what the budget check needs.
-    #[sqlx::test(migrations = "../migrations")]
-    async fn a_groups_usage_is_summed_per_tenant_and_read_back(pool: PgPool) {
-        use crate::store::turns::{Committed, Turn, record_many};
-        let t1 = tenants::create(&pool, "t1").await.unwrap().tenant_id;
-        let t2 = tenants::create(&pool, "t2").await.unwrap().tenant_id;
-        sqlx::query(r#"UPDATE tenants SET limits = '{"tokens_per_day": 99}' WHERE id = $1"#)
-            .bind(t2)
-            .execute(&pool)
-            .await
-            .unwrap();
-        let mut held = vec![];
-        for tenant in [t1, t1, t2] {
-            let run = new_run_of(&pool, tenant).await;
-            held.push(claim(&pool, run.id, "w", LEASE).await.unwrap().unwrap().run);
-        }
-        let turn = |run: &RunRow, tokens: (i64, i64, i64), calls: usize| Turn {
+    /// An iteration-1 turn of `run` with these tokens (prompt, completion, estimated) and
+    /// `calls` pending tool calls.
+    fn turn(run: &RunRow, tokens: (i64, i64, i64), calls: usize) -> crate::store::turns::Turn {
+        crate::store::turns::Turn {
             fence: Fence {
                 run_id: run.id,
                 attempt: run.attempt,
@@ -1251,7 +1237,26 @@ mod tests {
             last_event_id: 1,
             timing: None,
             ending: None,
-        };
+        }
+    }
+
+    /// Usage rides along with the turn commit: the run's counters, one usage row per
+    /// tenant and day summed over the group, and in `RETURNING` what the budget check needs.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_groups_usage_is_summed_per_tenant_and_read_back(pool: PgPool) {
+        use crate::store::turns::{Committed, Turn, record_many};
+        let t1 = tenants::create(&pool, "t1").await.unwrap().tenant_id;
+        let t2 = tenants::create(&pool, "t2").await.unwrap().tenant_id;
+        sqlx::query(r#"UPDATE tenants SET limits = '{"tokens_per_day": 99}' WHERE id = $1"#)
+            .bind(t2)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let mut held = vec![];
+        for tenant in [t1, t1, t2] {
+            let run = new_run_of(&pool, tenant).await;
+            held.push(claim(&pool, run.id, "w", LEASE).await.unwrap().unwrap().run);
+        }
         let turns = vec![
             turn(&held[0], (10, 1, 0), 2),
             turn(&held[1], (20, 2, 22), 0),
@@ -1322,7 +1327,7 @@ mod tests {
     ) {
         use sqlx::Connection;
 
-        use crate::store::turns::{Turn, record_many};
+        use crate::store::turns::record_many;
         use crate::store::usage;
         let tenant = tenants::create(&pool, "t").await.unwrap().tenant_id;
         // What a worker of the previous release wrote today.
@@ -1343,22 +1348,7 @@ mod tests {
             held[0].tenant_tokens_today, 100,
             "the claim reads usage_daily too"
         );
-        let turn = |run: &RunRow, prompt: i64| Turn {
-            fence: Fence {
-                run_id: run.id,
-                attempt: run.attempt,
-            },
-            thread_id: run.thread_id,
-            iteration: 1,
-            message: serde_json::json!({"role": "assistant", "content": "x"}),
-            tool_calls: vec![],
-            prompt_tokens: prompt,
-            completion_tokens: 0,
-            estimated_tokens: 0,
-            last_event_id: 1,
-            timing: None,
-            ending: None,
-        };
+        let turn = |run: &RunRow, prompt: i64| turn(run, (prompt, 0, 0), 0);
         // Two connections whose backends write different shards.
         async fn shard(conn: &mut sqlx::PgConnection) -> i32 {
             let (pid,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
