@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 use agentfleet_shared::domain::Risk;
 
+use super::Parameters;
 use super::catalog::{Offered, Target};
 use super::http::HttpOutcome;
 
@@ -77,7 +78,7 @@ pub fn expand_offered() -> Offered {
     Offered {
         name: EXPAND_MESSAGE.into(),
         description: EXPAND_DESCRIPTION.into(),
-        parameters: expand_parameters(),
+        parameters: Parameters::new(expand_parameters()),
         risk: Risk::Low,
         timeout_ms: None,
         target: Target::ExpandMessage,

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use agentfleet_shared::domain::{AgentSpec, Risk, ToolKind, ToolSpec};
 use agentfleet_shared::store::mcp_servers::{self, ResolveError};
 
-use super::{builtin, mcp};
+use super::{Parameters, builtin, mcp};
 use crate::shared::Shared;
 
 /// The run fails with this code when an MCP server's tools cannot be offered.
@@ -35,7 +35,7 @@ pub struct Catalog {
 pub struct Offered {
     pub name: String,
     pub description: String,
-    pub parameters: Value,
+    pub parameters: Parameters,
     pub risk: Risk,
     pub timeout_ms: Option<u64>,
     pub target: Target,
@@ -70,7 +70,7 @@ impl Catalog {
             .filter(|t| !matches!(t.target, Target::ExpandMessage))
             .map(|t| {
                 json!({"type": "function", "function": {
-                    "name": t.name, "description": t.description, "parameters": t.parameters}})
+                    "name": t.name, "description": t.description, "parameters": t.parameters.schema()}})
             })
             .collect();
         definitions.extend_from_slice(builtin::definitions());
@@ -92,7 +92,7 @@ pub async fn build(
                 tools.push(Offered {
                     name: spec.name.clone(),
                     description: spec.description.clone(),
-                    parameters: spec.parameters.clone(),
+                    parameters: Parameters::new(spec.parameters.clone()),
                     risk: spec.risk,
                     timeout_ms: spec.timeout_ms,
                     target: Target::Http {
@@ -131,7 +131,7 @@ pub async fn build(
                     tools.push(Offered {
                         name,
                         description: tool.description.clone(),
-                        parameters: tool.schema.clone(),
+                        parameters: Parameters::new(tool.schema.clone()),
                         risk: spec.risk,
                         timeout_ms: spec.timeout_ms,
                         target: Target::Mcp {

@@ -120,7 +120,7 @@ pub fn mark_dispatchable(ctx: &RunCtx, rows: &mut [ToolCallRow]) {
         .iter()
         .filter_map(|c| {
             let spec = ctx.catalog.get()?.get(&c.name)?;
-            let args = check_arguments(&c.raw_arguments, &spec.parameters).ok()?;
+            let args = spec.parameters.check(&c.raw_arguments).ok()?;
             Some((c.position as usize, args))
         })
         .collect();
@@ -316,7 +316,7 @@ async fn execute(
         Some(checked) if fresh && call.status == ToolCallStatus::Running => {
             (checked.0.clone(), call.dispatch_count)
         }
-        _ => match check_arguments(&call.raw_arguments, &spec.parameters) {
+        _ => match spec.parameters.check(&call.raw_arguments) {
             Ok(args) => {
                 let dispatch =
                     tool_calls::mark_dispatched(&ctx.shared.pool, ctx.fence, &call.tool_call_id)
