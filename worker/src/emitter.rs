@@ -16,13 +16,22 @@
 //! An event may also go out ahead ([`Emitter::emit_ahead`]): its append starts at once and the
 //! holder goes on, waiting for it later; any event emitted meanwhile goes out after it (an
 //! order lock, taken in the order the events were emitted). `iteration_started` goes out so,
-//! alongside the model call it announces: a Redis round trip less on each iteration's path.
+//! alongside the model call it announces, and `tool_started` alongside its tool call: a Redis
+//! round trip less on each iteration's path and on each call's. Both are announcements the
+//! next holder makes good after a crash: a retried iteration, a retried call (its `dispatch`
+//! one higher), announce themselves again.
+//!
+//! And an event may go out behind the holder ([`Emitter::emit_behind`]): its append starts at
+//! once, in a task of its own, and the holder goes on without waiting for the answer; the next
+//! event waits for it. It is not deferred: a crash loses it in the same moments it would lose
+//! an awaited append, but the holder's next step is not held up by the round trip.
+//! `tool_completed` goes out so (its result committed just before): the next model call
+//! starts while it is appended, and the next turn's `iteration_started` follows it.
 //!
 //! Redis carries the live stream but is not the truth: if it is unreachable the event is
 //! logged and dropped (the stream can be rebuilt from Postgres), and the run goes on. Only a
 //! fencing refusal matters to the run: it means another attempt owns the stream now.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -53,6 +62,9 @@ pub struct Emitter {
     /// Held from an event's emission to the end of its append, so appends leave in the order
     /// of emission also when one goes out ahead (FIFO: tokio's mutex is fair).
     order: Arc<tokio::sync::Mutex<()>>,
+    /// An append made behind the holder ([`Emitter::emit_behind`]) was refused by the fence:
+    /// reported by the holder's next emission or flush.
+    fenced: Arc<AtomicBool>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,18 +91,27 @@ impl Emitter {
             deltas: Default::default(),
             pending: Default::default(),
             order: Default::default(),
+            fenced: Default::default(),
         }
     }
 
-    /// The highest id this holder appended: what a client may have seen.
-    pub fn last_id(&self) -> u64 {
-        self.last.load(Ordering::SeqCst)
+    /// The highest id this holder appended: what a client may have seen. Waits for the
+    /// appends in flight (ahead or behind) so that it counts them.
+    pub async fn last_id(&self) -> u64 {
+        let _order = self.order.lock().await;
+        self.last_appended()
     }
 
     /// The id the next event emitted will get, deferred events going first (what an end or
-    /// a pause records as the run's durable floor before announcing itself).
-    pub fn next_id(&self) -> u64 {
-        self.last_id() + self.pending.lock().expect("pending lock").len() as u64 + 1
+    /// a pause records as the run's durable floor before announcing itself). Waits for the
+    /// appends in flight, as [`Emitter::last_id`].
+    pub async fn next_id(&self) -> u64 {
+        let _order = self.order.lock().await;
+        self.last_appended() + self.pending.lock().expect("pending lock").len() as u64 + 1
+    }
+
+    fn last_appended(&self) -> u64 {
+        self.last.load(Ordering::SeqCst)
     }
 
     /// Defers `kind` to the round trip of the next event (see the module's note).
@@ -104,6 +125,7 @@ impl Emitter {
     /// Appends the deferred events now, if any.
     pub async fn flush(&self) -> Result<(), Fenced> {
         let _order = self.order.lock().await;
+        self.not_fenced()?;
         let pending = self.take_pending();
         if pending.is_empty() {
             return Ok(());
@@ -111,22 +133,36 @@ impl Emitter {
         self.append_all(pending).await
     }
 
-    /// Emits `kind` ahead: its place in the stream is taken now, and its append (with any
-    /// deferred events before it) runs when the returned future is polled — next to the work
-    /// it announces, as in `join!(announce, work)`. Events emitted before that future is
-    /// done wait for it. Only for an event whose loss in a crash the next holder makes good
-    /// (`iteration_started`: a retried iteration announces itself again), since the work goes
-    /// on before the event is known to be in the stream.
-    pub async fn emit_ahead(
-        &self,
-        kind: EventType,
-        data: Value,
-    ) -> impl Future<Output = Result<(), Fenced>> + '_ {
+    /// Emits `kind` ahead of the work it announces: its place in the stream is taken when
+    /// this future is first polled (the order lock is fair: waiters are served in the order
+    /// they first asked), so it is joined with the work, polled first: `join!(biased;
+    /// emit_ahead(..), work)`. Events the work emits wait for it, also when an append made
+    /// behind the holder is still in flight and the work starts before it is done. Only for
+    /// an event whose loss in a crash the next holder makes good (`iteration_started`,
+    /// `tool_started`: a retried iteration or call announces itself again), since the work
+    /// goes on before the event is known to be in the stream.
+    pub async fn emit_ahead(&self, kind: EventType, data: Value) -> Result<(), Fenced> {
+        let _order = self.order.lock().await;
+        self.not_fenced()?;
+        self.append_now(kind, data, Expiry::Keep).await
+    }
+
+    /// Emits `kind` behind the holder: its place in the stream is taken now, its append starts
+    /// at once in a task of its own, and the holder goes on without waiting for it; events
+    /// emitted later wait for it. A crash loses it exactly when it would lose an awaited
+    /// append (between the commit it announces and the append's answer), but the holder's
+    /// next step no longer waits for that answer. A fencing refusal is reported by the
+    /// holder's next emission or flush.
+    pub async fn emit_behind(&self, kind: EventType, data: Value) {
         let order = self.order.clone().lock_owned().await;
-        async move {
+        let this = self.clone();
+        tokio::spawn(async move {
             let _order = order;
-            self.append_now(kind, data, Expiry::Keep).await
-        }
+            if this.not_fenced().is_ok() && this.append_now(kind, data, Expiry::Keep).await.is_err()
+            {
+                this.fenced.store(true, Ordering::SeqCst);
+            }
+        });
     }
 
     pub async fn emit(&self, kind: EventType, data: Value) -> Result<(), Fenced> {
@@ -140,7 +176,15 @@ impl Emitter {
         expiry: Expiry,
     ) -> Result<(), Fenced> {
         let _order = self.order.lock().await;
+        self.not_fenced()?;
         self.append_now(kind, data, expiry).await
+    }
+
+    fn not_fenced(&self) -> Result<(), Fenced> {
+        match self.fenced.load(Ordering::SeqCst) {
+            true => Err(Fenced),
+            false => Ok(()),
+        }
     }
 
     fn take_pending(&self) -> Vec<(EventType, Value, Expiry)> {
@@ -216,9 +260,9 @@ impl Emitter {
 
     fn floor(&self) -> Floor {
         if self.exact.load(Ordering::SeqCst) {
-            Floor::Exact(self.last_id())
+            Floor::Exact(self.last_appended())
         } else {
-            Floor::Recorded(self.last_id())
+            Floor::Recorded(self.last_appended())
         }
     }
 
@@ -269,8 +313,8 @@ mod tests {
     use super::*;
 
     /// An event emitted ahead keeps its place in the stream: an event emitted after it waits
-    /// for its append, even when the later append is the one polled first; a deferred event
-    /// goes out before both.
+    /// for its append, also when both wait for an append made behind; a deferred event goes
+    /// out before all.
     #[tokio::test]
     async fn an_event_emitted_ahead_keeps_its_place() {
         let settings = Settings::load_with(None, [], true).expect("settings");
@@ -280,16 +324,19 @@ mod tests {
         let run = Uuid::new_v4();
         let emitter = Emitter::new(bus.clone(), run, Uuid::new_v4(), 1, 0, false);
         emitter.defer(EventType::RunStarted, json!({}), Expiry::Persist);
-        let ahead = emitter
-            .emit_ahead(EventType::IterationStarted, json!({"iteration": 1}))
+        // A behind append holds the order lock when the announcement is polled: the work's
+        // event, polled after it, still comes after it.
+        emitter
+            .emit_behind(EventType::ToolCompleted, json!({}))
             .await;
+        let ahead = emitter.emit_ahead(EventType::IterationStarted, json!({"iteration": 1}));
         let after = emitter.emit(EventType::MessageDelta, json!({"text": "x"}));
-        let (after, ahead) = tokio::join!(after, ahead);
+        let (ahead, after) = tokio::join!(biased; ahead, after);
         ahead.expect("ahead appended");
         after.expect("after appended");
         let stored = bus.read_after(run, 0).await.expect("read");
         let last = stored.last().and_then(|raw| peek(raw)).expect("events").0;
-        assert_eq!(emitter.last_id(), last);
+        assert_eq!(emitter.last_id().await, last);
         // A holder that knows only the recorded floor leaves a placeholder first (a margin
         // for ids an earlier holder may have used).
         let kinds: Vec<String> = stored
@@ -297,7 +344,94 @@ mod tests {
             .map(|raw| peek(raw).expect("an event").1)
             .filter(|kind| kind != "lost")
             .collect();
-        assert_eq!(kinds, ["run_started", "iteration_started", "message_delta"]);
+        assert_eq!(
+            kinds,
+            [
+                "run_started",
+                "tool_completed",
+                "iteration_started",
+                "message_delta"
+            ]
+        );
+        let keys = bus.keys();
+        let mut conn = conn;
+        let _: () = redis::cmd("DEL")
+            .arg(keys.events(run))
+            .arg(keys.fence(run))
+            .arg(keys.base(run))
+            .query_async(&mut conn)
+            .await
+            .expect("clean up");
+    }
+
+    /// An event emitted behind is in the stream before the next one, though the holder did
+    /// not wait for it; the ids recorded at an end count it; and a fencing refusal of it
+    /// reaches the holder at its next emission.
+    #[tokio::test]
+    async fn an_event_emitted_behind_keeps_its_place_and_reports_its_fence() {
+        let settings = Settings::load_with(None, [], true).expect("settings");
+        let prefix = format!("emitter-test-{}", Uuid::new_v4().simple());
+        let conn = redis_connection(&settings.redis).expect("redis");
+        let bus = EventBus::new(conn.clone(), &prefix, 60);
+        let run = Uuid::new_v4();
+        let thread = Uuid::new_v4();
+        let emitter = Emitter::new(bus.clone(), run, thread, 1, 0, false);
+        emitter
+            .emit(EventType::RunStarted, json!({}))
+            .await
+            .expect("started");
+        for n in 0..20 {
+            emitter
+                .emit_behind(EventType::ToolCompleted, json!({"n": n}))
+                .await;
+        }
+        let next = emitter.next_id().await;
+        emitter
+            .emit(EventType::RunCompleted, json!({}))
+            .await
+            .expect("completed");
+        let stored = bus.read_after(run, 0).await.expect("read");
+        let events: Vec<(u64, String)> = stored
+            .iter()
+            .map(|raw| peek(raw).expect("an event"))
+            .filter(|(_, kind)| kind != "lost")
+            .collect();
+        let kinds: Vec<&str> = events.iter().map(|(_, k)| k.as_str()).collect();
+        let mut expected = vec!["run_started"];
+        expected.extend(std::iter::repeat_n("tool_completed", 20));
+        expected.push("run_completed");
+        assert_eq!(kinds, expected);
+        assert_eq!(
+            events.last().expect("events").0,
+            next,
+            "next_id counted them"
+        );
+        let ns: Vec<i64> = stored
+            .iter()
+            .filter_map(|raw| serde_json::from_str::<Value>(raw).ok())
+            .filter(|e| e["type"] == "tool_completed")
+            .map(|e| e["data"]["n"].as_i64().expect("n"))
+            .collect();
+        assert_eq!(ns, (0..20).collect::<Vec<_>>(), "in the order emitted");
+
+        // A newer holder takes the stream: this holder's next append behind is refused, and
+        // its next emission says so.
+        let newer = Emitter::new(bus.clone(), run, thread, 2, next, false);
+        newer
+            .emit(EventType::RunRecovered, json!({}))
+            .await
+            .expect("newer holder appends");
+        emitter
+            .emit_behind(EventType::ToolCompleted, json!({"n": 20}))
+            .await;
+        assert!(
+            emitter
+                .emit(EventType::RunCompleted, json!({}))
+                .await
+                .is_err()
+        );
+        assert!(emitter.flush().await.is_err(), "and stays refused");
+
         let keys = bus.keys();
         let mut conn = conn;
         let _: () = redis::cmd("DEL")

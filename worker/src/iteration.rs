@@ -13,7 +13,7 @@ use agentfleet_shared::config::ToolCalling;
 use agentfleet_shared::domain::{Risk, ToolCallStatus};
 use agentfleet_shared::events::{EventType, Expiry};
 use agentfleet_shared::store::tool_calls::{NewToolCall, ToolCallRow};
-use agentfleet_shared::store::turns::{self, FinalIteration, Turn};
+use agentfleet_shared::store::turns::{self, Turn};
 use agentfleet_shared::store::{StoreError, messages};
 
 use crate::budget::Spent;
@@ -27,12 +27,12 @@ pub enum Turned {
     /// The calls the model made, as recorded (at least one), to settle.
     Calls(Vec<ToolCallRow>),
     /// A final answer: the statement that recorded it also ended the run `completed`
-    /// ([`Turn::ending`]); `promoted` is the run waiting for the thread that the end started.
+    /// ([`Turn::ends`]); `promoted` is the run waiting for the thread that the end started.
     Completed { promoted: Option<uuid::Uuid> },
 }
 
 /// Calls the model and commits its turn; `started` is when the iteration began (a final
-/// answer's commit closes the iteration's timing).
+/// answer's timing closes when its commit has answered).
 pub async fn model_turn(
     ctx: &RunCtx,
     iteration: i32,
@@ -43,22 +43,14 @@ pub async fn model_turn(
     // note): an event emitted on the way (deltas, a compaction) still follows it.
     let announce = ctx
         .emitter
-        .emit_ahead(EventType::IterationStarted, json!({"iteration": iteration}))
-        .await;
-    let (announced, called) = tokio::join!(announce, call_model(ctx, iteration));
+        .emit_ahead(EventType::IterationStarted, json!({"iteration": iteration}));
+    let (announced, called) = tokio::join!(biased; announce, call_model(ctx, iteration));
     announced?;
     let (response, usage, summary_usage) = called?;
     // Summaries made to fit this call's history are billed with it.
     let billed = usage.plus(summary_usage).bounded();
     // A final answer ends the run in the statement that records it.
-    let ending = response.tool_calls.is_empty().then(|| {
-        let (model_us, tools_us) = ctx.timing.take();
-        FinalIteration {
-            started,
-            model_us,
-            tools_us,
-        }
-    });
+    let ending = response.tool_calls.is_empty();
     let (recorded, promoted) = persist(ctx, iteration, &response, &billed, ending).await?;
     let calls: Vec<Value> = response
         .tool_calls
@@ -76,14 +68,14 @@ pub async fn model_turn(
     });
     metrics::histogram!("agentfleet_iteration_duration_seconds")
         .record(turn_started.elapsed().as_secs_f64());
-    if let Some(ending) = ending {
-        record_framework_time(
-            (Utc::now() - ending.started)
-                .num_microseconds()
-                .unwrap_or(0),
-            ending.model_us,
-            ending.tools_us,
-        );
+    if ending {
+        // Closed now that the commit has answered; the next turn of any run carries it.
+        let timing = closed_timing(ctx, iteration, started, ctx.timing.take());
+        ctx.shared
+            .late_timings
+            .lock()
+            .expect("timings lock")
+            .push(timing);
         // Goes out with `run_completed`, in one round trip (see the emitter's note).
         ctx.emitter
             .defer(EventType::MessageCompleted, completed, Expiry::Keep);
@@ -265,7 +257,7 @@ async fn persist(
     iteration: i32,
     response: &ModelResponse,
     usage: &TurnUsage,
-    ending: Option<FinalIteration>,
+    ending: bool,
 ) -> Result<(Vec<ToolCallRow>, Option<uuid::Uuid>), RunError> {
     if agentfleet_shared::failpoint::error("store:turn") {
         return Err(StoreError::Db(sqlx::Error::PoolTimedOut).into());
@@ -319,11 +311,12 @@ async fn persist(
         // An ending records the id its `run_completed` will get (after `message_completed`),
         // as a separate end would.
         last_event_id: match ending {
-            Some(_) => ctx.emitter.next_id() + 1,
-            None => ctx.emitter.last_id(),
+            true => ctx.emitter.next_id().await + 1,
+            false => ctx.emitter.last_id().await,
         },
         timing: ctx.take_finished_timing(),
-        ending,
+        carried: std::mem::take(&mut *ctx.shared.late_timings.lock().expect("timings lock")),
+        ends: ending,
     };
     let Some(committed) = ctx.shared.writes.turns.write(turn).await? else {
         return Err(ctx.fence.lost().into());
@@ -395,19 +388,25 @@ fn new_rows(ctx: &RunCtx, iteration: i32, response: &ModelResponse) -> Vec<ToolC
 
 /// Keeps a finished iteration's timing for the next statement the run commits anyway.
 /// Statistics only: a failure to write it never affects the run.
-pub fn finish_timing(
+pub fn finish_timing(ctx: &RunCtx, iteration: i32, started: DateTime<Utc>, spent: (i64, i64)) {
+    let timing = closed_timing(ctx, iteration, started, spent);
+    *ctx.finished_timing.lock().expect("timing lock") = Some(timing);
+}
+
+/// An iteration's timing, closed now (its metric recorded).
+fn closed_timing(
     ctx: &RunCtx,
     iteration: i32,
     started: DateTime<Utc>,
     (model_us, tools_us): (i64, i64),
-) {
+) -> turns::IterationTiming {
     let finished = Utc::now();
     let total_us = (finished - started)
         .num_microseconds()
         .unwrap_or(0)
         .max(model_us + tools_us);
     record_framework_time(total_us, model_us, tools_us);
-    *ctx.finished_timing.lock().expect("timing lock") = Some(turns::IterationTiming {
+    turns::IterationTiming {
         run_id: ctx.run.id,
         iteration,
         attempt: ctx.fence.attempt,
@@ -416,7 +415,18 @@ pub fn finish_timing(
         model_us,
         tools_us,
         total_us,
-    });
+    }
+}
+
+/// Writes the final iterations' timings that no turn carried (the sweeper's tick, shutdown).
+pub async fn write_late_timings(shared: &crate::shared::Shared) {
+    let late = std::mem::take(&mut *shared.late_timings.lock().expect("timings lock"));
+    if late.is_empty() {
+        return;
+    }
+    if let Err(e) = turns::record_timings(&shared.pool, &late).await {
+        tracing::debug!(error = %e, timings = late.len(), "iteration timings not recorded");
+    }
 }
 
 fn record_framework_time(total_us: i64, model_us: i64, tools_us: i64) {

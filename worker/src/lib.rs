@@ -137,6 +137,7 @@ impl Worker {
             mcp_key,
             mcp_tools,
             writes,
+            late_timings: Default::default(),
             pool,
             bus,
             publisher,
@@ -219,6 +220,7 @@ impl Worker {
         .await;
         let grace = Duration::from_millis(shared.settings.worker.drain_grace_ms);
         crate::drain::drain(&tracker, &draining, &shared.active, grace).await;
+        crate::iteration::write_late_timings(&shared).await;
         background.cancel();
         shared.publisher.close().await;
         Ok(())

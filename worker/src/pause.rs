@@ -92,6 +92,8 @@ async fn pause(
     run_status: RunStatus,
     pending: &Value,
 ) -> Result<(), RunError> {
+    // Read before the transaction: it waits for the holder's appends still in flight.
+    let next_id = ctx.emitter.next_id().await;
     let mut tx = ctx.shared.pool.begin().await.map_err(StoreError::from)?;
     lock_fenced(&mut tx, ctx.fence).await?;
     // Under the run's lock: an interrupt committed before it must end the run, not pause it
@@ -105,7 +107,6 @@ async fn pause(
     if !call_ids.is_empty() {
         tool_calls::set_status(&mut tx, ctx.fence.run_id, call_ids, call_status).await?;
     }
-    let next_id = ctx.emitter.next_id();
     transitions::wait(&mut tx, ctx.fence, run_status, pending, next_id).await?;
     tx.commit().await.map_err(StoreError::from)?;
     metrics::counter!("agentfleet_runs_total", "status" => run_status.as_str()).increment(1);

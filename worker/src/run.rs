@@ -205,7 +205,7 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
         let _ = ctx.emitter.flush().await;
         iteration::flush_timing(ctx).await;
     }
-    let next_id = ctx.emitter.next_id();
+    let next_id = ctx.emitter.next_id().await;
     let run_id = ctx.fence.run_id;
     let outcome = match result {
         Ok(Outcome::Paused) => return,
@@ -360,9 +360,8 @@ async fn publish_promoted(ctx: &RunCtx, promoted: Option<uuid::Uuid>) {
 async fn hand_back_after_failure(ctx: &RunCtx) {
     let run_id = ctx.fence.run_id;
     let settings = &ctx.shared.settings.worker;
-    match transitions::hand_back_after_failure(&ctx.shared.pool, ctx.fence, ctx.emitter.last_id())
-        .await
-    {
+    let last_id = ctx.emitter.last_id().await;
+    match transitions::hand_back_after_failure(&ctx.shared.pool, ctx.fence, last_id).await {
         Ok(handbacks) => {
             metrics::counter!("agentfleet_run_handbacks_total").increment(1);
             let doublings = (handbacks - 1).clamp(0, 16) as u32;
@@ -388,14 +387,8 @@ async fn hand_back_after_failure(ctx: &RunCtx) {
 /// `running -> queued` and a new message, so another worker continues the run.
 async fn hand_back(ctx: &RunCtx, interrupted: bool) {
     let run_id = ctx.fence.run_id;
-    match transitions::release(
-        &ctx.shared.pool,
-        ctx.fence,
-        interrupted,
-        ctx.emitter.last_id(),
-    )
-    .await
-    {
+    let last_id = ctx.emitter.last_id().await;
+    match transitions::release(&ctx.shared.pool, ctx.fence, interrupted, last_id).await {
         Ok(()) => {
             if let Err(e) = ctx.shared.publisher.publish_run(run_id).await {
                 tracing::warn!(%run_id, error = %e, "re-publish failed; the sweeper will re-enqueue");

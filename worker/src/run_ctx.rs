@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use agentfleet_shared::store::runs::RunRow;
 use agentfleet_shared::store::turns;
@@ -70,11 +70,14 @@ impl RunCtx {
 }
 
 /// Time spent in the model and in tools during the current iteration, so the framework's own
-/// share can be recorded.
+/// share can be recorded. Tool time is the time at least one tool call was out of the worker
+/// (calls in parallel count once); recording a call and announcing it are the framework's.
 #[derive(Default)]
 pub struct IterationTiming {
     model_us: AtomicU64,
     tools_us: AtomicU64,
+    /// Tool calls out now, and since when at least one has been.
+    tools_out: Mutex<(usize, Option<Instant>)>,
 }
 
 impl IterationTiming {
@@ -82,15 +85,46 @@ impl IterationTiming {
         self.model_us
             .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }
-    pub fn add_tools(&self, d: Duration) {
-        self.tools_us
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+
+    /// Counts tool time while the guard lives (also when the call is abandoned).
+    pub fn tool_out(&self) -> ToolOut<'_> {
+        self.left(Instant::now());
+        ToolOut(self)
     }
+
+    fn left(&self, at: Instant) {
+        let mut out = self.tools_out.lock().expect("tools lock");
+        if out.0 == 0 {
+            out.1 = Some(at);
+        }
+        out.0 += 1;
+    }
+
+    fn back(&self, at: Instant) {
+        let mut out = self.tools_out.lock().expect("tools lock");
+        out.0 = out.0.saturating_sub(1);
+        if out.0 == 0
+            && let Some(since) = out.1.take()
+        {
+            let us = at.saturating_duration_since(since).as_micros() as u64;
+            self.tools_us.fetch_add(us, Ordering::Relaxed);
+        }
+    }
+
     pub fn take(&self) -> (i64, i64) {
         (
             self.model_us.swap(0, Ordering::Relaxed) as i64,
             self.tools_us.swap(0, Ordering::Relaxed) as i64,
         )
+    }
+}
+
+/// One tool call out of the worker ([`IterationTiming::tool_out`]).
+pub struct ToolOut<'a>(&'a IterationTiming);
+
+impl Drop for ToolOut<'_> {
+    fn drop(&mut self) {
+        self.0.back(Instant::now());
     }
 }
 
@@ -134,5 +168,28 @@ impl From<ModelError> for RunError {
             ModelError::Fenced(_) => RunError::LeaseLost,
             other => RunError::Model(other),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_time_counts_calls_in_parallel_once_and_calls_in_turn_each() {
+        let timing = IterationTiming::default();
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        // Two calls overlapping: out from 0 to 4 ms.
+        timing.left(ms(0));
+        timing.left(ms(1));
+        timing.back(ms(3));
+        timing.back(ms(4));
+        // Framework work between calls is not tool time; then one call of 2 ms.
+        timing.left(ms(10));
+        timing.back(ms(12));
+        timing.add_model(Duration::from_millis(7));
+        assert_eq!(timing.take(), (7_000, 6_000));
+        assert_eq!(timing.take(), (0, 0), "taken once");
     }
 }

@@ -35,6 +35,10 @@ pub struct Shared {
     /// Runs executing here, by id: where cancel hints and the drain deadline are delivered.
     pub active: Registry,
     pub writes: Writes,
+    /// Final iterations' timings, closed once their turn's commit answered: the next turn
+    /// this worker writes carries them (statistics; the sweeper's tick writes what no turn
+    /// took, and a turn that fails loses them).
+    pub late_timings: std::sync::Mutex<Vec<agentfleet_shared::store::turns::IterationTiming>>,
 }
 
 /// The writes every run makes, grouped across this worker's runs (`store::batch`).

@@ -29,6 +29,7 @@ pub fn spawn(shared: Arc<Shared>, shutdown: CancellationToken) {
             if let Err(e) = sweep_if_elected(&shared).await {
                 tracing::warn!(error = %agentfleet_shared::report::one_line(&e), "sweep failed");
             }
+            crate::iteration::write_late_timings(&shared).await;
             if let Err(e) = crate::dispatch::export_backlog(&shared).await {
                 tracing::debug!(error = %agentfleet_shared::report::one_line(&e), "backlog not exported");
             }

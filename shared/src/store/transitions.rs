@@ -986,7 +986,10 @@ mod tests {
             run_id: b.id,
             attempt: held_b.attempt + 1,
         };
-        let turn = |run: &RunRow, fence: Fence| Turn {
+        // Each turn also carries the final iteration's timing of another run: written with
+        // the turn whose fence holds, dropped with the stale one.
+        let (c, d) = (new_run(&pool).await, new_run(&pool).await);
+        let turn = |run: &RunRow, fence: Fence, carried: &RunRow| Turn {
             fence,
             thread_id: run.thread_id,
             iteration: 1,
@@ -1000,13 +1003,14 @@ mod tests {
             estimated_tokens: 0,
             last_event_id: 7,
             timing: Some(timing(run, 1)),
-            ending: None,
+            carried: vec![timing(carried, 2)],
+            ends: false,
         };
         let fence_a = Fence {
             run_id: a.id,
             attempt: held_a.attempt,
         };
-        let turns = vec![turn(&held_a, fence_a), turn(&held_b, stale_b)];
+        let turns = vec![turn(&held_a, fence_a, &c), turn(&held_b, stale_b, &d)];
         let held = record_many(&pool, &turns).await.unwrap();
         let usage = Committed {
             run_tokens: 7,
@@ -1031,6 +1035,18 @@ mod tests {
             let q = "SELECT count(*) FROM iterations WHERE run_id = $1";
             assert_eq!(count(&pool, q, run).await, expected, "timing of {run}");
         }
+        let q = "SELECT count(*) FROM iterations WHERE run_id = $1 AND iteration = 2";
+        assert_eq!(
+            count(&pool, q, c.id).await,
+            1,
+            "carried by the turn that held"
+        );
+        assert_eq!(count(&pool, q, d.id).await, 0, "not by the stale one");
+        let left = [timing(&d, 2), timing(&d, 2)];
+        crate::store::turns::record_timings(&pool, &left)
+            .await
+            .unwrap();
+        assert_eq!(count(&pool, q, d.id).await, 1, "left over, written once");
         let a_now = runs::get(&pool, a.id).await.unwrap();
         assert_eq!(
             (a_now.iteration, a_now.prompt_tokens, a_now.last_event_id),
@@ -1236,7 +1252,8 @@ mod tests {
             estimated_tokens: tokens.2,
             last_event_id: 1,
             timing: None,
-            ending: None,
+            carried: vec![],
+            ends: false,
         }
     }
 

@@ -36,19 +36,14 @@ pub struct Turn {
     pub last_event_id: u64,
     /// The previous iteration's timing, written by this statement instead of one of its own.
     pub timing: Option<IterationTiming>,
-    /// Set for a final answer (no tool calls): the statement also ends the run `completed`
-    /// and records this iteration's timing, so a run's last turn and its end cost one write.
-    pub ending: Option<FinalIteration>,
-}
-
-/// The last iteration of a run whose turn ends it. Its timing closes inside the statement
-/// (`clock_timestamp()`), so its total includes the wait for the commit, as every other
-/// iteration's total includes its own turn's commit.
-#[derive(Debug, Clone, Copy)]
-pub struct FinalIteration {
-    pub started: chrono::DateTime<chrono::Utc>,
-    pub model_us: i64,
-    pub tools_us: i64,
+    /// Timings of other runs' final iterations that this statement carries (statistics: a
+    /// final turn's timing closes only once its commit has answered, after the statement that
+    /// could have written it; see [`Turn::ends`]).
+    pub carried: Vec<IterationTiming>,
+    /// A final answer (no tool calls): the statement also ends the run `completed`, so a run's
+    /// last turn and its end cost one write. The iteration's timing is written later, by a
+    /// statement that carries it.
+    pub ends: bool,
 }
 
 /// Most tokens one model call may add to the figures: a hostile or broken provider's usage
@@ -65,7 +60,7 @@ pub struct Committed {
     pub tenant_tokens_today: i64,
     /// The tenant's own `tokens_per_day` (`tenants.limits`), as stored; `None`: the default.
     pub tenant_tokens_per_day: Option<Json<Value>>,
-    /// For a turn that ended its run ([`Turn::ending`]): the run waiting for the thread that
+    /// For a turn that ended its run ([`Turn::ends`]): the run waiting for the thread that
     /// the end promoted (double-texting), to publish.
     pub promoted: Option<Uuid>,
 }
@@ -96,7 +91,7 @@ impl Turn {
 /// deadlocking. The tenant's figure for the day after this group is the shard's `RETURNING`
 /// plus the other rows of the day as this statement sees them.
 ///
-/// A turn with an `ending` also moves its run to `completed` (lease released, `finished_at`),
+/// A turn that `ends` also moves its run to `completed` (lease released, `finished_at`),
 /// as [`super::transitions::end_many`] would, and reads the run its end promoted the same way.
 /// Setting `status` to itself on the other rows keeps their update HOT (the value is unchanged)
 /// and fires no trigger (each trigger's `WHEN` asks for a change of status).
@@ -108,11 +103,9 @@ pub async fn record_many<'e>(
         "WITH input AS (
             SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::uuid[], $4::int[], $5::jsonb[],
                                  $6::jsonb[], $7::int8[], $8::int8[], $9::int8[], $10::jsonb[],
-                                 $11::int8[], $13::bool[], $14::timestamptz[], $15::int8[],
-                                 $16::int8[])
+                                 $11::int8[], $13::bool[])
                 AS t(run_id, attempt, thread_id, iteration, message, calls, prompt_tokens,
-                     completion_tokens, last_event_id, timing, estimated_tokens, ends,
-                     final_started, final_model_us, final_tools_us)),
+                     completion_tokens, last_event_id, timing, estimated_tokens, ends)),
          held AS (
             UPDATE runs r SET iteration = t.iteration,
                               prompt_tokens = r.prompt_tokens + t.prompt_tokens,
@@ -180,17 +173,6 @@ pub async fn record_many<'e>(
                  jsonb_to_recordset(t.calls) AS c(id uuid, tool_call_id text, position int,
                      name text, raw_arguments text, arguments jsonb, risk text, status text,
                      dispatch_count int)),
-         final_timing AS (
-            INSERT INTO iterations (run_id, iteration, attempt, started_at, finished_at,
-                                    model_us, tools_us, total_us)
-            SELECT t.run_id, t.iteration, t.attempt, t.final_started, clock_timestamp(),
-                   t.final_model_us, t.final_tools_us,
-                   GREATEST(t.final_model_us + t.final_tools_us,
-                            (extract(epoch FROM clock_timestamp() - t.final_started)
-                             * 1000000)::int8)
-            FROM input t JOIN held ON held.id = t.run_id
-            WHERE t.ends
-            ON CONFLICT DO NOTHING),
          ",
         timing_cte!(),
         "
@@ -230,30 +212,12 @@ pub async fn record_many<'e>(
     .bind(
         turns
             .iter()
-            .map(|t| timing_param(t.timing.as_ref()))
+            .map(|t| Json(t.timing.iter().chain(&t.carried).collect::<Vec<_>>()))
             .collect::<Vec<_>>(),
     )
     .bind(turns.iter().map(|t| t.estimated_tokens).collect::<Vec<_>>())
     .bind(super::RUNNING)
-    .bind(turns.iter().map(|t| t.ending.is_some()).collect::<Vec<_>>())
-    .bind(
-        turns
-            .iter()
-            .map(|t| t.ending.map(|f| f.started))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        turns
-            .iter()
-            .map(|t| t.ending.map(|f| f.model_us))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        turns
-            .iter()
-            .map(|t| t.ending.map(|f| f.tools_us))
-            .collect::<Vec<_>>(),
-    )
+    .bind(turns.iter().map(|t| t.ends).collect::<Vec<_>>())
     .fetch_all(db)
     .await?;
     let mut by_run: std::collections::HashMap<Uuid, Committed> =
@@ -298,6 +262,25 @@ pub async fn record_timing(pool: &PgPool, t: &IterationTiming) -> Result<(), Sto
     .bind(t.model_us)
     .bind(t.tools_us)
     .bind(t.total_us)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Records timings that no statement carried (a worker with no turn to write them with), in
+/// one statement; an iteration already recorded keeps its first record.
+pub async fn record_timings(pool: &PgPool, timings: &[IterationTiming]) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO iterations (run_id, iteration, attempt, started_at, finished_at, model_us,
+                                 tools_us, total_us)
+         SELECT x.run_id, x.iteration, x.attempt, x.started, x.finished, x.model_us, x.tools_us,
+                x.total_us
+         FROM jsonb_to_recordset($1) AS x(run_id uuid, iteration int, attempt int,
+             started timestamptz, finished timestamptz, model_us bigint, tools_us bigint,
+             total_us bigint)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(Json(timings))
     .execute(pool)
     .await?;
     Ok(())

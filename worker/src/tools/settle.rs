@@ -171,7 +171,6 @@ pub async fn settle(
         Step::Run { calls, then } => (calls, then),
     };
     if !runnable.is_empty() {
-        let started = std::time::Instant::now();
         let cap = parallel_cap(ctx);
         // At most `cap` calls in flight; each records its own outcome as it ends.
         // Collected first: a lazily mapped iterator inside the stream trips the spawned task's
@@ -182,7 +181,6 @@ pub async fn settle(
             .collect();
         let results: Vec<Result<(), RunError>> =
             stream::iter(calls).buffer_unordered(cap).collect().await;
-        ctx.timing.add_tools(started.elapsed());
         results.into_iter().collect::<Result<Vec<()>, RunError>>()?;
     }
     match then {
@@ -335,16 +333,19 @@ async fn execute(
     span.record("kind", kind);
     span.record("dispatch", dispatch);
     agentfleet_shared::failpoint::hit(&format!("tool:{}", call.name));
-    ctx.emitter
-        .emit(EventType::ToolStarted, json!({
+    // Goes out alongside the call it announces (see the emitter's note): a call retried by
+    // the next holder announces itself again, and `tool_completed` still follows it.
+    let announce = ctx
+        .emitter
+        .emit_ahead(EventType::ToolStarted, json!({
             "tool_call_id": call.tool_call_id, "name": call.name, "arguments": args, "dispatch": dispatch,
-        }))
-        .await?;
+        }));
     let settings = &ctx.shared.settings.worker;
     let timeout =
         std::time::Duration::from_millis(spec.timeout_ms.unwrap_or(settings.tool_timeout_ms));
     let started = std::time::Instant::now();
     let call_fut = async {
+        let _out = ctx.timing.tool_out();
         match &spec.target {
             Target::Http { url } => {
                 http::call(
@@ -383,10 +384,11 @@ async fn execute(
             }
         }
     };
-    let outcome = tokio::select! {
-        o = call_fut => o,
+    let (announced, outcome) = tokio::select! {
+        both = async { tokio::join!(biased; announce, call_fut) } => both,
         _ = ctx.stop.stopped() => return Err(RunError::Stopped),
     };
+    announced?;
     metrics::histogram!("agentfleet_tool_call_duration_seconds")
         .record(started.elapsed().as_secs_f64());
     let status = if outcome.ok {
@@ -408,12 +410,14 @@ async fn execute(
         &outcome.model_content,
     )
     .await?;
+    // The result is committed; the holder goes on while it is announced (see the emitter's
+    // note): the next event (the next `iteration_started`, a pause, the end) follows it.
     ctx.emitter
-        .emit(EventType::ToolCompleted, json!({
+        .emit_behind(EventType::ToolCompleted, json!({
             "tool_call_id": call.tool_call_id, "name": call.name, "ok": outcome.ok, "result": outcome.result,
             "truncated": outcome.truncated,
         }))
-        .await?;
+        .await;
     Ok(())
 }
 

@@ -109,6 +109,28 @@ pub async fn end_to_end(
         "ms",
         None,
     );
+    // The two kinds of iteration apart: one with a tool call (a turn commit, the message's
+    // append, the outcome's commit) and the final one (a turn commit that ends the run).
+    let split: Vec<(bool, i64)> =
+        sqlx::query_as("SELECT tools_us > 0, total_us - model_us - tools_us FROM iterations")
+            .fetch_all(&ctx.env.pool)
+            .await?;
+    for (tools, label) in [(true, "with tool calls"), (false, "without")] {
+        let part = sorted(
+            split
+                .iter()
+                .filter(|(t, _)| *t == tools)
+                .map(|(_, v)| *v as f64 / 1000.0)
+                .collect(),
+        );
+        report.add(
+            "e2e",
+            &format!("framework time per iteration {label} under load p50"),
+            percentile(&part, 0.5),
+            "ms",
+            None,
+        );
+    }
     let model: Vec<(i64, i64)> = sqlx::query_as("SELECT model_us, tools_us FROM iterations")
         .fetch_all(&ctx.env.pool)
         .await?;
@@ -117,6 +139,20 @@ pub async fn end_to_end(
         "e2e",
         "model call (scripted, zero delay) under load p50",
         percentile(&m, 0.5),
+        "ms",
+        None,
+    );
+    let t = sorted(
+        model
+            .iter()
+            .filter(|(_, t)| *t > 0)
+            .map(|(_, t)| *t as f64 / 1000.0)
+            .collect(),
+    );
+    report.add(
+        "e2e",
+        "tool call (scripted) under load p50",
+        percentile(&t, 0.5),
         "ms",
         None,
     );
