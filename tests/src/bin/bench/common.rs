@@ -21,6 +21,30 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[idx.min(sorted.len() - 1)]
 }
 
+/// Waits, up to `within`, until `iterations` holds `expected` rows (of `runs`, or of every
+/// run): a final iteration's timing is written by a later statement of its worker, or by the
+/// worker's next sweep (`worker.sweep_interval_ms`), after the run has completed.
+pub async fn wait_for_timings(
+    pool: &sqlx::PgPool,
+    runs: Option<&[String]>,
+    expected: i64,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let counted: Result<(i64,), _> = sqlx::query_as(
+            "SELECT count(*) FROM iterations WHERE $1::uuid[] IS NULL OR run_id = ANY($1::uuid[])",
+        )
+        .bind(runs)
+        .fetch_one(pool)
+        .await;
+        if counted.map_or(true, |(n,)| n >= expected) || Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
     v

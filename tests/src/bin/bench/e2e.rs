@@ -89,6 +89,9 @@ pub async fn end_to_end(
         None,
     );
     report.add("e2e", "run latency p99", percentile(&lat, 0.99), "ms", None);
+    // Two iterations per run: a tool call, then the answer.
+    crate::common::wait_for_timings(&ctx.env.pool, None, 2 * n as i64, Duration::from_secs(10))
+        .await;
     // Framework time per iteration under this load: mostly queueing for the two cores and
     // the connection pools (the intrinsic figure is the `framework` section's).
     let fw: Vec<(i64,)> = sqlx::query_as("SELECT total_us - model_us - tools_us FROM iterations")
