@@ -26,7 +26,10 @@
 //! event waits for it. It is not deferred: a crash loses it in the same moments it would lose
 //! an awaited append, but the holder's next step is not held up by the round trip.
 //! `tool_completed` goes out so (its result committed just before): the next model call
-//! starts while it is appended, and the next turn's `iteration_started` follows it.
+//! starts while it is appended, and the next turn's `iteration_started` follows it. So do
+//! `message_delta`s: the model's stream is read on while a delta is appended (a lost delta
+//! costs nothing: clients drop an interrupted iteration's deltas, and `message_completed`
+//! holds the whole text).
 //!
 //! Redis carries the live stream but is not the truth: if it is unreachable the event is
 //! logged and dropped (the stream can be rebuilt from Postgres), and the run goes on. Only a
@@ -152,9 +155,10 @@ impl Emitter {
     /// emitted later wait for it. A crash loses it exactly when it would lose an awaited
     /// append (between the commit it announces and the append's answer), but the holder's
     /// next step no longer waits for that answer. A fencing refusal is reported by the
-    /// holder's next emission or flush.
-    pub async fn emit_behind(&self, kind: EventType, data: Value) {
+    /// holder's next emission or flush (this one's `Err` is an earlier refusal).
+    pub async fn emit_behind(&self, kind: EventType, data: Value) -> Result<(), Fenced> {
         let order = self.order.clone().lock_owned().await;
+        self.not_fenced()?;
         let this = self.clone();
         tokio::spawn(async move {
             let _order = order;
@@ -163,6 +167,7 @@ impl Emitter {
                 this.fenced.store(true, Ordering::SeqCst);
             }
         });
+        Ok(())
     }
 
     pub async fn emit(&self, kind: EventType, data: Value) -> Result<(), Fenced> {
@@ -328,7 +333,8 @@ mod tests {
         // event, polled after it, still comes after it.
         emitter
             .emit_behind(EventType::ToolCompleted, json!({}))
-            .await;
+            .await
+            .expect("not fenced");
         let ahead = emitter.emit_ahead(EventType::IterationStarted, json!({"iteration": 1}));
         let after = emitter.emit(EventType::MessageDelta, json!({"text": "x"}));
         let (ahead, after) = tokio::join!(biased; ahead, after);
@@ -383,7 +389,8 @@ mod tests {
         for n in 0..20 {
             emitter
                 .emit_behind(EventType::ToolCompleted, json!({"n": n}))
-                .await;
+                .await
+                .expect("not fenced");
         }
         let next = emitter.next_id().await;
         emitter
@@ -423,7 +430,8 @@ mod tests {
             .expect("newer holder appends");
         emitter
             .emit_behind(EventType::ToolCompleted, json!({"n": 20}))
-            .await;
+            .await
+            .expect("refused later, in its task");
         assert!(
             emitter
                 .emit(EventType::RunCompleted, json!({}))
@@ -431,6 +439,13 @@ mod tests {
                 .is_err()
         );
         assert!(emitter.flush().await.is_err(), "and stays refused");
+        assert!(
+            emitter
+                .emit_behind(EventType::ToolCompleted, json!({"n": 21}))
+                .await
+                .is_err(),
+            "an append behind reports the earlier refusal too"
+        );
 
         let keys = bus.keys();
         let mut conn = conn;

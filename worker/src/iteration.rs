@@ -152,6 +152,7 @@ async fn call_model(
     let policy = DeltaPolicy {
         flush_after: std::time::Duration::from_millis(events.delta_flush_ms),
         flush_bytes: events.delta_flush_bytes,
+        waited_us: Default::default(),
     };
     let model_started = Instant::now();
     let span = model_span(&model.model, request.messages.len());
@@ -164,7 +165,11 @@ async fn call_model(
     )
     .instrument(span.clone())
     .await;
-    ctx.timing.add_model(model_started.elapsed());
+    let waited = std::time::Duration::from_micros(
+        policy.waited_us.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    ctx.timing
+        .add_model(model_started.elapsed().saturating_sub(waited));
     let mut response = match response {
         Ok(r) => r,
         Err(e) => {

@@ -134,9 +134,13 @@ struct StreamOptions {
     include_usage: bool,
 }
 
+/// How streamed text becomes `message_delta` events, and what that cost the call.
 pub struct DeltaPolicy {
     pub flush_after: Duration,
     pub flush_bytes: usize,
+    /// Microseconds the call waited for its deltas' place in the stream (framework time,
+    /// not the model's: the caller takes it off the call's time).
+    pub waited_us: std::sync::atomic::AtomicU64,
 }
 
 /// Calls the model with retries; the whole thing is bounded by the total deadline. The
@@ -264,15 +268,26 @@ impl Coalescer<'_> {
         Ok(())
     }
 
+    /// Hands the buffered text to the emitter, behind the reader: the append runs while the
+    /// stream is read on (a crash loses a delta in the same moments either way, and clients
+    /// drop an interrupted iteration's deltas). The reader waits only while the previous
+    /// append still holds the stream's order, and that wait is counted as framework time.
     async fn flush(&mut self) -> Result<(), Fenced> {
         if self.buf.is_empty() {
             return Ok(());
         }
         let text = std::mem::take(&mut self.buf);
         self.since = None;
-        self.emitter
-            .emit(EventType::MessageDelta, json!({"text": text}))
-            .await
+        let waiting = Instant::now();
+        let handed = self
+            .emitter
+            .emit_behind(EventType::MessageDelta, json!({"text": text}))
+            .await;
+        self.policy.waited_us.fetch_add(
+            waiting.elapsed().as_micros() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        handed
     }
 }
 

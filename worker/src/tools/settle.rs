@@ -417,7 +417,7 @@ async fn execute(
             "tool_call_id": call.tool_call_id, "name": call.name, "ok": outcome.ok, "result": outcome.result,
             "truncated": outcome.truncated,
         }))
-        .await;
+        .await?;
     Ok(())
 }
 
