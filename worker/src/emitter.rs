@@ -317,15 +317,31 @@ mod tests {
 
     use super::*;
 
+    /// A bus on the local Redis under a prefix of its own, and a connection to clean up with.
+    fn test_bus() -> (EventBus, redis::aio::ConnectionManager) {
+        let settings = Settings::load_with(None, [], true).expect("settings");
+        let prefix = format!("emitter-test-{}", Uuid::new_v4().simple());
+        let conn = redis_connection(&settings.redis).expect("redis");
+        (EventBus::new(conn.clone(), &prefix, 60), conn)
+    }
+
+    async fn clean_up(bus: &EventBus, mut conn: redis::aio::ConnectionManager, run: Uuid) {
+        let keys = bus.keys();
+        let _: () = redis::cmd("DEL")
+            .arg(keys.events(run))
+            .arg(keys.fence(run))
+            .arg(keys.base(run))
+            .query_async(&mut conn)
+            .await
+            .expect("clean up");
+    }
+
     /// An event emitted ahead keeps its place in the stream: an event emitted after it waits
     /// for its append, also when both wait for an append made behind; a deferred event goes
     /// out before all.
     #[tokio::test]
     async fn an_event_emitted_ahead_keeps_its_place() {
-        let settings = Settings::load_with(None, [], true).expect("settings");
-        let prefix = format!("emitter-test-{}", Uuid::new_v4().simple());
-        let conn = redis_connection(&settings.redis).expect("redis");
-        let bus = EventBus::new(conn.clone(), &prefix, 60);
+        let (bus, conn) = test_bus();
         let run = Uuid::new_v4();
         let emitter = Emitter::new(bus.clone(), run, Uuid::new_v4(), 1, 0, false);
         emitter.defer(EventType::RunStarted, json!({}), Expiry::Persist);
@@ -359,15 +375,7 @@ mod tests {
                 "message_delta"
             ]
         );
-        let keys = bus.keys();
-        let mut conn = conn;
-        let _: () = redis::cmd("DEL")
-            .arg(keys.events(run))
-            .arg(keys.fence(run))
-            .arg(keys.base(run))
-            .query_async(&mut conn)
-            .await
-            .expect("clean up");
+        clean_up(&bus, conn, run).await;
     }
 
     /// An event emitted behind is in the stream before the next one, though the holder did
@@ -375,10 +383,7 @@ mod tests {
     /// reaches the holder at its next emission.
     #[tokio::test]
     async fn an_event_emitted_behind_keeps_its_place_and_reports_its_fence() {
-        let settings = Settings::load_with(None, [], true).expect("settings");
-        let prefix = format!("emitter-test-{}", Uuid::new_v4().simple());
-        let conn = redis_connection(&settings.redis).expect("redis");
-        let bus = EventBus::new(conn.clone(), &prefix, 60);
+        let (bus, conn) = test_bus();
         let run = Uuid::new_v4();
         let thread = Uuid::new_v4();
         let emitter = Emitter::new(bus.clone(), run, thread, 1, 0, false);
@@ -447,14 +452,6 @@ mod tests {
             "an append behind reports the earlier refusal too"
         );
 
-        let keys = bus.keys();
-        let mut conn = conn;
-        let _: () = redis::cmd("DEL")
-            .arg(keys.events(run))
-            .arg(keys.fence(run))
-            .arg(keys.base(run))
-            .query_async(&mut conn)
-            .await
-            .expect("clean up");
+        clean_up(&bus, conn, run).await;
     }
 }
