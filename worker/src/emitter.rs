@@ -10,7 +10,10 @@
 //! `message_completed`: its commit also ended the run, so nothing but the `run_completed` right
 //! after it is left to announce, and the two go out together (a crash between them loses the
 //! pair from the live stream, as a crash after a separate end would lose `run_completed`; the
-//! message stays readable from the thread). `run::finish` flushes what is left before any end
+//! message stays readable from the thread). The last `message_delta` of a model call is
+//! deferred too, to the `message_completed` after the turn's commit: losing a delta costs
+//! nothing (clients drop an interrupted iteration's deltas, and `message_completed` holds the
+//! whole text). `run::finish` flushes what is left before any end
 //! without an event of its own.
 //!
 //! An event may also go out ahead ([`Emitter::emit_ahead`]): its append starts at once and the

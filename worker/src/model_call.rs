@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use agentfleet_shared::config::{ModelSettings, ToolCalling, WorkerSettings};
-use agentfleet_shared::events::EventType;
+use agentfleet_shared::events::{EventType, Expiry};
 use agentfleet_shared::sanitize::strip_nul_in;
 
 use crate::bounded::{self, LimitError};
@@ -289,6 +289,19 @@ impl Coalescer<'_> {
         );
         handed
     }
+
+    /// The text left when the stream ends goes out with the holder's next event (the turn's
+    /// `message_completed`, after its commit), not on its own: a round trip less on the turn's
+    /// path, and the commit's recorded ids count it without waiting for an append.
+    fn defer_rest(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        let text = std::mem::take(&mut self.buf);
+        self.since = None;
+        self.emitter
+            .defer(EventType::MessageDelta, json!({"text": text}), Expiry::Keep);
+    }
 }
 
 async fn read_stream(
@@ -352,7 +365,7 @@ async fn read_stream(
             response.tool_calls.push(call);
         }
     }
-    coalescer.flush().await?;
+    coalescer.defer_rest();
     Ok(response)
 }
 
