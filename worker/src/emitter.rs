@@ -148,9 +148,8 @@ impl Emitter {
     /// `tool_started`: a retried iteration or call announces itself again), since the work
     /// goes on before the event is known to be in the stream.
     pub async fn emit_ahead(&self, kind: EventType, data: Value) -> Result<(), Fenced> {
-        let _order = self.order.lock().await;
-        self.not_fenced()?;
-        self.append_now(kind, data, Expiry::Keep).await
+        // An ordinary emission: what makes it "ahead" is how the caller polls it.
+        self.emit(kind, data).await
     }
 
     /// Emits `kind` behind the holder: its place in the stream is taken now, its append starts
@@ -165,8 +164,7 @@ impl Emitter {
         let this = self.clone();
         tokio::spawn(async move {
             let _order = order;
-            if this.not_fenced().is_ok() && this.append_now(kind, data, Expiry::Keep).await.is_err()
-            {
+            if this.append_now(kind, data, Expiry::Keep).await.is_err() {
                 this.fenced.store(true, Ordering::SeqCst);
             }
         });
@@ -184,7 +182,6 @@ impl Emitter {
         expiry: Expiry,
     ) -> Result<(), Fenced> {
         let _order = self.order.lock().await;
-        self.not_fenced()?;
         self.append_now(kind, data, expiry).await
     }
 
@@ -199,8 +196,10 @@ impl Emitter {
         std::mem::take(&mut *self.pending.lock().expect("pending lock"))
     }
 
-    /// Appends the deferred events and `kind`; the caller holds the order lock.
+    /// Appends the deferred events and `kind`; the caller holds the order lock. Nothing is
+    /// appended once an append behind the holder was refused.
     async fn append_now(&self, kind: EventType, data: Value, expiry: Expiry) -> Result<(), Fenced> {
+        self.not_fenced()?;
         let mut pending = self.take_pending();
         if !pending.is_empty() {
             pending.push((kind, data, expiry));
