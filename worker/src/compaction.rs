@@ -145,6 +145,7 @@ pub async fn prompt(
                                      "completion_tokens": used.completion_tokens,
                                      "estimated": used.estimated});
         }
+        ctx.outcomes_committed().await?;
         messages::insert_compaction(&ctx.shared.pool, ctx.fence, ctx.run.thread_id, &record)
             .await?;
         let mut event = record.clone();

@@ -29,7 +29,9 @@
 //! event waits for it. It is not deferred: a crash loses it in the same moments it would lose
 //! an awaited append, but the holder's next step is not held up by the round trip.
 //! `tool_completed` goes out so (its result committed just before): the next model call
-//! starts while it is appended, and the next turn's `iteration_started` follows it. So do
+//! starts while it is appended, and the next turn's `iteration_started` follows it; when the
+//! model is called next, it even waits in its place for its result's commit, which the holder
+//! does not await ([`Emitter::emit_behind_when`]). So do
 //! `message_delta`s: the model's stream is read on while a delta is appended (a lost delta
 //! costs nothing: clients drop an interrupted iteration's deltas, and `message_completed`
 //! holds the whole text).
@@ -165,6 +167,28 @@ impl Emitter {
         tokio::spawn(async move {
             let _order = order;
             if this.append_now(kind, data, Expiry::Keep).await.is_err() {
+                this.fenced.store(true, Ordering::SeqCst);
+            }
+        });
+        Ok(())
+    }
+
+    /// As [`Emitter::emit_behind`], for an event that announces a write still in flight: its
+    /// place in the stream is taken now, and the task appends it once `committed` answers
+    /// that the write held (nothing is appended if it did not: the holder learns why from the
+    /// write's own answer). Events emitted meanwhile wait behind it.
+    pub async fn emit_behind_when(
+        &self,
+        committed: impl Future<Output = bool> + Send + 'static,
+        kind: EventType,
+        data: Value,
+    ) -> Result<(), Fenced> {
+        let order = self.order.clone().lock_owned().await;
+        self.not_fenced()?;
+        let this = self.clone();
+        tokio::spawn(async move {
+            let _order = order;
+            if committed.await && this.append_now(kind, data, Expiry::Keep).await.is_err() {
                 this.fenced.store(true, Ordering::SeqCst);
             }
         });
@@ -454,6 +478,80 @@ mod tests {
             "an append behind reports the earlier refusal too"
         );
 
+        clean_up(&bus, conn, run).await;
+    }
+
+    /// An event emitted behind a write goes out once the write has held, in the place it was
+    /// emitted (an event emitted meanwhile waits for it), and not at all if the write did not
+    /// hold.
+    #[tokio::test]
+    async fn an_event_behind_a_write_waits_for_it_and_drops_if_it_did_not_hold() {
+        let (bus, conn) = test_bus();
+        let run = Uuid::new_v4();
+        let emitter = Emitter::new(bus.clone(), run, Uuid::new_v4(), 1, 0, false);
+        emitter
+            .emit(EventType::RunStarted, json!({}))
+            .await
+            .expect("started");
+        let (held, answer) = tokio::sync::oneshot::channel::<bool>();
+        emitter
+            .emit_behind_when(
+                async move { answer.await.unwrap_or(false) },
+                EventType::ToolCompleted,
+                json!({"n": 1}),
+            )
+            .await
+            .expect("not fenced");
+        let mut next = tokio::spawn({
+            let emitter = emitter.clone();
+            async move {
+                emitter
+                    .emit(EventType::IterationStarted, json!({"iteration": 2}))
+                    .await
+            }
+        });
+        let kinds = |stored: Vec<String>| -> Vec<String> {
+            stored
+                .iter()
+                .map(|raw| peek(raw).expect("an event").1)
+                .filter(|kind| kind != "lost")
+                .collect()
+        };
+        // An append takes a millisecond: the emission after it is still waiting long after.
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(300), &mut next).await;
+        assert!(
+            waited.is_err(),
+            "the next event waits for the write's answer"
+        );
+        assert_eq!(
+            kinds(bus.read_after(run, 0).await.expect("read")),
+            ["run_started"]
+        );
+        held.send(true).expect("the task waits");
+        next.await.expect("task").expect("appended");
+        assert_eq!(
+            kinds(bus.read_after(run, 0).await.expect("read")),
+            ["run_started", "tool_completed", "iteration_started"]
+        );
+
+        // A write that did not hold: its event is not appended, and the stream goes on.
+        emitter
+            .emit_behind_when(async { false }, EventType::ToolCompleted, json!({"n": 2}))
+            .await
+            .expect("not fenced");
+        emitter
+            .emit(EventType::RunCompleted, json!({}))
+            .await
+            .expect("the holder learns of the write from the write");
+        assert_eq!(
+            kinds(bus.read_after(run, 0).await.expect("read")),
+            [
+                "run_started",
+                "tool_completed",
+                "iteration_started",
+                "run_completed"
+            ]
+        );
         clean_up(&bus, conn, run).await;
     }
 }

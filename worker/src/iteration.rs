@@ -304,6 +304,8 @@ async fn persist(
         usage.completion_tokens,
         usage.estimated,
     );
+    // The turn follows the last iteration's results in Postgres as it does in the history.
+    ctx.outcomes_committed().await?;
     let turn = Turn {
         fence: ctx.fence,
         thread_id: ctx.run.thread_id,

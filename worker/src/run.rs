@@ -90,6 +90,7 @@ pub async fn execute(
         budget,
         catalog: Default::default(),
         compaction: Default::default(),
+        outcomes: Default::default(),
     };
     let lease = crate::lease::spawn(ctx.shared.clone(), fence, ctx.stop.clone());
     let result = tokio::select! {
@@ -169,6 +170,7 @@ async fn drive(
             // raises it, or the UTC day turns); the run's own is part of its agent and a
             // resume cannot raise it, so that pause could only end in another.
             if let (OnBudgetExceeded::Pause, Exceeded::Tenant { used, limit }) = (on, &exceeded) {
+                ctx.outcomes_committed().await?;
                 tracing::info!(run_id = %ctx.fence.run_id, used, limit,
                     "tenant token budget reached; pausing the run");
                 crate::pause::for_budget(ctx, *used, *limit).await?;
@@ -199,6 +201,11 @@ fn iteration_span(iteration: i32, continued: bool) -> tracing::Span {
 
 /// Commits the end of this holding and announces it.
 async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
+    // The last results come first in Postgres; if one did not commit, that is the end.
+    let result = match (ctx.outcomes_committed().await, result) {
+        (_, Err(e @ (RunError::Stopped | RunError::LeaseLost))) | (Err(e), _) => Err(e),
+        (Ok(()), result) => result,
+    };
     if !matches!(result, Ok(Outcome::Completed { .. })) {
         // A completed run's deferred events go out with `run_completed`; any other end
         // appends them now, before it records its ids or hands the run on.

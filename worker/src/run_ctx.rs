@@ -38,7 +38,14 @@ pub struct RunCtx {
     pub catalog: tokio::sync::OnceCell<Arc<Catalog>>,
     /// What compaction did to the history so far in this holding (`compaction`).
     pub compaction: Mutex<crate::context_window::Compaction>,
+    /// Tool outcomes sent to Postgres whose answers are still to be awaited: the next model
+    /// call starts while they commit (`tools::settle`), and every write of the run after them
+    /// waits for them first ([`RunCtx::outcomes_committed`]).
+    pub outcomes: Mutex<Vec<PendingOutcome>>,
 }
+
+/// The answer of a tool outcome's grouped write: whether its fence held.
+pub type PendingOutcome = tokio::sync::oneshot::Receiver<Result<bool, StoreError>>;
 
 impl RunCtx {
     /// The run's tools: built on first use (listing its MCP servers), then reused.
@@ -55,6 +62,24 @@ impl RunCtx {
             })
             .await
             .cloned()
+    }
+
+    /// Waits for the tool outcomes still in flight. Called before any other write of the run,
+    /// so that nothing the run records later (its next turn, a compaction, a pause, its end or
+    /// hand-back) can commit before the results it follows: a next holder must never find a
+    /// call still `running` that this one finished, and dispatch it again.
+    pub async fn outcomes_committed(&self) -> Result<(), RunError> {
+        let pending = std::mem::take(&mut *self.outcomes.lock().expect("outcomes lock"));
+        for answer in pending {
+            match answer.await {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => return Err(self.fence.lost().into()),
+                Ok(Err(e)) => return Err(e.into()),
+                // The task forwarding the answer is gone (only at shutdown): unknown.
+                Err(_) => return Err(StoreError::Db(sqlx::Error::WorkerCrashed).into()),
+            }
+        }
+        Ok(())
     }
 
     pub fn take_finished_timing(&self) -> Option<turns::IterationTiming> {

@@ -98,13 +98,23 @@ impl<T: Send + Sync + 'static, R: Send + 'static> Batcher<T, R> {
     /// Writes `item` with whatever else is waiting (for a fenced write, `Ok(false)`: its fence
     /// did not hold).
     pub async fn write(&self, item: T) -> Result<R, StoreError> {
+        self.send(item).await
+    }
+
+    /// Hands `item` to the writer now (it joins the next group whether or not the answer is
+    /// awaited) and returns its answer to await later, as [`Batcher::write`] gives it.
+    pub fn send(&self, item: T) -> impl Future<Output = Result<R, StoreError>> + Send + 'static {
         let (reply, answer) = oneshot::channel();
-        self.tx
+        let sent = self
+            .tx
             .send((item, reply))
-            .map_err(|_| StoreError::Db(sqlx::Error::PoolClosed))?;
-        answer
-            .await
-            .map_err(|_| StoreError::Db(sqlx::Error::WorkerCrashed))?
+            .map_err(|_| StoreError::Db(sqlx::Error::PoolClosed));
+        async move {
+            sent?;
+            answer
+                .await
+                .map_err(|_| StoreError::Db(sqlx::Error::WorkerCrashed))?
+        }
     }
 }
 
@@ -393,5 +403,30 @@ mod tests {
         );
         let fresh = batcher.write(5).await.unwrap();
         assert_ne!(fresh, first, "a broken connection is replaced");
+    }
+
+    /// An item sent is written at once, whether or not its answer is awaited, and its answer
+    /// can be awaited later.
+    #[sqlx::test]
+    async fn an_item_sent_is_written_without_its_answer_awaited(pool: PgPool) {
+        let written: Arc<Mutex<Vec<u32>>> = Default::default();
+        let seen = written.clone();
+        let write: WriteFn<u32> = write_fn(move |_conn, items: Arc<Vec<u32>>| {
+            let seen = seen.clone();
+            Box::pin(async move {
+                seen.lock().unwrap().extend(items.iter());
+                Ok(vec![true; items.len()])
+            })
+        });
+        let batcher = Batcher::spawn(pool, 1, 64, write);
+        drop(batcher.send(1)); // never awaited
+        let later = batcher.send(2);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while written.lock().unwrap().len() < 2 {
+            assert!(Instant::now() < deadline, "both items are written");
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*written.lock().unwrap(), [1, 2]);
+        assert!(later.await.unwrap(), "the answer waited for the caller");
     }
 }

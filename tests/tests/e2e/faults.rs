@@ -170,6 +170,65 @@ async fn a_stopped_worker_past_its_lease_cannot_write_when_it_resumes() {
     check_invariants(&app, &env, &[id]).await;
 }
 
+/// A worker stopped during a tool call wakes up with the result in hand after another took
+/// the run over: its outcome is refused, and nothing after it is written either (the next
+/// model call starts before the outcome's answer, but the turn it would record waits for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_worker_with_a_tool_result_in_hand_records_nothing_after_it() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let mut a = env.spawn_worker_process(&[]);
+    let body = scripted_run(
+        json!([
+            {"tool_calls": [{"name": "slow", "arguments": {"ms": 1000}}]},
+            {"content": "finished"}
+        ]),
+        json!([http_tool(&env, "slow", "/slow")]),
+    );
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    wait_for("the slow call to reach the tool", T, || async {
+        (!env.tools.calls_to("/slow").is_empty()).then_some(())
+    })
+    .await;
+    a.signal("STOP");
+    // B takes over once A's lease (3 s) expires, dispatches the call again and finishes.
+    let b = env.spawn_worker().await;
+    let done = app.wait_status(&id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["attempt"], 2);
+    let before = app.events(&id, 0, T).await;
+    a.signal("CONT");
+    a.signal("TERM");
+    assert_eq!(a.wait_exit(T).await, Some(0));
+    b.shutdown().await;
+    assert_eq!(
+        app.events(&id, 0, T).await,
+        before,
+        "the stale worker added nothing to the stream"
+    );
+    let roles: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT role, count(*) FROM messages WHERE role IN ('assistant', 'tool') \
+         GROUP BY role ORDER BY role",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        roles,
+        [("assistant".to_owned(), 2), ("tool".to_owned(), 1)],
+        "one turn per iteration and one result, none from the stale worker"
+    );
+    let (iteration, attempt): (i32, i32) =
+        sqlx::query_as("SELECT iteration, attempt FROM runs WHERE id = $1::uuid")
+            .bind(&id)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!((iteration, attempt), (2, 2));
+    check_invariants(&app, &env, &[id]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_that_kills_its_worker_every_time_is_failed_and_dead_lettered() {
     let env = TestEnv::with(&[("worker.max_recoveries", "2")]).await;

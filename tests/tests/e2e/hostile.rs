@@ -393,6 +393,64 @@ async fn a_run_that_keeps_hitting_a_database_error_is_handed_back_a_bounded_numb
     );
 }
 
+/// The next model call starts while the last tool outcome commits, but nothing the run writes
+/// after the outcome may commit before it: when the outcome cannot be recorded, the turn made
+/// meanwhile is not recorded either, on every attempt, and the run ends as any run whose
+/// database keeps failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_is_never_recorded_ahead_of_the_tool_outcome_before_it() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker_process_with_failpoints(
+        &[
+            ("worker.max_handbacks", "2"),
+            ("worker.handback_backoff_ms", "20"),
+        ],
+        "error:store:outcome",
+    );
+    let run = app
+        .start_run(&scripted_run(
+            json!([
+                {"tool_calls": [{"name": "echo", "arguments": {"n": 1}}]},
+                {"content": "never recorded"},
+                {"content": "never recorded"},
+                {"content": "never recorded"}
+            ]),
+            json!([http_tool(&env, "echo", "/echo")]),
+        ))
+        .await;
+    let id = run["id"].as_str().unwrap();
+    let done = app.wait_status(id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["error"]["code"], "internal_error_repeated", "{done}");
+    assert!(
+        model_calls(&env) >= 2,
+        "the next model call was made while the outcome was in flight"
+    );
+    let messages: Vec<(String, String)> = sqlx::query_as(
+        "SELECT role, body::text FROM messages WHERE role IN ('assistant', 'tool') ORDER BY id",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    let roles: Vec<&str> = messages.iter().map(|(role, _)| role.as_str()).collect();
+    assert_eq!(
+        roles,
+        ["assistant", "tool"],
+        "the turn that made the call, then no turn but the failed end's answer: {messages:?}"
+    );
+    assert!(
+        messages[1].1.contains("its outcome is unknown"),
+        "the tool message is the end's, not a result: {messages:?}"
+    );
+    let (iteration,): (i32,) = sqlx::query_as("SELECT iteration FROM runs WHERE id = $1::uuid")
+        .bind(id)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(iteration, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_error_never_shows_the_model_gateway_address() {
     let env = TestEnv::with(&[

@@ -14,8 +14,8 @@ use serde_json::json;
 
 use agentfleet_shared::domain::{Risk, ToolCallStatus, ToolKind};
 use agentfleet_shared::events::EventType;
-use agentfleet_shared::store::messages;
 use agentfleet_shared::store::tool_calls::{self, ToolCallRow};
+use agentfleet_shared::store::{StoreError, messages};
 
 use super::catalog::Target;
 use super::{builtin, check_arguments, http, mcp};
@@ -172,12 +172,15 @@ pub async fn settle(
     };
     if !runnable.is_empty() {
         let cap = parallel_cap(ctx);
+        // Only when the model is called next may the outcomes still be committing when
+        // settling returns: a pause or an end right here would write after them at once.
+        let behind = matches!(then, Then::NextIteration);
         // At most `cap` calls in flight; each records its own outcome as it ends.
         // Collected first: a lazily mapped iterator inside the stream trips the spawned task's
         // `Send` check (higher-ranked lifetimes).
         let calls: Vec<_> = runnable
             .into_iter()
-            .map(|c| execute(ctx, iteration, c, is_fresh))
+            .map(|c| execute(ctx, iteration, c, is_fresh, behind))
             .collect();
         let results: Vec<Result<(), RunError>> =
             stream::iter(calls).buffer_unordered(cap).collect().await;
@@ -223,6 +226,7 @@ fn parallel_cap(ctx: &RunCtx) -> usize {
         .map_or(most, |n| (n as usize).clamp(1, most))
 }
 
+/// Records a call's outcome and waits for the commit.
 async fn finish(
     ctx: &RunCtx,
     iteration: i32,
@@ -231,6 +235,62 @@ async fn finish(
     result: serde_json::Value,
     model_content: &str,
 ) -> Result<(), RunError> {
+    let settled = (status, result, model_content);
+    let (outcome, message) = outcome_of(ctx, iteration, call, settled);
+    if !ctx.shared.writes.outcomes.write(outcome).await? {
+        return Err(ctx.fence.lost().into());
+    }
+    ctx.remember(message);
+    Ok(())
+}
+
+/// Records a call's outcome without waiting for the commit, and announces it with
+/// `completed` once committed: the next model call (which reads the result from the history
+/// kept here) starts meanwhile. The run's next write waits for the answer
+/// ([`RunCtx::outcomes_committed`]), and the next event (that call's `iteration_started`, its
+/// deltas) follows the announcement. A crash meanwhile loses what it would lose during an
+/// awaited commit: the call is `running` for the next holder, which dispatches it again.
+async fn finish_behind(
+    ctx: &RunCtx,
+    iteration: i32,
+    call: &ToolCallRow,
+    settled: (ToolCallStatus, serde_json::Value, &str),
+    completed: serde_json::Value,
+) -> Result<(), RunError> {
+    let (outcome, message) = outcome_of(ctx, iteration, call, settled);
+    // The fault suite fails the write as a database that keeps timing out would.
+    let write = match agentfleet_shared::failpoint::error("store:outcome") {
+        true => None,
+        false => Some(ctx.shared.writes.outcomes.send(outcome)),
+    };
+    let write = async move {
+        match write {
+            Some(write) => write.await,
+            None => Err(StoreError::Db(sqlx::Error::PoolTimedOut)),
+        }
+    };
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    ctx.outcomes.lock().expect("outcomes lock").push(answered);
+    ctx.remember(message);
+    let committed = async move {
+        let written = write.await;
+        let held = matches!(written, Ok(true));
+        let _ = answer.send(written);
+        held
+    };
+    ctx.emitter
+        .emit_behind_when(committed, EventType::ToolCompleted, completed)
+        .await?;
+    Ok(())
+}
+
+/// A call's outcome as written, and its result message as the model reads it.
+fn outcome_of(
+    ctx: &RunCtx,
+    iteration: i32,
+    call: &ToolCallRow,
+    (status, result, model_content): (ToolCallStatus, serde_json::Value, &str),
+) -> (tool_calls::Outcome, serde_json::Value) {
     let error = (status == ToolCallStatus::Failed).then_some(model_content);
     let message = messages::tool_result_body(&call.tool_call_id, model_content);
     let outcome = tool_calls::Outcome {
@@ -243,11 +303,7 @@ async fn finish(
         error: error.map(str::to_owned),
         message: message.clone(),
     };
-    if !ctx.shared.writes.outcomes.write(outcome).await? {
-        return Err(ctx.fence.lost().into());
-    }
-    ctx.remember(message);
-    Ok(())
+    (outcome, message)
 }
 
 /// Records a call that failed before it could run (bad arguments, unknown tool): the model
@@ -276,7 +332,7 @@ async fn finish_failed(
 ///
 /// Its span, `tool.call`: the tool, its kind, the call's id, risk and dispatch count, and the
 /// outcome; no arguments or result (bodies stay out of traces).
-#[tracing::instrument(name = "tool.call", skip(ctx, iteration, call, fresh), fields(
+#[tracing::instrument(name = "tool.call", skip(ctx, iteration, call, fresh, behind), fields(
     tool = %call.name,
     tool_call_id = %call.tool_call_id,
     risk = call.risk.as_str(),
@@ -290,22 +346,30 @@ async fn execute(
     iteration: i32,
     call: &ToolCallRow,
     fresh: bool,
+    behind: bool,
 ) -> Result<(), RunError> {
-    let fail =
-        |msg: String| async move {
-            let span = tracing::Span::current();
-            span.record("outcome", "rejected_arguments");
-            span.record("otel.status_code", "error");
+    let fail = |msg: String| async move {
+        let span = tracing::Span::current();
+        span.record("outcome", "rejected_arguments");
+        span.record("otel.status_code", "error");
+        let completed = json!({
+            "tool_call_id": call.tool_call_id, "name": call.name, "ok": false, "error": msg,
+        });
+        if behind {
+            let result = json!({"error": msg});
+            let content = result.to_string();
+            let failed = (ToolCallStatus::Failed, result, content.as_str());
+            finish_behind(ctx, iteration, call, failed, completed).await?;
+        } else {
             finish_failed(ctx, iteration, call, &msg).await?;
             ctx.emitter
-            .emit(EventType::ToolCompleted, json!({
-                "tool_call_id": call.tool_call_id, "name": call.name, "ok": false, "error": msg,
-            }))
-            .await?;
-            metrics::counter!("agentfleet_tool_calls_total", "outcome" => "rejected_arguments")
-                .increment(1);
-            Ok::<(), RunError>(())
-        };
+                .emit(EventType::ToolCompleted, completed)
+                .await?;
+        }
+        metrics::counter!("agentfleet_tool_calls_total", "outcome" => "rejected_arguments")
+            .increment(1);
+        Ok::<(), RunError>(())
+    };
     let catalog = ctx.catalog().await?;
     let Some(spec) = catalog.get(&call.name) else {
         return fail(format!("unknown tool `{}`", call.name)).await;
@@ -401,6 +465,15 @@ async fn execute(
     if !outcome.ok {
         span.record("otel.status_code", "error");
     }
+    let completed = json!({
+        "tool_call_id": call.tool_call_id, "name": call.name, "ok": outcome.ok,
+        "result": outcome.result, "truncated": outcome.truncated,
+    });
+    if behind {
+        let settled = (status, outcome.result, outcome.model_content.as_str());
+        finish_behind(ctx, iteration, call, settled, completed).await?;
+        return Ok(());
+    }
     finish(
         ctx,
         iteration,
@@ -411,12 +484,9 @@ async fn execute(
     )
     .await?;
     // The result is committed; the holder goes on while it is announced (see the emitter's
-    // note): the next event (the next `iteration_started`, a pause, the end) follows it.
+    // note): the next event (a pause, the end) follows it.
     ctx.emitter
-        .emit_behind(EventType::ToolCompleted, json!({
-            "tool_call_id": call.tool_call_id, "name": call.name, "ok": outcome.ok, "result": outcome.result,
-            "truncated": outcome.truncated,
-        }))
+        .emit_behind(EventType::ToolCompleted, completed)
         .await?;
     Ok(())
 }
