@@ -31,7 +31,8 @@
 //! `tool_completed` goes out so (its result committed just before): the next model call
 //! starts while it is appended, and the next turn's `iteration_started` follows it; when the
 //! model is called next, it even waits in its place for its result's commit, which the holder
-//! does not await ([`Emitter::emit_behind_when`]). So do
+//! does not await ([`Emitter::emit_behind_when`]), and the `iteration_started` emitted right
+//! after it joins its round trip. So do
 //! `message_delta`s: the model's stream is read on while a delta is appended (a lost delta
 //! costs nothing: clients drop an interrupted iteration's deltas, and `message_completed`
 //! holds the whole text).
@@ -73,7 +74,19 @@ pub struct Emitter {
     /// An append made behind the holder ([`Emitter::emit_behind`]) was refused by the fence:
     /// reported by the holder's next emission or flush.
     fenced: Arc<AtomicBool>,
+    /// The append behind a write ([`Emitter::emit_behind_when`]) that took the last place in
+    /// the stream, while its round trip has not left: an event emitted ahead next joins it.
+    joinable: Arc<Mutex<Option<Joinable>>>,
 }
+
+/// Events joining an append behind a write, each with where to report its outcome; `None`
+/// once that append has left.
+type Joinable = Arc<Mutex<Option<Vec<Joiner>>>>;
+type Joiner = (
+    EventType,
+    Value,
+    tokio::sync::oneshot::Sender<Result<(), Fenced>>,
+);
 
 #[derive(Debug, thiserror::Error)]
 #[error("the run's stream is fenced off: a newer holder owns it")]
@@ -100,6 +113,7 @@ impl Emitter {
             pending: Default::default(),
             order: Default::default(),
             fenced: Default::default(),
+            joinable: Default::default(),
         }
     }
 
@@ -124,6 +138,7 @@ impl Emitter {
 
     /// Defers `kind` to the round trip of the next event (see the module's note).
     pub fn defer(&self, kind: EventType, data: Value, expiry: Expiry) {
+        self.took_place();
         self.pending
             .lock()
             .expect("pending lock")
@@ -132,6 +147,7 @@ impl Emitter {
 
     /// Appends the deferred events now, if any.
     pub async fn flush(&self) -> Result<(), Fenced> {
+        self.took_place();
         let _order = self.order.lock().await;
         self.not_fenced()?;
         let pending = self.take_pending();
@@ -149,9 +165,42 @@ impl Emitter {
     /// an event whose loss in a crash the next holder makes good (`iteration_started`,
     /// `tool_started`: a retried iteration or call announces itself again), since the work
     /// goes on before the event is known to be in the stream.
+    ///
+    /// Right behind an append that waits for a write ([`Emitter::emit_behind_when`]), it
+    /// joins that append's round trip instead of making one of its own after it.
     pub async fn emit_ahead(&self, kind: EventType, data: Value) -> Result<(), Fenced> {
+        let (kind, data) = match self.join(kind, data) {
+            Ok(joined) => return joined.await.unwrap_or(Ok(())),
+            Err(event) => event,
+        };
         // An ordinary emission: what makes it "ahead" is how the caller polls it.
         self.emit(kind, data).await
+    }
+
+    /// Adds the event to the append behind a write that took the last place, if its round
+    /// trip has not left; else gives it back.
+    fn join(
+        &self,
+        kind: EventType,
+        data: Value,
+    ) -> Result<tokio::sync::oneshot::Receiver<Result<(), Fenced>>, (EventType, Value)> {
+        let Some(joinable) = self.joinable.lock().expect("joinable lock").take() else {
+            return Err((kind, data));
+        };
+        let mut joiners = joinable.lock().expect("joiners lock");
+        match joiners.as_mut() {
+            Some(joiners) => {
+                let (report, outcome) = tokio::sync::oneshot::channel();
+                joiners.push((kind, data, report));
+                Ok(outcome)
+            }
+            None => Err((kind, data)),
+        }
+    }
+
+    /// An event takes its place in the stream: none emitted later may join an earlier append.
+    fn took_place(&self) {
+        self.joinable.lock().expect("joinable lock").take();
     }
 
     /// Emits `kind` behind the holder: its place in the stream is taken now, its append starts
@@ -161,6 +210,7 @@ impl Emitter {
     /// next step no longer waits for that answer. A fencing refusal is reported by the
     /// holder's next emission or flush (this one's `Err` is an earlier refusal).
     pub async fn emit_behind(&self, kind: EventType, data: Value) -> Result<(), Fenced> {
+        self.took_place();
         let order = self.order.clone().lock_owned().await;
         self.not_fenced()?;
         let this = self.clone();
@@ -176,20 +226,51 @@ impl Emitter {
     /// As [`Emitter::emit_behind`], for an event that announces a write still in flight: its
     /// place in the stream is taken now, and the task appends it once `committed` answers
     /// that the write held (nothing is appended if it did not: the holder learns why from the
-    /// write's own answer). Events emitted meanwhile wait behind it.
+    /// write's own answer). Events emitted meanwhile wait behind it, except an event emitted
+    /// ahead right after it, which joins its round trip ([`Emitter::emit_ahead`]). The events
+    /// deferred before it go out with it; those deferred while it waits, with the next event.
     pub async fn emit_behind_when(
         &self,
         committed: impl Future<Output = bool> + Send + 'static,
         kind: EventType,
         data: Value,
     ) -> Result<(), Fenced> {
-        let order = self.order.clone().lock_owned().await;
         self.not_fenced()?;
+        // All at once, before anything else can be emitted: the place in the stream (the
+        // order lock is asked for at the first poll below), the events deferred before it, and
+        // the slot an event emitted right after it may join.
+        let deferred = self.take_pending();
+        let joinable: Joinable = Arc::new(Mutex::new(Some(Vec::new())));
+        *self.joinable.lock().expect("joinable lock") = Some(joinable.clone());
+        let order = self.order.clone().lock_owned().await;
         let this = self.clone();
         tokio::spawn(async move {
             let _order = order;
-            if committed.await && this.append_now(kind, data, Expiry::Keep).await.is_err() {
+            let held = committed.await;
+            let joiners = joinable
+                .lock()
+                .expect("joiners lock")
+                .take()
+                .unwrap_or_default();
+            let mut events = deferred;
+            if held {
+                events.push((kind, data, Expiry::Keep));
+            }
+            let mut reports = Vec::with_capacity(joiners.len());
+            for (kind, data, report) in joiners {
+                events.push((kind, data, Expiry::Keep));
+                reports.push(report);
+            }
+            let appended = match this.not_fenced() {
+                Err(fenced) => Err(fenced),
+                Ok(()) if events.is_empty() => Ok(()),
+                Ok(()) => this.append_all(events).await,
+            };
+            if appended.is_err() {
                 this.fenced.store(true, Ordering::SeqCst);
+            }
+            for report in reports {
+                let _ = report.send(appended.as_ref().map(|_| ()).map_err(|_| Fenced));
             }
         });
         Ok(())
@@ -205,6 +286,7 @@ impl Emitter {
         data: Value,
         expiry: Expiry,
     ) -> Result<(), Fenced> {
+        self.took_place();
         let _order = self.order.lock().await;
         self.append_now(kind, data, expiry).await
     }
@@ -551,6 +633,88 @@ mod tests {
                 "iteration_started",
                 "run_completed"
             ]
+        );
+        clean_up(&bus, conn, run).await;
+    }
+
+    /// An event emitted ahead right after an append behind a write joins it and keeps its
+    /// place; one emitted after another event does not jump it; an event deferred while the
+    /// write is in flight goes out with the next event, not ahead of those before it.
+    #[tokio::test]
+    async fn an_event_emitted_ahead_behind_a_write_keeps_its_place() {
+        let (bus, conn) = test_bus();
+        let run = Uuid::new_v4();
+        let emitter = Emitter::new(bus.clone(), run, Uuid::new_v4(), 1, 0, false);
+        emitter.defer(EventType::RunStarted, json!({}), Expiry::Persist);
+        let (held, answer) = tokio::sync::oneshot::channel::<bool>();
+        emitter
+            .emit_behind_when(
+                async move { answer.await.unwrap_or(false) },
+                EventType::ToolCompleted,
+                json!({"n": 1}),
+            )
+            .await
+            .expect("not fenced");
+        // Joins the append above; the model call's events follow it.
+        let ahead = tokio::spawn({
+            let emitter = emitter.clone();
+            async move {
+                let ahead = emitter.emit_ahead(EventType::IterationStarted, json!({}));
+                let late = async {
+                    emitter.defer(EventType::MessageDelta, json!({"text": "d"}), Expiry::Keep);
+                    emitter.emit(EventType::MessageCompleted, json!({})).await
+                };
+                let (ahead, late) = tokio::join!(biased; ahead, late);
+                ahead.and(late)
+            }
+        });
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(300), async {
+            // Still waiting for the write: nothing after `run_started`'s place went out.
+            while bus.read_after(run, 0).await.expect("read").is_empty() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        assert!(waited.is_err(), "every event waits for the write's answer");
+        held.send(true).expect("the task waits");
+        ahead.await.expect("task").expect("appended");
+        let kinds = |stored: Vec<String>| -> Vec<String> {
+            stored
+                .iter()
+                .map(|raw| peek(raw).expect("an event").1)
+                .filter(|kind| kind != "lost")
+                .collect()
+        };
+        assert_eq!(
+            kinds(bus.read_after(run, 0).await.expect("read")),
+            [
+                "run_started",
+                "tool_completed",
+                "iteration_started",
+                "message_delta",
+                "message_completed"
+            ]
+        );
+        assert_eq!(emitter.next_id().await, emitter.last_id().await + 1);
+
+        // Another event took a place after the append behind the write: the one emitted
+        // ahead comes after it.
+        emitter
+            .emit_behind_when(async { true }, EventType::ToolCompleted, json!({"n": 2}))
+            .await
+            .expect("not fenced");
+        emitter
+            .emit_behind(EventType::MessageDelta, json!({"text": "e"}))
+            .await
+            .expect("not fenced");
+        emitter
+            .emit_ahead(EventType::IterationStarted, json!({}))
+            .await
+            .expect("appended");
+        let stored = kinds(bus.read_after(run, 0).await.expect("read"));
+        assert_eq!(
+            stored[5..],
+            ["tool_completed", "message_delta", "iteration_started"]
         );
         clean_up(&bus, conn, run).await;
     }
