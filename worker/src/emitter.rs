@@ -433,6 +433,29 @@ mod tests {
         (EventBus::new(conn.clone(), &prefix, 60), conn)
     }
 
+    /// The kinds of the stored events, placeholders left out.
+    fn kinds(stored: Vec<String>) -> Vec<String> {
+        stored
+            .iter()
+            .map(|raw| peek(raw).expect("an event").1)
+            .filter(|kind| kind != "lost")
+            .collect()
+    }
+
+    /// Emits a `tool_completed` behind a write that holds once the returned sender says so.
+    async fn behind_a_gate(emitter: &Emitter) -> tokio::sync::oneshot::Sender<bool> {
+        let (held, answer) = tokio::sync::oneshot::channel::<bool>();
+        emitter
+            .emit_behind_when(
+                async move { answer.await.unwrap_or(false) },
+                EventType::ToolCompleted,
+                json!({"n": 1}),
+            )
+            .await
+            .expect("not fenced");
+        held
+    }
+
     async fn clean_up(bus: &EventBus, mut conn: redis::aio::ConnectionManager, run: Uuid) {
         let keys = bus.keys();
         let _: () = redis::cmd("DEL")
@@ -575,15 +598,7 @@ mod tests {
             .emit(EventType::RunStarted, json!({}))
             .await
             .expect("started");
-        let (held, answer) = tokio::sync::oneshot::channel::<bool>();
-        emitter
-            .emit_behind_when(
-                async move { answer.await.unwrap_or(false) },
-                EventType::ToolCompleted,
-                json!({"n": 1}),
-            )
-            .await
-            .expect("not fenced");
+        let held = behind_a_gate(&emitter).await;
         let mut next = tokio::spawn({
             let emitter = emitter.clone();
             async move {
@@ -592,13 +607,6 @@ mod tests {
                     .await
             }
         });
-        let kinds = |stored: Vec<String>| -> Vec<String> {
-            stored
-                .iter()
-                .map(|raw| peek(raw).expect("an event").1)
-                .filter(|kind| kind != "lost")
-                .collect()
-        };
         // An append takes a millisecond: the emission after it is still waiting long after.
         let waited = tokio::time::timeout(std::time::Duration::from_millis(300), &mut next).await;
         assert!(
@@ -646,15 +654,7 @@ mod tests {
         let run = Uuid::new_v4();
         let emitter = Emitter::new(bus.clone(), run, Uuid::new_v4(), 1, 0, false);
         emitter.defer(EventType::RunStarted, json!({}), Expiry::Persist);
-        let (held, answer) = tokio::sync::oneshot::channel::<bool>();
-        emitter
-            .emit_behind_when(
-                async move { answer.await.unwrap_or(false) },
-                EventType::ToolCompleted,
-                json!({"n": 1}),
-            )
-            .await
-            .expect("not fenced");
+        let held = behind_a_gate(&emitter).await;
         // Joins the append above; the model call's events follow it.
         let ahead = tokio::spawn({
             let emitter = emitter.clone();
@@ -678,13 +678,6 @@ mod tests {
         assert!(waited.is_err(), "every event waits for the write's answer");
         held.send(true).expect("the task waits");
         ahead.await.expect("task").expect("appended");
-        let kinds = |stored: Vec<String>| -> Vec<String> {
-            stored
-                .iter()
-                .map(|raw| peek(raw).expect("an event").1)
-                .filter(|kind| kind != "lost")
-                .collect()
-        };
         assert_eq!(
             kinds(bus.read_after(run, 0).await.expect("read")),
             [
