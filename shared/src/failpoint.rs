@@ -2,7 +2,9 @@
 //! abort at those points, as a `kill -9` at that exact line would; the fault suite uses it to
 //! crash between two steps that are otherwise microseconds apart. A name written `error:NAME`
 //! makes [`error`] answer true at that point instead, so the caller fails as if its server had
-//! (a database that keeps timing out, say). Never set in production.
+//! (a database that keeps timing out, say); `delay:NAME@MS` makes [`delay`] answer that many
+//! milliseconds, for the caller to hold its step back (a slow database, say). Never set in
+//! production.
 
 use std::sync::OnceLock;
 
@@ -33,4 +35,15 @@ pub fn error(name: &str) -> bool {
     enabled()
         .iter()
         .any(|p| p.strip_prefix("error:") == Some(name))
+}
+
+/// How long the caller should hold back at point `name` (enabled as `delay:NAME@MS`).
+pub fn delay(name: &str) -> Option<std::time::Duration> {
+    enabled().iter().find_map(|p| {
+        let (point, ms) = p.strip_prefix("delay:")?.rsplit_once('@')?;
+        (point == name)
+            .then(|| ms.parse().ok())
+            .flatten()
+            .map(std::time::Duration::from_millis)
+    })
 }

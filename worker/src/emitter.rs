@@ -67,7 +67,10 @@ pub struct Emitter {
     /// The current message's deltas, compacted once its `message_completed` is appended.
     deltas: Arc<Mutex<Vec<DeltaRecord>>>,
     /// Deferred events, appended before the next one.
-    pending: Arc<Mutex<Vec<(EventType, Value, Expiry)>>>,
+    pending: Arc<Mutex<Vec<Deferred>>>,
+    /// Numbers the deferred events: an emission takes those deferred before it (a number up
+    /// to what it saw when it took its place), never one deferred while it waited.
+    deferred_seq: Arc<AtomicU64>,
     /// Held from an event's emission to the end of its append, so appends leave in the order
     /// of emission also when one goes out ahead (FIFO: tokio's mutex is fair).
     order: Arc<tokio::sync::Mutex<()>>,
@@ -78,6 +81,9 @@ pub struct Emitter {
     /// the stream, while its round trip has not left: an event emitted ahead next joins it.
     joinable: Arc<Mutex<Option<Joinable>>>,
 }
+
+/// A deferred event and its number (`deferred_seq`).
+type Deferred = (u64, EventType, Value, Expiry);
 
 /// Events joining an append behind a write, each with where to report its outcome; `None`
 /// once that append has left.
@@ -111,6 +117,7 @@ impl Emitter {
             compact,
             deltas: Default::default(),
             pending: Default::default(),
+            deferred_seq: Default::default(),
             order: Default::default(),
             fenced: Default::default(),
             joinable: Default::default(),
@@ -139,18 +146,17 @@ impl Emitter {
     /// Defers `kind` to the round trip of the next event (see the module's note).
     pub fn defer(&self, kind: EventType, data: Value, expiry: Expiry) {
         self.took_place();
-        self.pending
-            .lock()
-            .expect("pending lock")
-            .push((kind, data, expiry));
+        let mut pending = self.pending.lock().expect("pending lock");
+        let seq = self.deferred_seq.fetch_add(1, Ordering::SeqCst) + 1;
+        pending.push((seq, kind, data, expiry));
     }
 
     /// Appends the deferred events now, if any.
     pub async fn flush(&self) -> Result<(), Fenced> {
-        self.took_place();
+        let upto = self.took_place();
         let _order = self.order.lock().await;
         self.not_fenced()?;
-        let pending = self.take_pending();
+        let pending = self.take_pending(upto);
         if pending.is_empty() {
             return Ok(());
         }
@@ -199,8 +205,10 @@ impl Emitter {
     }
 
     /// An event takes its place in the stream: none emitted later may join an earlier append.
-    fn took_place(&self) {
+    /// Returns the number of the last event deferred so far: the emission takes those.
+    fn took_place(&self) -> u64 {
         self.joinable.lock().expect("joinable lock").take();
+        self.deferred_seq.load(Ordering::SeqCst)
     }
 
     /// Emits `kind` behind the holder: its place in the stream is taken now, its append starts
@@ -210,13 +218,17 @@ impl Emitter {
     /// next step no longer waits for that answer. A fencing refusal is reported by the
     /// holder's next emission or flush (this one's `Err` is an earlier refusal).
     pub async fn emit_behind(&self, kind: EventType, data: Value) -> Result<(), Fenced> {
-        self.took_place();
+        let upto = self.took_place();
         let order = self.order.clone().lock_owned().await;
         self.not_fenced()?;
         let this = self.clone();
         tokio::spawn(async move {
             let _order = order;
-            if this.append_now(kind, data, Expiry::Keep).await.is_err() {
+            if this
+                .append_now(upto, kind, data, Expiry::Keep)
+                .await
+                .is_err()
+            {
                 this.fenced.store(true, Ordering::SeqCst);
             }
         });
@@ -225,10 +237,12 @@ impl Emitter {
 
     /// As [`Emitter::emit_behind`], for an event that announces a write still in flight: its
     /// place in the stream is taken now, and the task appends it once `committed` answers
-    /// that the write held (nothing is appended if it did not: the holder learns why from the
-    /// write's own answer). Events emitted meanwhile wait behind it, except an event emitted
-    /// ahead right after it, which joins its round trip ([`Emitter::emit_ahead`]). The events
-    /// deferred before it go out with it; those deferred while it waits, with the next event.
+    /// that the write held. Events emitted meanwhile wait behind it, except an event emitted
+    /// ahead right after it, which joins its round trip ([`Emitter::emit_ahead`]); the events
+    /// deferred before it go out with it. If the write did not hold, nothing of the round trip
+    /// is appended (the holder may be stale: the write's own answer tells it why, and it
+    /// stops). Takes its place and hands itself to its task without waiting: dropping this
+    /// future never loses the event's place or an event joined to it.
     pub async fn emit_behind_when(
         &self,
         committed: impl Future<Output = bool> + Send + 'static,
@@ -236,35 +250,37 @@ impl Emitter {
         data: Value,
     ) -> Result<(), Fenced> {
         self.not_fenced()?;
-        // All at once, before anything else can be emitted: the place in the stream (the
-        // order lock is asked for at the first poll below), the events deferred before it, and
-        // the slot an event emitted right after it may join.
-        let deferred = self.take_pending();
+        // All at once, before anything else can be emitted: the place in the stream (asked
+        // for by one poll of the order lock here, kept by the task), the deferred events it
+        // takes, and the slot an event emitted right after it may join.
+        let upto = self.took_place();
+        let mut order = Box::pin(self.order.clone().lock_owned());
+        let place = futures_util::poll!(order.as_mut());
         let joinable: Joinable = Arc::new(Mutex::new(Some(Vec::new())));
         *self.joinable.lock().expect("joinable lock") = Some(joinable.clone());
-        let order = self.order.clone().lock_owned().await;
         let this = self.clone();
         tokio::spawn(async move {
-            let _order = order;
+            let _order = match place {
+                std::task::Poll::Ready(order) => order,
+                std::task::Poll::Pending => order.await,
+            };
             let held = committed.await;
             let joiners = joinable
                 .lock()
                 .expect("joiners lock")
                 .take()
                 .unwrap_or_default();
-            let mut events = deferred;
-            if held {
-                events.push((kind, data, Expiry::Keep));
-            }
+            let mut events = this.take_pending(upto);
+            events.push((kind, data, Expiry::Keep));
             let mut reports = Vec::with_capacity(joiners.len());
             for (kind, data, report) in joiners {
                 events.push((kind, data, Expiry::Keep));
                 reports.push(report);
             }
-            let appended = match this.not_fenced() {
-                Err(fenced) => Err(fenced),
-                Ok(()) if events.is_empty() => Ok(()),
-                Ok(()) => this.append_all(events).await,
+            let appended = match (held, this.not_fenced()) {
+                (false, _) => Ok(()),
+                (true, Err(fenced)) => Err(fenced),
+                (true, Ok(())) => this.append_all(events).await,
             };
             if appended.is_err() {
                 this.fenced.store(true, Ordering::SeqCst);
@@ -286,9 +302,9 @@ impl Emitter {
         data: Value,
         expiry: Expiry,
     ) -> Result<(), Fenced> {
-        self.took_place();
+        let upto = self.took_place();
         let _order = self.order.lock().await;
-        self.append_now(kind, data, expiry).await
+        self.append_now(upto, kind, data, expiry).await
     }
 
     fn not_fenced(&self) -> Result<(), Fenced> {
@@ -298,15 +314,27 @@ impl Emitter {
         }
     }
 
-    fn take_pending(&self) -> Vec<(EventType, Value, Expiry)> {
-        std::mem::take(&mut *self.pending.lock().expect("pending lock"))
+    /// Takes the deferred events numbered up to `upto`, in order.
+    fn take_pending(&self, upto: u64) -> Vec<(EventType, Value, Expiry)> {
+        let mut pending = self.pending.lock().expect("pending lock");
+        let taken = pending.iter().take_while(|(seq, ..)| *seq <= upto).count();
+        pending
+            .drain(..taken)
+            .map(|(_, kind, data, expiry)| (kind, data, expiry))
+            .collect()
     }
 
     /// Appends the deferred events and `kind`; the caller holds the order lock. Nothing is
     /// appended once an append behind the holder was refused.
-    async fn append_now(&self, kind: EventType, data: Value, expiry: Expiry) -> Result<(), Fenced> {
+    async fn append_now(
+        &self,
+        upto: u64,
+        kind: EventType,
+        data: Value,
+        expiry: Expiry,
+    ) -> Result<(), Fenced> {
         self.not_fenced()?;
-        let mut pending = self.take_pending();
+        let mut pending = self.take_pending(upto);
         if !pending.is_empty() {
             pending.push((kind, data, expiry));
             return self.append_all(pending).await;
@@ -624,11 +652,18 @@ mod tests {
             ["run_started", "tool_completed", "iteration_started"]
         );
 
-        // A write that did not hold: its event is not appended, and the stream goes on.
+        // A write that did not hold (the holder may be stale): nothing of its round trip is
+        // appended, neither the events deferred before it nor the one that joined it, and the
+        // stream goes on.
+        emitter.defer(EventType::RunRecovered, json!({}), Expiry::Persist);
         emitter
             .emit_behind_when(async { false }, EventType::ToolCompleted, json!({"n": 2}))
             .await
             .expect("not fenced");
+        emitter
+            .emit_ahead(EventType::IterationStarted, json!({"iteration": 3}))
+            .await
+            .expect("joined, and dropped with it");
         emitter
             .emit(EventType::RunCompleted, json!({}))
             .await
@@ -708,6 +743,41 @@ mod tests {
         assert_eq!(
             stored[5..],
             ["tool_completed", "message_delta", "iteration_started"]
+        );
+        clean_up(&bus, conn, run).await;
+    }
+
+    /// A deferred event goes out with the first event emitted after it, whichever kind of
+    /// emission that is and whenever its append runs.
+    #[tokio::test]
+    async fn a_deferred_event_goes_out_with_the_first_event_emitted_after_it() {
+        let (bus, conn) = test_bus();
+        let run = Uuid::new_v4();
+        let emitter = Emitter::new(bus.clone(), run, Uuid::new_v4(), 1, 0, false);
+        // Holds the stream's order until released.
+        let held = behind_a_gate(&emitter).await;
+        emitter.defer(EventType::MessageDelta, json!({"text": "d"}), Expiry::Keep);
+        let first = emitter.emit(EventType::MessageCompleted, json!({}));
+        let second = async {
+            let written = std::future::ready(true);
+            let placed = emitter
+                .emit_behind_when(written, EventType::ToolCompleted, json!({"n": 2}))
+                .await;
+            held.send(true).expect("the gate waits");
+            placed
+        };
+        let (first, second) = tokio::join!(biased; first, second);
+        first.expect("appended");
+        second.expect("placed");
+        emitter.flush().await.expect("nothing left");
+        assert_eq!(
+            kinds(bus.read_after(run, 0).await.expect("read")),
+            [
+                "tool_completed",
+                "message_delta",
+                "message_completed",
+                "tool_completed"
+            ]
         );
         clean_up(&bus, conn, run).await;
     }

@@ -216,6 +216,9 @@ async fn history(ctx: &RunCtx) -> Result<Vec<Value>, RunError> {
     if let Some(history) = cached {
         return Ok(history);
     }
+    // Read once the results this holding settled are committed: read before, their calls
+    // would look unanswered (and be "repaired" as never run).
+    ctx.outcomes_committed().await?;
     let loaded = messages::llm_history(&ctx.shared.pool, ctx.run.thread_id).await?;
     *ctx.history.lock().expect("history lock") = Some(loaded.clone());
     Ok(loaded)

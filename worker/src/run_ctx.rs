@@ -70,16 +70,21 @@ impl RunCtx {
     /// call still `running` that this one finished, and dispatch it again.
     pub async fn outcomes_committed(&self) -> Result<(), RunError> {
         let pending = std::mem::take(&mut *self.outcomes.lock().expect("outcomes lock"));
+        // Every answer is awaited, also after a failure: what the run writes next (its end, a
+        // hand-back) must still follow all of them.
+        let mut first_error = None;
         for answer in pending {
-            match answer.await {
-                Ok(Ok(true)) => {}
-                Ok(Ok(false)) => return Err(self.fence.lost().into()),
-                Ok(Err(e)) => return Err(e.into()),
-                // The task forwarding the answer is gone (only at shutdown): unknown.
-                Err(_) => return Err(StoreError::Db(sqlx::Error::WorkerCrashed).into()),
-            }
+            let error = match answer.await {
+                Ok(Ok(true)) => continue,
+                Ok(Ok(false)) => self.fence.lost().into(),
+                Ok(Err(e)) => e.into(),
+                // The task forwarding the answer is gone (a panic, or the runtime shutting
+                // down): unknown.
+                Err(_) => StoreError::Db(sqlx::Error::WorkerCrashed).into(),
+            };
+            first_error.get_or_insert(error);
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     pub fn take_finished_timing(&self) -> Option<turns::IterationTiming> {

@@ -171,6 +171,22 @@ async fn confirmation_runs_only_the_approved_call_once_with_the_stored_arguments
         text.contains("rejected") && text.contains("not a known payee"),
         "{text}"
     );
+    // The model reads the approved call's real result, as recorded (the history of a resumed
+    // holding is read once its results are committed).
+    let (recorded,): (String,) = sqlx::query_as(
+        "SELECT body->>'content' FROM messages WHERE role = 'tool' AND body->>'tool_call_id' = $1",
+    )
+    .bind(approve)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    let sent: Vec<&Value> = tool_msgs
+        .iter()
+        .filter(|m| m["tool_call_id"] == approve)
+        .collect();
+    assert_eq!(sent.len(), 1, "{tool_msgs:?}");
+    assert_eq!(sent[0]["content"].as_str(), Some(recorded.as_str()));
+    assert!(!recorded.contains("never ran"), "{recorded}");
     let decided: Vec<(String, String, bool)> = sqlx::query_as(
         "SELECT tool_call_id, status, decided_by IS NOT NULL AND decided_at IS NOT NULL
          FROM tool_calls WHERE risk = 'high' ORDER BY position",
@@ -185,6 +201,62 @@ async fn confirmation_runs_only_the_approved_call_once_with_the_stored_arguments
     assert_eq!(
         decided[1],
         (reject.to_string(), "rejected".to_string(), true)
+    );
+}
+
+/// A holding that continues a run (here after a confirmation) reads the thread's history only
+/// once the results it settled are committed, though it calls the model without waiting for
+/// them: the model gets the approved call's real result, also when that commit is slow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_run_reads_its_history_after_the_results_it_settled() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker_process_with_failpoints(&[], "delay:store:outcome@300");
+    let body = scripted_run(
+        json!([
+            {"tool_calls": [{"name": "transfer", "arguments": {"amount": 10, "to": "alice"}}]},
+            {"content": "transferred"}
+        ]),
+        json!([risky_tool(&env, "transfer", "/side-effect")]),
+    );
+    let run = app.start_run(&body).await;
+    let run_id = run["id"].as_str().unwrap().to_string();
+    let waiting = app
+        .wait_status(&run_id, &["waiting_for_confirmation"], T)
+        .await;
+    let call = waiting["pending"]["tool_calls"][0]["tool_call_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let decisions = json!({"decisions": [{"tool_call_id": call, "approve": true}]});
+    let resp = app
+        .post(&format!("/v1/runs/{run_id}/resume"), &decisions)
+        .await;
+    assert_eq!(resp.status(), 202);
+    let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(env.tools.calls_to("/side-effect").len(), 1);
+    let (recorded,): (String,) = sqlx::query_as(
+        "SELECT body->>'content' FROM messages WHERE role = 'tool' AND body->>'tool_call_id' = $1",
+    )
+    .bind(&call)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert!(!recorded.contains("never ran"), "{recorded}");
+    let reqs = env.llm.requests();
+    let sent: Vec<Value> = reqs.last().unwrap()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .cloned()
+        .collect();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        sent[0]["content"].as_str(),
+        Some(recorded.as_str()),
+        "{sent:?}"
     );
 }
 

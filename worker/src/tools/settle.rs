@@ -259,25 +259,32 @@ async fn finish_behind(
 ) -> Result<(), RunError> {
     let (outcome, message) = outcome_of(ctx, iteration, call, settled);
     // The fault suite fails the write as a database that keeps timing out would.
-    let write = match agentfleet_shared::failpoint::error("store:outcome") {
-        true => None,
-        false => Some(ctx.shared.writes.outcomes.send(outcome)),
-    };
-    let write = async move {
-        match write {
-            Some(write) => write.await,
-            None => Err(StoreError::Db(sqlx::Error::PoolTimedOut)),
-        }
-    };
+    // The fault suite fails the write as a database that keeps timing out would, or holds it
+    // back as a slow one would.
+    let refused = agentfleet_shared::failpoint::error("store:outcome");
+    let held_back = agentfleet_shared::failpoint::delay("store:outcome");
+    let writes = ctx.shared.writes.outcomes.clone();
+    let mut outcome = Some(outcome);
+    let sent = (!refused && held_back.is_none()).then(|| writes.send(outcome.take().expect("one")));
+    // The answer goes to the run (whose next write waits for it) and to the announcement, from
+    // a task of its own: neither can lose it by being dropped.
     let (answer, answered) = tokio::sync::oneshot::channel();
+    let (held, committed) = tokio::sync::oneshot::channel();
     ctx.outcomes.lock().expect("outcomes lock").push(answered);
-    ctx.remember(message);
-    let committed = async move {
-        let written = write.await;
-        let held = matches!(written, Ok(true));
+    tokio::spawn(async move {
+        let written = match (sent, outcome, held_back) {
+            (Some(sent), ..) => sent.await,
+            (None, Some(outcome), Some(delay)) if !refused => {
+                tokio::time::sleep(delay).await;
+                writes.write(outcome).await
+            }
+            _ => Err(StoreError::Db(sqlx::Error::PoolTimedOut)),
+        };
+        let _ = held.send(matches!(written, Ok(true)));
         let _ = answer.send(written);
-        held
-    };
+    });
+    ctx.remember(message);
+    let committed = async move { committed.await.unwrap_or(false) };
     ctx.emitter
         .emit_behind_when(committed, EventType::ToolCompleted, completed)
         .await?;
