@@ -154,14 +154,7 @@ async fn confirmation_runs_only_the_approved_call_once_with_the_stored_arguments
         "the low-risk call ran after the decision"
     );
 
-    let reqs = env.llm.requests();
-    let tool_msgs: Vec<Value> = reqs.last().unwrap()["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .cloned()
-        .collect();
+    let tool_msgs = tool_results_sent_last(&env);
     let rejected = tool_msgs
         .iter()
         .find(|m| m["tool_call_id"] == reject)
@@ -173,13 +166,7 @@ async fn confirmation_runs_only_the_approved_call_once_with_the_stored_arguments
     );
     // The model reads the approved call's real result, as recorded (the history of a resumed
     // holding is read once its results are committed).
-    let (recorded,): (String,) = sqlx::query_as(
-        "SELECT body->>'content' FROM messages WHERE role = 'tool' AND body->>'tool_call_id' = $1",
-    )
-    .bind(approve)
-    .fetch_one(&env.pool)
-    .await
-    .unwrap();
+    let recorded = recorded_result(&env, approve).await;
     let sent: Vec<&Value> = tool_msgs
         .iter()
         .filter(|m| m["tool_call_id"] == approve)
@@ -236,28 +223,39 @@ async fn a_resumed_run_reads_its_history_after_the_results_it_settled() {
     let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(env.tools.calls_to("/side-effect").len(), 1);
-    let (recorded,): (String,) = sqlx::query_as(
-        "SELECT body->>'content' FROM messages WHERE role = 'tool' AND body->>'tool_call_id' = $1",
-    )
-    .bind(&call)
-    .fetch_one(&env.pool)
-    .await
-    .unwrap();
+    let recorded = recorded_result(&env, &call).await;
     assert!(!recorded.contains("never ran"), "{recorded}");
-    let reqs = env.llm.requests();
-    let sent: Vec<Value> = reqs.last().unwrap()["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .cloned()
-        .collect();
+    let sent = tool_results_sent_last(&env);
     assert_eq!(sent.len(), 1, "{sent:?}");
     assert_eq!(
         sent[0]["content"].as_str(),
         Some(recorded.as_str()),
         "{sent:?}"
     );
+}
+
+/// The tool results in the last request the model got.
+fn tool_results_sent_last(env: &TestEnv) -> Vec<Value> {
+    let reqs = env.llm.requests();
+    reqs.last().unwrap()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .cloned()
+        .collect()
+}
+
+/// The result recorded for a tool call, as the model reads it.
+async fn recorded_result(env: &TestEnv, tool_call_id: &str) -> String {
+    let (recorded,): (String,) = sqlx::query_as(
+        "SELECT body->>'content' FROM messages WHERE role = 'tool' AND body->>'tool_call_id' = $1",
+    )
+    .bind(tool_call_id)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    recorded
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
