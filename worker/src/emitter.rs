@@ -82,6 +82,18 @@ pub struct Emitter {
     joinable: Arc<Mutex<Option<Joinable>>>,
 }
 
+/// What became of the write an event behind a write announces ([`Emitter::emit_behind_when`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// Committed: the event goes out.
+    Held,
+    /// Its fence did not hold: the holder is stale, and nothing of the round trip goes out.
+    Refused,
+    /// It failed (the database): the event does not go out, the events with it do (the holder
+    /// still holds the run, and learns of the failure from the write).
+    Failed,
+}
+
 /// A deferred event and its number (`deferred_seq`).
 type Deferred = (u64, EventType, Value, Expiry);
 
@@ -236,16 +248,15 @@ impl Emitter {
     }
 
     /// As [`Emitter::emit_behind`], for an event that announces a write still in flight: its
-    /// place in the stream is taken now, and the task appends it once `committed` answers
+    /// place in the stream is taken now, and the task appends it once `written` answers
     /// that the write held. Events emitted meanwhile wait behind it, except an event emitted
     /// ahead right after it, which joins its round trip ([`Emitter::emit_ahead`]); the events
-    /// deferred before it go out with it. If the write did not hold, nothing of the round trip
-    /// is appended (the holder may be stale: the write's own answer tells it why, and it
-    /// stops). Takes its place and hands itself to its task without waiting: dropping this
+    /// deferred before it go out with it. What goes out if the write did not hold, see
+    /// [`Written`]. Takes its place and hands itself to its task without waiting: dropping this
     /// future never loses the event's place or an event joined to it.
     pub async fn emit_behind_when(
         &self,
-        committed: impl Future<Output = bool> + Send + 'static,
+        written: impl Future<Output = Written> + Send + 'static,
         kind: EventType,
         data: Value,
     ) -> Result<(), Fenced> {
@@ -264,23 +275,26 @@ impl Emitter {
                 std::task::Poll::Ready(order) => order,
                 std::task::Poll::Pending => order.await,
             };
-            let held = committed.await;
+            let written = written.await;
             let joiners = joinable
                 .lock()
                 .expect("joiners lock")
                 .take()
                 .unwrap_or_default();
             let mut events = this.take_pending(upto);
-            events.push((kind, data, Expiry::Keep));
+            if written == Written::Held {
+                events.push((kind, data, Expiry::Keep));
+            }
             let mut reports = Vec::with_capacity(joiners.len());
             for (kind, data, report) in joiners {
                 events.push((kind, data, Expiry::Keep));
                 reports.push(report);
             }
-            let appended = match (held, this.not_fenced()) {
-                (false, _) => Ok(()),
-                (true, Err(fenced)) => Err(fenced),
-                (true, Ok(())) => this.append_all(events).await,
+            let appended = match (written, this.not_fenced()) {
+                (Written::Refused, _) => Ok(()),
+                (_, Err(fenced)) => Err(fenced),
+                (_, Ok(())) if events.is_empty() => Ok(()),
+                (_, Ok(())) => this.append_all(events).await,
             };
             if appended.is_err() {
                 this.fenced.store(true, Ordering::SeqCst);
@@ -471,11 +485,11 @@ mod tests {
     }
 
     /// Emits a `tool_completed` behind a write that holds once the returned sender says so.
-    async fn behind_a_gate(emitter: &Emitter) -> tokio::sync::oneshot::Sender<bool> {
-        let (held, answer) = tokio::sync::oneshot::channel::<bool>();
+    async fn behind_a_gate(emitter: &Emitter) -> tokio::sync::oneshot::Sender<Written> {
+        let (held, answer) = tokio::sync::oneshot::channel::<Written>();
         emitter
             .emit_behind_when(
-                async move { answer.await.unwrap_or(false) },
+                async move { answer.await.unwrap_or(Written::Failed) },
                 EventType::ToolCompleted,
                 json!({"n": 1}),
             )
@@ -645,25 +659,44 @@ mod tests {
             kinds(bus.read_after(run, 0).await.expect("read")),
             ["run_started"]
         );
-        held.send(true).expect("the task waits");
+        held.send(Written::Held).expect("the task waits");
         next.await.expect("task").expect("appended");
         assert_eq!(
             kinds(bus.read_after(run, 0).await.expect("read")),
             ["run_started", "tool_completed", "iteration_started"]
         );
 
-        // A write that did not hold (the holder may be stale): nothing of its round trip is
+        // A write whose fence did not hold (the holder is stale): nothing of its round trip is
         // appended, neither the events deferred before it nor the one that joined it, and the
         // stream goes on.
         emitter.defer(EventType::RunRecovered, json!({}), Expiry::Persist);
         emitter
-            .emit_behind_when(async { false }, EventType::ToolCompleted, json!({"n": 2}))
+            .emit_behind_when(
+                async { Written::Refused },
+                EventType::ToolCompleted,
+                json!({"n": 2}),
+            )
             .await
             .expect("not fenced");
         emitter
             .emit_ahead(EventType::IterationStarted, json!({"iteration": 3}))
             .await
             .expect("joined, and dropped with it");
+        // A write that failed: the holder still holds the run, so the events with it go out,
+        // not the announcement of what was not written.
+        emitter.defer(EventType::MessageDelta, json!({"text": "d"}), Expiry::Keep);
+        emitter
+            .emit_behind_when(
+                async { Written::Failed },
+                EventType::ToolCompleted,
+                json!({"n": 3}),
+            )
+            .await
+            .expect("not fenced");
+        emitter
+            .emit_ahead(EventType::ToolStarted, json!({"n": 4}))
+            .await
+            .expect("joined");
         emitter
             .emit(EventType::RunCompleted, json!({}))
             .await
@@ -674,6 +707,8 @@ mod tests {
                 "run_started",
                 "tool_completed",
                 "iteration_started",
+                "message_delta",
+                "tool_started",
                 "run_completed"
             ]
         );
@@ -711,7 +746,7 @@ mod tests {
         })
         .await;
         assert!(waited.is_err(), "every event waits for the write's answer");
-        held.send(true).expect("the task waits");
+        held.send(Written::Held).expect("the task waits");
         ahead.await.expect("task").expect("appended");
         assert_eq!(
             kinds(bus.read_after(run, 0).await.expect("read")),
@@ -728,7 +763,11 @@ mod tests {
         // Another event took a place after the append behind the write: the one emitted
         // ahead comes after it.
         emitter
-            .emit_behind_when(async { true }, EventType::ToolCompleted, json!({"n": 2}))
+            .emit_behind_when(
+                async { Written::Held },
+                EventType::ToolCompleted,
+                json!({"n": 2}),
+            )
             .await
             .expect("not fenced");
         emitter
@@ -759,11 +798,11 @@ mod tests {
         emitter.defer(EventType::MessageDelta, json!({"text": "d"}), Expiry::Keep);
         let first = emitter.emit(EventType::MessageCompleted, json!({}));
         let second = async {
-            let written = std::future::ready(true);
+            let written = std::future::ready(Written::Held);
             let placed = emitter
                 .emit_behind_when(written, EventType::ToolCompleted, json!({"n": 2}))
                 .await;
-            held.send(true).expect("the gate waits");
+            held.send(Written::Held).expect("the gate waits");
             placed
         };
         let (first, second) = tokio::join!(biased; first, second);

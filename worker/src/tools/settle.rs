@@ -19,6 +19,7 @@ use agentfleet_shared::store::{StoreError, messages};
 
 use super::catalog::Target;
 use super::{builtin, check_arguments, http, mcp};
+use crate::emitter::Written;
 use crate::pause;
 use crate::run_ctx::{RunCtx, RunError};
 
@@ -280,11 +281,15 @@ async fn finish_behind(
             }
             _ => Err(StoreError::Db(sqlx::Error::PoolTimedOut)),
         };
-        let _ = held.send(matches!(written, Ok(true)));
+        let _ = held.send(match written {
+            Ok(true) => Written::Held,
+            Ok(false) => Written::Refused,
+            Err(_) => Written::Failed,
+        });
         let _ = answer.send(written);
     });
     ctx.remember(message);
-    let committed = async move { committed.await.unwrap_or(false) };
+    let committed = async move { committed.await.unwrap_or(Written::Failed) };
     ctx.emitter
         .emit_behind_when(committed, EventType::ToolCompleted, completed)
         .await?;
