@@ -9,7 +9,8 @@
 //! (`worker.max_parallel_tool_calls`, lowered by `agent.max_parallel_tool_calls`) are in flight
 //! at once.
 
-use futures_util::{StreamExt, stream};
+use futures_util::future::BoxFuture;
+use futures_util::{FutureExt, StreamExt, stream};
 use serde_json::json;
 
 use agentfleet_shared::domain::{Risk, ToolCallStatus, ToolKind};
@@ -259,28 +260,14 @@ async fn finish_behind(
     completed: serde_json::Value,
 ) -> Result<(), RunError> {
     let (outcome, message) = outcome_of(ctx, iteration, call, settled);
-    // The fault suite fails the write as a database that keeps timing out would.
-    // The fault suite fails the write as a database that keeps timing out would, or holds it
-    // back as a slow one would.
-    let refused = agentfleet_shared::failpoint::error("store:outcome");
-    let held_back = agentfleet_shared::failpoint::delay("store:outcome");
-    let writes = ctx.shared.writes.outcomes.clone();
-    let mut outcome = Some(outcome);
-    let sent = (!refused && held_back.is_none()).then(|| writes.send(outcome.take().expect("one")));
+    let write = send_outcome(ctx, outcome);
     // The answer goes to the run (whose next write waits for it) and to the announcement, from
     // a task of its own: neither can lose it by being dropped.
     let (answer, answered) = tokio::sync::oneshot::channel();
     let (held, committed) = tokio::sync::oneshot::channel();
     ctx.outcomes.lock().expect("outcomes lock").push(answered);
     tokio::spawn(async move {
-        let written = match (sent, outcome, held_back) {
-            (Some(sent), ..) => sent.await,
-            (None, Some(outcome), Some(delay)) if !refused => {
-                tokio::time::sleep(delay).await;
-                writes.write(outcome).await
-            }
-            _ => Err(StoreError::Db(sqlx::Error::PoolTimedOut)),
-        };
+        let written = write.await;
         let _ = held.send(match written {
             Ok(true) => Written::Held,
             Ok(false) => Written::Refused,
@@ -294,6 +281,28 @@ async fn finish_behind(
         .emit_behind_when(committed, EventType::ToolCompleted, completed)
         .await?;
     Ok(())
+}
+
+/// Hands the outcome to its grouped writer now; its answer, to await later. The fault suite
+/// fails the write as a database that keeps timing out would (`error:store:outcome`), or holds
+/// it back as a slow one would (`delay:store:outcome@MS`).
+fn send_outcome(
+    ctx: &RunCtx,
+    outcome: tool_calls::Outcome,
+) -> BoxFuture<'static, Result<bool, StoreError>> {
+    use agentfleet_shared::failpoint;
+    if failpoint::error("store:outcome") {
+        return std::future::ready(Err(StoreError::Db(sqlx::Error::PoolTimedOut))).boxed();
+    }
+    let writes = ctx.shared.writes.outcomes.clone();
+    match failpoint::delay("store:outcome") {
+        Some(delay) => async move {
+            tokio::time::sleep(delay).await;
+            writes.write(outcome).await
+        }
+        .boxed(),
+        None => writes.send(outcome).boxed(),
+    }
 }
 
 /// A call's outcome as written, and its result message as the model reads it.
