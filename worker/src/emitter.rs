@@ -475,6 +475,14 @@ mod tests {
         (EventBus::new(conn.clone(), &prefix, 60), conn)
     }
 
+    /// A first holder's emitter for a new run, on a bus of its own (see [`test_bus`]).
+    fn fresh_emitter() -> (EventBus, redis::aio::ConnectionManager, Uuid, Emitter) {
+        let (bus, conn) = test_bus();
+        let run = Uuid::new_v4();
+        let emitter = Emitter::new(bus.clone(), run, Uuid::new_v4(), 1, 0, false);
+        (bus, conn, run, emitter)
+    }
+
     /// The kinds of the stored events, placeholders left out.
     fn kinds(stored: Vec<String>) -> Vec<String> {
         stored
@@ -514,9 +522,7 @@ mod tests {
     /// out before all.
     #[tokio::test]
     async fn an_event_emitted_ahead_keeps_its_place() {
-        let (bus, conn) = test_bus();
-        let run = Uuid::new_v4();
-        let emitter = Emitter::new(bus.clone(), run, Uuid::new_v4(), 1, 0, false);
+        let (bus, conn, run, emitter) = fresh_emitter();
         emitter.defer(EventType::RunStarted, json!({}), Expiry::Persist);
         // A behind append holds the order lock when the announcement is polled: the work's
         // event, polled after it, still comes after it.
@@ -628,9 +634,7 @@ mod tests {
     /// hold.
     #[tokio::test]
     async fn an_event_behind_a_write_waits_for_it_and_drops_if_it_did_not_hold() {
-        let (bus, conn) = test_bus();
-        let run = Uuid::new_v4();
-        let emitter = Emitter::new(bus.clone(), run, Uuid::new_v4(), 1, 0, false);
+        let (bus, conn, run, emitter) = fresh_emitter();
         emitter
             .emit(EventType::RunStarted, json!({}))
             .await
@@ -715,9 +719,7 @@ mod tests {
     /// write is in flight goes out with the next event, not ahead of those before it.
     #[tokio::test]
     async fn an_event_emitted_ahead_behind_a_write_keeps_its_place() {
-        let (bus, conn) = test_bus();
-        let run = Uuid::new_v4();
-        let emitter = Emitter::new(bus.clone(), run, Uuid::new_v4(), 1, 0, false);
+        let (bus, conn, run, emitter) = fresh_emitter();
         emitter.defer(EventType::RunStarted, json!({}), Expiry::Persist);
         let held = behind_a_gate(&emitter).await;
         // Joins the append above; the model call's events follow it.
@@ -785,9 +787,7 @@ mod tests {
     /// emission that is and whenever its append runs.
     #[tokio::test]
     async fn a_deferred_event_goes_out_with_the_first_event_emitted_after_it() {
-        let (bus, conn) = test_bus();
-        let run = Uuid::new_v4();
-        let emitter = Emitter::new(bus.clone(), run, Uuid::new_v4(), 1, 0, false);
+        let (bus, conn, run, emitter) = fresh_emitter();
         // Holds the stream's order until released.
         let held = behind_a_gate(&emitter).await;
         emitter.defer(EventType::MessageDelta, json!({"text": "d"}), Expiry::Keep);

@@ -131,12 +131,7 @@ async fn confirmation_runs_only_the_approved_call_once_with_the_stored_arguments
         {"tool_call_id": approve, "approve": true},
         {"tool_call_id": reject, "approve": false, "reason": "not a known payee"}
     ]});
-    let resp = app
-        .post(&format!("/v1/runs/{run_id}/resume"), &decisions)
-        .await;
-    assert_eq!(resp.status(), 202);
-    let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
-    assert_eq!(done["status"], "completed", "{done}");
+    resume_to_completion(&app, &run_id, &decisions).await;
 
     let effects = env.tools.calls_to("/side-effect");
     assert_eq!(effects.len(), 1, "only the approved call ran, once");
@@ -216,12 +211,7 @@ async fn a_resumed_run_reads_its_history_after_the_results_it_settled() {
         .unwrap()
         .to_owned();
     let decisions = json!({"decisions": [{"tool_call_id": call, "approve": true}]});
-    let resp = app
-        .post(&format!("/v1/runs/{run_id}/resume"), &decisions)
-        .await;
-    assert_eq!(resp.status(), 202);
-    let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
-    assert_eq!(done["status"], "completed", "{done}");
+    resume_to_completion(&app, &run_id, &decisions).await;
     assert_eq!(env.tools.calls_to("/side-effect").len(), 1);
     let recorded = recorded_result(&env, &call).await;
     assert!(!recorded.contains("never ran"), "{recorded}");
@@ -232,6 +222,14 @@ async fn a_resumed_run_reads_its_history_after_the_results_it_settled() {
         Some(recorded.as_str()),
         "{sent:?}"
     );
+}
+
+/// Resumes a paused run with `body` (accepted) and waits for it to complete.
+async fn resume_to_completion(app: &TestApp, run_id: &str, body: &Value) {
+    let resp = app.post(&format!("/v1/runs/{run_id}/resume"), body).await;
+    assert_eq!(resp.status(), 202);
+    let done = app.wait_status(run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
 }
 
 /// The tool results in the last request the model got.
