@@ -72,10 +72,12 @@ fn is_transient(err: &anyhow::Error) -> bool {
     err.chain().any(|cause| {
         if let Some(e) = cause.downcast_ref::<sqlx::Error>() {
             return matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed)
-                || matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("57P") || c.starts_with("08")));
+                || matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("57") || c.starts_with("08")));
         }
-        if let Some(StoreError::Db(e)) = cause.downcast_ref::<StoreError>() {
-            return matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed);
+        // A statement out of time (`database.statement_timeout_ms`): a lock held elsewhere.
+        if let Some(e) = cause.downcast_ref::<StoreError>() {
+            return e.is_timeout()
+                || matches!(e, StoreError::Db(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed));
         }
         cause
             .downcast_ref::<agentfleet_shared::events::AppendError>()

@@ -87,11 +87,16 @@ impl Application {
             pool.clone(),
             settings.api.create_groups_in_flight,
             settings.api.max_create_group,
+            settings.database.write_timeout(),
             write_fn(|conn, runs: Arc<Vec<NewRun>>| {
                 Box::pin(async move { create_many::create_on_new_threads(conn, &runs).await })
             }),
         );
-        let dispatches = dispatch::grouped(pool.clone(), settings.limits.max_running_runs);
+        let dispatches = dispatch::grouped(
+            pool.clone(),
+            settings.limits.max_running_runs,
+            settings.database.write_timeout(),
+        );
         let key_usage = Arc::new(crate::key_usage::KeyUsage::default());
         let flusher = (key_usage.clone(), pool.clone());
         let listener_cache = auth_cache.clone();

@@ -63,11 +63,27 @@ pub struct DatabaseSettings {
     /// Postgres ends a transaction left idle this long (a frozen or partitioned process), so
     /// its row locks cannot block other workers' claims. Keep it below `worker.lease_ms`.
     pub idle_in_transaction_timeout_ms: u64,
+    /// Postgres cancels any statement of ours running longer (`statement_timeout`; 0: never),
+    /// so a lock held elsewhere (an operator's transaction, a migration taking its table)
+    /// fails the writes waiting on it instead of holding them, and every run behind them,
+    /// for as long as it lasts. A grouped write also gives up on its own a second later, in
+    /// case the server cannot even answer. Migrations run without it.
+    pub statement_timeout_ms: u64,
     /// Plan each prepared statement once per connection (`plan_cache_mode =
     /// force_generic_plan`) instead of re-planning it with each call's values: every hot
     /// statement has the same best plan whatever its values, and planning the grouped writes
     /// cost Postgres about a fifth of its CPU per run.
     pub generic_plans: bool,
+}
+
+impl DatabaseSettings {
+    /// How long a grouped write waits for its answer before it gives up on the connection:
+    /// a second past `statement_timeout_ms`, so the server's own cancel (which keeps the
+    /// connection) normally answers first. `None` when statements have no time-out.
+    pub fn write_timeout(&self) -> Option<std::time::Duration> {
+        (self.statement_timeout_ms > 0)
+            .then(|| std::time::Duration::from_millis(self.statement_timeout_ms + 1000))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -605,6 +621,7 @@ max_connections = 20
 connect_timeout_ms = 5000
 migrate_on_start = false
 idle_in_transaction_timeout_ms = 5000
+statement_timeout_ms = 10000
 generic_plans = true
 
 [redis]

@@ -14,10 +14,16 @@ fn options(settings: &DatabaseSettings) -> Result<PgConnectOptions, sqlx::Error>
     if loopback_without_sslmode(&settings.url, options.get_host()) {
         options = options.ssl_mode(PgSslMode::Disable);
     }
-    let options = options.options([(
-        "idle_in_transaction_session_timeout",
-        settings.idle_in_transaction_timeout_ms.to_string(),
-    )]);
+    let options = options.options([
+        (
+            "idle_in_transaction_session_timeout",
+            settings.idle_in_transaction_timeout_ms.to_string(),
+        ),
+        (
+            "statement_timeout",
+            settings.statement_timeout_ms.to_string(),
+        ),
+    ]);
     if settings.generic_plans {
         return Ok(options.options([("plan_cache_mode", "force_generic_plan")]));
     }
@@ -70,8 +76,16 @@ pub async fn probe(settings: &DatabaseSettings) -> Result<(), sqlx::Error> {
     conn.close().await
 }
 
+/// Applies the migrations on a connection of their own without `statement_timeout` (an index
+/// built on a large table may take longer than any statement of the loop should), which is
+/// closed afterwards rather than handed back to the pool with that setting.
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
-    MIGRATOR.run(pool).await
+    let mut conn = pool.acquire().await?;
+    conn.close_on_drop();
+    sqlx::query("SET statement_timeout = 0")
+        .execute(&mut *conn)
+        .await?;
+    MIGRATOR.run(&mut *conn).await
 }
 
 /// Whether Postgres answers a trivial query (readiness probes).

@@ -57,9 +57,10 @@ pub struct Writes {
 
 impl Writes {
     pub fn spawn(pool: &PgPool, settings: &Settings, worker_id: &str) -> Writes {
-        let (n, max) = (
+        let (n, max, timeout) = (
             settings.worker.write_groups_in_flight,
             settings.worker.max_write_group,
+            settings.database.write_timeout(),
         );
         let (owner, lease) = (Arc::new(worker_id.to_owned()), settings.worker.lease());
         Writes {
@@ -67,6 +68,7 @@ impl Writes {
                 pool.clone(),
                 n,
                 max,
+                timeout,
                 write_fn(move |conn, ids: Arc<Vec<Uuid>>| {
                     let owner = owner.clone();
                     Box::pin(
@@ -78,6 +80,7 @@ impl Writes {
                 pool.clone(),
                 n,
                 max,
+                timeout,
                 write_fn(|conn, items: Arc<Vec<Turn>>| {
                     Box::pin(async move { turns::record_many(conn, &items).await })
                 }),
@@ -86,6 +89,7 @@ impl Writes {
                 pool.clone(),
                 n,
                 max,
+                timeout,
                 write_fn(|conn, items: Arc<Vec<Outcome>>| {
                     Box::pin(async move { tool_calls::finish_many(conn, &items).await })
                 }),
@@ -94,11 +98,12 @@ impl Writes {
                 pool.clone(),
                 n,
                 max,
+                timeout,
                 write_fn(|conn, items: Arc<Vec<Ending>>| {
                     Box::pin(async move { transitions::end_many(conn, &items).await })
                 }),
             ),
-            dispatches: dispatch::grouped(pool.clone(), settings.limits.max_running_runs),
+            dispatches: dispatch::grouped(pool.clone(), settings.limits.max_running_runs, timeout),
         }
     }
 }

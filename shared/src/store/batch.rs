@@ -77,7 +77,16 @@ impl<T: Send + Sync + 'static, R: Send + 'static> Batcher<T, R> {
     /// Starts the grouping task; it ends when the last handle is dropped. At most `in_flight`
     /// groups are written at once, each of at most `max_items`, and each group in flight keeps
     /// its own connection (taken from `pool` and then kept out of it: see [`Connections`]).
-    pub fn spawn(pool: PgPool, in_flight: usize, max_items: usize, write: WriteFn<T, R>) -> Self {
+    ///
+    /// A group with no answer after `timeout` (see `DatabaseSettings::write_timeout`) fails
+    /// with [`StoreError::TimedOut`] and its connection is closed.
+    pub fn spawn(
+        pool: PgPool,
+        in_flight: usize,
+        max_items: usize,
+        timeout: Option<Duration>,
+        write: WriteFn<T, R>,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let writer = Writer {
             connections: Connections {
@@ -85,6 +94,7 @@ impl<T: Send + Sync + 'static, R: Send + 'static> Batcher<T, R> {
                 kept: Default::default(),
             },
             write,
+            timeout,
         };
         tokio::spawn(group(
             rx,
@@ -170,12 +180,22 @@ impl Connections {
 struct Writer<T, R> {
     connections: Connections,
     write: WriteFn<T, R>,
+    timeout: Option<Duration>,
 }
 
 impl<T, R> Writer<T, R> {
     async fn write(&self, items: Arc<Vec<T>>) -> Result<Vec<R>, StoreError> {
         let mut conn = self.connections.take().await?;
-        let outcome = (self.write)(&mut conn.0, items).await;
+        let written = (self.write)(&mut conn.0, items);
+        let outcome = match self.timeout {
+            None => written.await,
+            Some(limit) => match tokio::time::timeout(limit, written).await {
+                Ok(outcome) => outcome,
+                // Abandoned mid-statement, the connection cannot carry another: dropped here,
+                // it is closed (the server's `statement_timeout` ends the statement).
+                Err(_) => return Err(StoreError::TimedOut),
+            },
+        };
         self.connections
             .give_back(conn, outcome.as_ref().err())
             .await;
@@ -222,6 +242,14 @@ async fn write_group<T, R>(writer: &Writer<T, R>, items: Vec<(T, Reply<R>)>) {
             debug_assert_eq!(answers.len(), replies.len(), "one answer per item");
             for (reply, answer) in replies.into_iter().zip(answers) {
                 let _ = reply.send(Ok(answer));
+            }
+        }
+        Err(e) if e.is_timeout() => {
+            // Not split: written one by one, each item would wait as long again, and every
+            // run behind them with it. The runs hand themselves back (counted) instead.
+            tracing::warn!(error = %e, items = replies.len(), "grouped write ran out of time");
+            for reply in replies {
+                let _ = reply.send(Err(StoreError::TimedOut));
             }
         }
         Err(e) if replies.len() == 1 => {
@@ -275,7 +303,7 @@ mod tests {
                 Ok(items.iter().map(|i| i % 2 == 0).collect())
             })
         });
-        let batcher = Batcher::spawn(pool, 1, 64, write);
+        let batcher = Batcher::spawn(pool, 1, 64, None, write);
         let spawn = |i: u32| {
             let b = batcher.clone();
             tokio::spawn(async move { (i, b.write(i).await) })
@@ -351,7 +379,10 @@ mod tests {
                 Ok(vec![plan; items.len()])
             })
         });
-        let grouped = Batcher::spawn(pool, 1, 64, write).write(1).await.unwrap();
+        let grouped = Batcher::spawn(pool, 1, 64, None, write)
+            .write(1)
+            .await
+            .unwrap();
         assert!(
             grouped.contains("Index") && grouped.contains("runs_pkey"),
             "a grouped writer probes the primary key\n{grouped}"
@@ -375,7 +406,7 @@ mod tests {
                 Ok(vec![pid; items.len()])
             })
         });
-        let batcher = Batcher::spawn(pool.clone(), 1, 64, write);
+        let batcher = Batcher::spawn(pool.clone(), 1, 64, None, write);
         let first = batcher.write(1).await.unwrap();
         assert_eq!(
             batcher.write(2).await.unwrap(),
@@ -418,7 +449,7 @@ mod tests {
                 Ok(vec![true; items.len()])
             })
         });
-        let batcher = Batcher::spawn(pool, 1, 64, write);
+        let batcher = Batcher::spawn(pool, 1, 64, None, write);
         drop(batcher.send(1)); // never awaited
         let later = batcher.send(2);
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -428,5 +459,87 @@ mod tests {
         }
         assert_eq!(*written.lock().unwrap(), [1, 2]);
         assert!(later.await.unwrap(), "the answer waited for the caller");
+    }
+
+    /// A group that waits on a lock held elsewhere is cancelled by the server's
+    /// `statement_timeout` and fails at once, all its items alike, instead of being split
+    /// into writes that would each wait as long again; the writer goes on.
+    #[sqlx::test]
+    async fn a_group_cancelled_for_time_fails_whole_and_the_writer_goes_on(pool: PgPool) {
+        sqlx::raw_sql(
+            "CREATE TABLE held (id int PRIMARY KEY, n int NOT NULL);
+                       INSERT INTO held VALUES (1, 0), (2, 0)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let mut locker = pool.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM held WHERE id = 1 FOR UPDATE")
+            .execute(&mut *locker)
+            .await
+            .unwrap();
+        let calls = Arc::new(Mutex::new(0));
+        let counted = calls.clone();
+        let write: WriteFn<i32> = write_fn(move |conn, ids: Arc<Vec<i32>>| {
+            let counted = counted.clone();
+            Box::pin(async move {
+                *counted.lock().unwrap() += 1;
+                // What `database.statement_timeout_ms` sets on every connection.
+                sqlx::query("SET statement_timeout = 200")
+                    .execute(&mut *conn)
+                    .await?;
+                sqlx::query("UPDATE held SET n = n + 1 WHERE id = ANY($1)")
+                    .bind(&ids[..])
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(vec![true; ids.len()])
+            })
+        });
+        let batcher = Batcher::spawn(pool.clone(), 1, 64, Some(Duration::from_secs(30)), write);
+        let started = Instant::now();
+        // Sent together before the writer runs: one group.
+        let answers = [batcher.send(2), batcher.send(1), batcher.send(2)];
+        for answer in answers {
+            let answer = answer.await;
+            assert!(matches!(answer, Err(StoreError::TimedOut)), "{answer:?}");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the server's cancel answered, not the writer's own limit"
+        );
+        assert_eq!(*calls.lock().unwrap(), 1, "one group, not split");
+        locker.rollback().await.unwrap();
+        assert!(batcher.write(1).await.unwrap(), "the writer goes on");
+        let counts: Vec<(i32,)> = sqlx::query_as("SELECT n FROM held ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert_eq!(counts, [(1,), (0,)], "the cancelled group wrote nothing");
+    }
+
+    /// A group with no answer at all (a server that cannot even cancel) fails with
+    /// `TimedOut` once the writer's own limit passes, and the next group takes a fresh
+    /// connection: the abandoned one may be in the middle of a statement.
+    #[sqlx::test]
+    async fn a_group_with_no_answer_fails_in_time_on_a_connection_given_up(pool: PgPool) {
+        let write: WriteFn<u32, i32> = write_fn(|conn, items: Arc<Vec<u32>>| {
+            Box::pin(async move {
+                let (pid,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+                    .fetch_one(&mut *conn)
+                    .await?;
+                if items.contains(&0) {
+                    std::future::pending::<()>().await;
+                }
+                Ok(vec![pid; items.len()])
+            })
+        });
+        let batcher = Batcher::spawn(pool, 1, 64, Some(Duration::from_millis(200)), write);
+        let first = batcher.write(1).await.unwrap();
+        let started = Instant::now();
+        let stuck = batcher.write(0).await;
+        assert!(matches!(stuck, Err(StoreError::TimedOut)), "{stuck:?}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let next = batcher.write(2).await.unwrap();
+        assert_ne!(next, first, "the connection given up on is not used again");
     }
 }

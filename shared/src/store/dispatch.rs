@@ -87,11 +87,16 @@ pub async fn next<'e>(
 /// transaction, each tenant row locked once), so a limited tenant that submits fast does not
 /// queue up on its own row lock. Per item, the runs dispatched for its tenant (all of them to
 /// the first item naming that tenant), to publish.
-pub fn grouped(pool: PgPool, default_limit: u32) -> Batcher<Uuid, Vec<Uuid>> {
+pub fn grouped(
+    pool: PgPool,
+    default_limit: u32,
+    timeout: Option<std::time::Duration>,
+) -> Batcher<Uuid, Vec<Uuid>> {
     Batcher::spawn(
         pool,
         1,
         256,
+        timeout,
         super::batch::write_fn(move |conn, tenants: Arc<Vec<Uuid>>| {
             Box::pin(async move {
                 let done = next(&mut *conn, &tenants, default_limit, MAX_PER_TENANT).await?;

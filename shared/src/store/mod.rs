@@ -82,6 +82,10 @@ pub enum StoreError {
     ThreadQueueFull { thread_id: Uuid, limit: i64 },
     #[error("database: {}", crate::report::sqlx_line(.0))]
     Db(#[from] sqlx::Error),
+    /// A grouped write had no answer in time (`database.statement_timeout_ms`): the server
+    /// cancelled its statement (a lock held elsewhere, a stalled disk), or did not even answer.
+    #[error("database: no answer in time (database.statement_timeout_ms)")]
+    TimedOut,
 }
 
 impl StoreError {
@@ -91,10 +95,27 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Db(e) => is_transient_db(e),
+            StoreError::TimedOut => true,
+            _ => false,
+        }
+    }
+
+    /// Whether the statement ran out of time (`statement_timeout`, or no answer at all):
+    /// writing the same items again at once would only wait as long again.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            StoreError::TimedOut => true,
+            StoreError::Db(sqlx::Error::Database(db)) => {
+                db.code().as_deref() == Some(QUERY_CANCELED)
+            }
             _ => false,
         }
     }
 }
+
+/// SQLSTATE of a statement cancelled by `statement_timeout` (or by an operator's
+/// `pg_cancel_backend`).
+const QUERY_CANCELED: &str = "57014";
 
 fn is_transient_db(e: &sqlx::Error) -> bool {
     match e {
@@ -106,12 +127,16 @@ fn is_transient_db(e: &sqlx::Error) -> bool {
         | sqlx::Error::Tls(_) => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|c| {
             // 08 connection exception, 40001 serialization failure, 40P01 deadlock,
-            // 53 insufficient resources, 57P operator intervention (shutdown, restart).
+            // 53 insufficient resources, 57P operator intervention (shutdown, restart),
+            // 57014 cancelled (`statement_timeout`: a lock held elsewhere), 55P03 lock not
+            // available.
             c.starts_with("08")
                 || c == "40001"
                 || c == "40P01"
                 || c.starts_with("53")
                 || c.starts_with("57P")
+                || c == QUERY_CANCELED
+                || c == "55P03"
         }),
         _ => false,
     }
@@ -172,6 +197,7 @@ mod tests {
         assert!(StoreError::Db(sqlx::Error::Io(std::io::Error::other("reset"))).is_transient());
         assert!(!StoreError::Db(sqlx::Error::RowNotFound).is_transient());
         assert!(!StoreError::NotFound.is_transient());
+        assert!(StoreError::TimedOut.is_transient() && StoreError::TimedOut.is_timeout());
         let lost = Fence {
             run_id: Uuid::nil(),
             attempt: 1,

@@ -1,5 +1,6 @@
 //! Faults in combination: Redis loses a run's list and then its worker dies, a run is failed
-//! as poison after its list is gone, a model answers 503 with `Retry-After` forever. A client
+//! as poison after its list is gone, a model answers 503 with `Retry-After` forever, a lock
+//! held elsewhere stalls one run's writes while others share its worker. A client
 //! that holds a `Last-Event-ID` from before the fault sees ids strictly increase and its
 //! stream end with the run's terminal event. Redis losing a list is simulated by deleting this
 //! test's keys, which is what a Redis restart does to them, without disturbing other tests.
@@ -177,4 +178,69 @@ async fn a_loss_and_a_kill_before_anything_was_recorded_still_never_reuses_an_id
     assert_eq!(done["status"], "completed", "{done}");
     let rest = app.events(&id, seen, T).await;
     assert_continues(&rest, seen, "run_completed");
+}
+
+/// A lock held elsewhere on one run's row (an operator's open transaction, a migration taking
+/// the table) while its worker records that run's turn. The grouped write is cancelled by
+/// `database.statement_timeout_ms` instead of holding the worker's turn writer, and every run
+/// behind it, for as long as the lock lasts: another run of the same worker completes while
+/// the lock is still held. Once it is released, the locked run is taken over and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_on_one_run_does_not_hold_the_other_runs_of_its_worker() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env
+        .spawn_worker_with(&[("database.statement_timeout_ms", "500")])
+        .await;
+    let late = scripted_run(
+        json!([{"content": "done late", "delay_ms": 1000}]),
+        json!([]),
+    );
+    let locked = app.start_run(&late).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    app.watch(&locked).wait_type("iteration_started", T).await;
+    let mut locker = env.pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1 FROM runs WHERE id = $1::uuid FOR UPDATE")
+        .bind(&locked)
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    // The model answers after a second: the turn's grouped write then waits on the lock (a
+    // lease renewal may wait on it too: not what this waits for).
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'
+                     AND query LIKE '%prompt_tokens = r.prompt_tokens + t.prompt_tokens%'";
+    wait_for("the turn's write waiting on the lock", T, || async {
+        let (n,): (i64,) = sqlx::query_as(waiting).fetch_one(&env.pool).await.ok()?;
+        (n > 0).then_some(())
+    })
+    .await;
+    let other = app
+        .start_run(&scripted_run(json!([{"content": "done"}]), json!([])))
+        .await;
+    let other = other["id"].as_str().unwrap();
+    let done = app
+        .wait_status(other, &["completed", "failed"], Duration::from_secs(20))
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    // The lock was held all along: its transaction still answers.
+    sqlx::query("SELECT 1")
+        .execute(&mut *locker)
+        .await
+        .expect("the lock's transaction is still open");
+    locker.rollback().await.unwrap();
+    let done = app.wait_status(&locked, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let messages = app.messages(done["thread_id"].as_str().unwrap()).await;
+    let answers = messages.iter().filter(|m| m["role"] == "assistant").count();
+    assert_eq!(
+        answers, 1,
+        "the cancelled turn left nothing behind: {messages:?}"
+    );
 }
