@@ -62,8 +62,15 @@ async fn main() {
 
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let settings = Settings::load(cli.config.as_deref())?;
-    match cli.command.unwrap_or(Command::Serve) {
+    let mut settings = Settings::load(cli.config.as_deref())?;
+    let command = cli.command.unwrap_or(Command::Serve);
+    if !matches!(command, Command::Serve) {
+        // An operator's command (a listing of stuck runs over a large table, a replay of
+        // thousands) may take longer than a statement of the API's own requests should; it is
+        // interrupted with Ctrl-C instead.
+        settings.database.statement_timeout_ms = 0;
+    }
+    match command {
         Command::Migrate => {
             let pool =
                 infra::postgres(&settings.database, settings.startup.dependency_wait()).await?;

@@ -67,7 +67,8 @@ pub struct DatabaseSettings {
     /// so a lock held elsewhere (an operator's transaction, a migration taking its table)
     /// fails the writes waiting on it instead of holding them, and every run behind them,
     /// for as long as it lasts. A grouped write also gives up on its own a second later, in
-    /// case the server cannot even answer. Migrations run without it.
+    /// case the server cannot even answer. Migrations and the operator subcommands of
+    /// `agentfleet-api` run without it.
     pub statement_timeout_ms: u64,
     /// Plan each prepared statement once per connection (`plan_cache_mode =
     /// force_generic_plan`) instead of re-planning it with each call's values: every hot

@@ -18,6 +18,7 @@ use uuid::Uuid;
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::queue::{self, Publisher, RunMessage, Topology};
 use agentfleet_shared::store::dead_letters::{self, DeadLetter, ReplayError, Stuck};
+use agentfleet_shared::store::dispatch;
 
 use super::{parse_duration, print, when};
 
@@ -134,27 +135,52 @@ async fn replay(
     ids: &[Uuid],
     json: bool,
 ) -> anyhow::Result<()> {
-    let mut replayed = Vec::new();
+    let mut back = Vec::new();
     let mut refused = Vec::new();
     for &id in ids {
         match dead_letters::replay(pool, id).await {
-            Ok(()) => replayed.push(id),
+            Ok(run) => back.push(run),
             Err(
                 e @ (ReplayError::NotFound(_)
                 | ReplayError::NotDeadLettered { .. }
-                | ReplayError::ThreadBusy { .. }),
+                | ReplayError::ThreadBusy { .. }
+                | ReplayError::BatchCancelled { .. }),
             ) => refused.push((id, e.to_string())),
             Err(ReplayError::Store(e)) => return Err(e.into()),
         }
     }
+    let replayed: Vec<Uuid> = back.iter().map(|r| r.run_id).collect();
+    // Replayed but waiting for a free slot of their tenant's running limit.
+    let mut held: Vec<Uuid> = Vec::new();
     if !replayed.is_empty() {
+        // A run counted against its tenant's running limit went back held: its tenant is
+        // dispatched (that run, or older held ones, as the limit allows), the rest published.
+        let mut publish: Vec<Uuid> = back.iter().filter(|r| !r.fair).map(|r| r.run_id).collect();
+        let fair: Vec<Uuid> = back
+            .iter()
+            .filter(|r| r.fair)
+            .map(|r| r.tenant_id)
+            .collect();
+        let dispatched = dispatch::next(
+            pool,
+            &fair,
+            settings.limits.max_running_runs,
+            dispatch::MAX_PER_TENANT,
+        )
+        .await?;
+        publish.extend(dispatched.ids());
+        held = back
+            .iter()
+            .filter(|r| r.fair && !dispatched.runs.iter().any(|(_, id)| *id == r.run_id))
+            .map(|r| r.run_id)
+            .collect();
         let topology = Topology::new(&settings.amqp.prefix);
         let publisher = Publisher::new(&settings.amqp.url, "agentfleet-admin", topology.clone())
             .await
             .context("amqp.url")?;
         // Committed already: a publish that fails is made good by the sweeper
         // (`worker.requeue_after_ms`), so it is reported, not fatal.
-        if let Err(e) = publisher.publish_runs(&replayed).await {
+        if let Err(e) = publisher.publish_runs(&publish).await {
             eprintln!("note: {e}; the sweeper publishes them within worker.requeue_after_ms");
         }
         publisher.close().await;
@@ -164,6 +190,12 @@ async fn replay(
                 "replayed {} runs; {removed} of their dead-lettered messages removed",
                 replayed.len()
             );
+            if !held.is_empty() {
+                println!(
+                    "{} of them wait for a free slot of their tenant's running limit",
+                    held.len()
+                );
+            }
         }
     }
     if json {
@@ -174,7 +206,7 @@ async fn replay(
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &serde_json::json!({"replayed": replayed, "refused": refused})
+                &serde_json::json!({"replayed": replayed, "held": held, "refused": refused})
             )?
         );
     } else {

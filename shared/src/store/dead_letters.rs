@@ -62,35 +62,83 @@ pub enum ReplayError {
     },
     #[error("run {run_id} cannot be replayed now: its thread {thread_id} has another active run")]
     ThreadBusy { run_id: Uuid, thread_id: Uuid },
+    #[error("run {run_id} is not replayed: its batch was cancelled (batch status {batch_status})")]
+    BatchCancelled { run_id: Uuid, batch_status: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
+/// What a replay put back: the caller publishes a run that is not `fair`, and dispatches the
+/// tenant of one that is (`store::dispatch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replayed {
+    pub run_id: Uuid,
+    pub tenant_id: Uuid,
+    /// Counted against its tenant's running limit: put back `held`, so it waits for a free
+    /// slot of that limit like any new run of the tenant, instead of being published past it.
+    pub fair: bool,
+}
+
 /// `failed (poison_run) -> queued`: the error is cleared, take-overs start again from zero (or
 /// the next claim would fail it at once), `replays` is incremented. The next claim is a new,
-/// counted attempt. The caller publishes the run.
-pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<(), ReplayError> {
-    let updated = sqlx::query(
+/// counted attempt. A run of a batch that had completed reopens the batch (`in_progress`: it
+/// completes again, with a second `batch.completed`, once the run ends); a run of a cancelled
+/// batch is refused, as its batch would cancel it again.
+pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<Replayed, ReplayError> {
+    let mut tx = pool.begin().await.map_err(StoreError::from)?;
+    let updated: Result<Option<(Uuid, bool, Option<Uuid>)>, sqlx::Error> = sqlx::query_as(
         "UPDATE runs SET status = 'queued', error = NULL, finished_at = NULL, recoveries = 0,
                          interrupted = false, lease_owner = NULL, lease_expires_at = NULL,
+                         held = fair, enqueued_at = now(),
                          replays = replays + 1, replayed_at = now(), updated_at = now()
-         WHERE id = $1 AND status = 'failed' AND (error ->> 'code') = 'poison_run'",
+         WHERE id = $1 AND status = 'failed' AND (error ->> 'code') = 'poison_run'
+           AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = runs.batch_id
+                             AND b.status IN ('cancelling', 'cancelled'))
+         RETURNING tenant_id, fair, batch_id",
     )
     .bind(run_id)
-    .execute(pool)
+    .fetch_optional(&mut *tx)
     .await;
     match updated {
-        Ok(done) if done.rows_affected() == 1 => Ok(()),
-        Ok(_) => {
-            let row: Option<(String, Option<String>)> =
-                sqlx::query_as("SELECT status, error ->> 'code' FROM runs WHERE id = $1")
-                    .bind(run_id)
-                    .fetch_optional(pool)
-                    .await
-                    .map_err(StoreError::from)?;
+        Ok(Some((tenant_id, fair, batch))) => {
+            if let Some(batch) = batch {
+                sqlx::query(
+                    "UPDATE batches SET status = 'in_progress', finished_at = NULL
+                     WHERE id = $1 AND status = 'completed'",
+                )
+                .bind(batch)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::from)?;
+            }
+            tx.commit().await.map_err(StoreError::from)?;
+            Ok(Replayed {
+                run_id,
+                tenant_id,
+                fair,
+            })
+        }
+        Ok(None) => {
+            drop(tx);
+            let row: Option<(String, Option<String>, Option<String>)> = sqlx::query_as(
+                "SELECT r.status::text, r.error ->> 'code', b.status
+                 FROM runs r LEFT JOIN batches b ON b.id = r.batch_id WHERE r.id = $1",
+            )
+            .bind(run_id)
+            .fetch_optional(pool)
+            .await
+            .map_err(StoreError::from)?;
             match row {
                 None => Err(ReplayError::NotFound(run_id)),
-                Some((status, code)) => Err(ReplayError::NotDeadLettered {
+                Some((status, code, batch))
+                    if status == "failed" && code.as_deref() == Some("poison_run") =>
+                {
+                    Err(ReplayError::BatchCancelled {
+                        run_id,
+                        batch_status: batch.unwrap_or_default(),
+                    })
+                }
+                Some((status, code, _)) => Err(ReplayError::NotDeadLettered {
                     run_id,
                     status,
                     code: code.unwrap_or_else(|| "none".to_owned()),
@@ -98,6 +146,7 @@ pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<(), ReplayError> {
             }
         }
         Err(e) if is_unique_violation(&e, "runs_one_active_per_thread") => {
+            drop(tx);
             let (thread_id,): (Uuid,) = sqlx::query_as("SELECT thread_id FROM runs WHERE id = $1")
                 .bind(run_id)
                 .fetch_one(pool)

@@ -96,6 +96,175 @@ async fn a_replayed_dead_letter_completes() {
     drop(worker);
 }
 
+/// Fails `run` as poison, as a worker does after too many take-overs (the crash path itself
+/// is `a_replayed_dead_letter_completes`'s).
+async fn fail_as_poison(env: &TestEnv, run: &str) {
+    let failed = sqlx::query(
+        "UPDATE runs SET status = 'failed', finished_at = now(), updated_at = now(),
+                         error = jsonb_build_object('code', 'poison_run',
+                                                    'message', 'taken over too often')
+         WHERE id = $1::uuid AND status = 'queued'",
+    )
+    .bind(run)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(failed.rows_affected(), 1, "{run} was queued");
+}
+
+fn id_of(run: &Value) -> String {
+    run["id"].as_str().unwrap().to_string()
+}
+
+/// A replayed run of a tenant with a running limit goes back held: it waits for a free slot
+/// of that limit like any new run of the tenant, instead of being published past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_run_waits_for_a_free_slot_of_its_tenants_running_limit() {
+    let env = TestEnv::with(&[("limits.max_running_runs", "1")]).await;
+    let app = env.spawn_api().await;
+    let poison = id_of(
+        &app.start_run(&scripted_run(json!([{"content": "replayed"}]), json!([])))
+            .await,
+    );
+    fail_as_poison(&env, &poison).await;
+    // Takes the tenant's one slot (published; no worker yet).
+    let busy = id_of(
+        &app.start_run(&scripted_run(
+            json!([{"content": "first", "delay_ms": 1000}]),
+            json!([]),
+        ))
+        .await,
+    );
+    let out: Value = serde_json::from_str(
+        &api_cli(
+            &env,
+            &["--json", "admin", "dead-letters", "replay", &poison],
+            true,
+        )
+        .await,
+    )
+    .unwrap();
+    assert_eq!(out["replayed"], json!([poison]), "{out}");
+    assert_eq!(out["held"], json!([poison]), "waits for the slot: {out}");
+    let _worker = env.spawn_worker_process(&[]);
+    let done = app.wait_status(&poison, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let (overlap,): (bool,) = sqlx::query_as(
+        "SELECT p.started_at < b.finished_at FROM runs p, runs b
+         WHERE p.id = $1::uuid AND b.id = $2::uuid",
+    )
+    .bind(&poison)
+    .bind(&busy)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert!(
+        !overlap,
+        "the replayed run started only once the slot was free"
+    );
+}
+
+/// Replaying the dead-lettered run of a completed batch reopens the batch: in progress again
+/// until the run ends, then completed with the run's new outcome counted. A run of a
+/// cancelled batch is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_run_of_a_completed_batch_reopens_it() {
+    let fast = [
+        ("api.batch_sweep_interval_ms", "200"),
+        ("api.batch_progress_interval_ms", "200"),
+    ];
+    let env = TestEnv::with(&fast).await;
+    let app = env.spawn_api().await;
+    let item = |i: usize| {
+        json!({"custom_id": format!("line-{i}"),
+               "input": agentfleet_tests::mock_llm::script(json!([{"content": "answer"}])),
+               "agent": {"model": "mock"}})
+    };
+    let mut batches = Vec::new();
+    for _ in 0..2 {
+        let resp = app.post("/v1/batches", &json!({"runs": [item(0)]})).await;
+        assert!(resp.status().is_success(), "{}", resp.status());
+        let batch: Value = resp.json().await.unwrap();
+        let id = batch["id"].as_str().unwrap().to_string();
+        let run: (uuid::Uuid,) = wait_for("the batch's run", T, || async {
+            sqlx::query_as(
+                "SELECT run_id FROM batch_items WHERE batch_id = $1::uuid AND run_id IS NOT NULL",
+            )
+            .bind(&id)
+            .fetch_optional(&env.pool)
+            .await
+            .unwrap()
+        })
+        .await;
+        batches.push((id, run.0.to_string()));
+    }
+    let batch_status = |id: String| {
+        let app = &app;
+        async move {
+            let b: Value = app
+                .get(&format!("/v1/batches/{id}"))
+                .await
+                .json()
+                .await
+                .unwrap();
+            b
+        }
+    };
+    let (cancelled, cancelled_run) = &batches[1];
+    let resp = app
+        .post(&format!("/v1/batches/{cancelled}/cancel"), &json!({}))
+        .await;
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let (batch, run) = &batches[0];
+    fail_as_poison(&env, run).await;
+    wait_for("the batch to complete", T, || async {
+        (batch_status(batch.clone()).await["status"] == "completed").then_some(())
+    })
+    .await;
+
+    let out = api_cli(&env, &["admin", "dead-letters", "replay", run], true).await;
+    assert!(out.contains("replayed 1 runs"), "{out}");
+    let reopened = batch_status(batch.clone()).await;
+    assert_eq!(reopened["status"], "in_progress", "{reopened}");
+    let _worker = env.spawn_worker_process(&[]);
+    let done = app.wait_status(run, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let finished = wait_for("the batch to complete again", T, || async {
+        let b = batch_status(batch.clone()).await;
+        (b["status"] == "completed").then_some(b)
+    })
+    .await;
+    assert_eq!(finished["counts"]["completed"], 1, "{finished}");
+    assert_eq!(finished["counts"]["failed"], 0, "{finished}");
+
+    // The cancelled batch's run, failed as poison too, stays failed.
+    let status: (String,) = sqlx::query_as("SELECT status::text FROM runs WHERE id = $1::uuid")
+        .bind(cancelled_run)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    if status.0 == "queued" {
+        fail_as_poison(&env, cancelled_run).await;
+    } else {
+        sqlx::query(
+            "UPDATE runs SET status = 'failed',
+                             error = jsonb_build_object('code', 'poison_run', 'message', 'x')
+             WHERE id = $1::uuid",
+        )
+        .bind(cancelled_run)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    }
+    let refused = api_cli(
+        &env,
+        &["admin", "dead-letters", "replay", cancelled_run],
+        false,
+    )
+    .await;
+    assert!(refused.contains("its batch was cancelled"), "{refused}");
+}
+
 /// `purge --all` empties the dead-letter queue and leaves the runs failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_empties_the_dead_letter_queue() {
