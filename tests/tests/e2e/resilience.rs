@@ -258,3 +258,107 @@ async fn a_tool_past_its_deadline_fails_alone() {
     );
     assert_eq!(rows[1].1, "succeeded");
 }
+
+/// Waits until a statement of this test's database whose text contains `fragment` waits on a
+/// lock.
+async fn waiting_on_a_lock(env: &TestEnv, what: &str, fragment: &str) {
+    let pattern = format!("%{fragment}%");
+    wait_for(what, T, || async {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND query LIKE $1",
+        )
+        .bind(&pattern)
+        .fetch_one(&env.pool)
+        .await
+        .ok()?;
+        (n > 0).then_some(())
+    })
+    .await;
+}
+
+/// What the final turn's grouped write and the API's cancel each start with.
+const FINAL_TURN: &str = "prompt_tokens = r.prompt_tokens + t.prompt_tokens";
+const CANCEL: &str = "SELECT status, attempt, thread_id, last_event_id FROM runs";
+
+/// A cancel that arrives while the final turn is being committed. The run's row is locked (by
+/// this test) so both wait on it, queued in the order given; released, one wins (Postgres
+/// decides: the lease renewal queued among them reorders them at times). Whichever wins, the
+/// run ends once and as the cancel answered: completed (409 `run_finished`) with its answer
+/// recorded, or cancelled (200) with nothing of the answer recorded. Its stream carries exactly
+/// one terminal event, last, with gap-free ids.
+async fn cancel_during_the_final_commit(turn_first: bool) {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let body = scripted_run(
+        json!([{"content": "the answer", "delay_ms": 1000}]),
+        json!([]),
+    );
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let thread = run["thread_id"].as_str().unwrap().to_string();
+    app.watch(&id).wait_type("iteration_started", T).await;
+    let mut locker = env.pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1 FROM runs WHERE id = $1::uuid FOR UPDATE")
+        .bind(&id)
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    let cancel = app
+        .http
+        .post(app.url(&format!("/v1/runs/{id}/cancel")))
+        .bearer_auth(&app.api_key)
+        .json(&json!({}));
+    let cancelled = if turn_first {
+        waiting_on_a_lock(&env, "the final turn's commit", FINAL_TURN).await;
+        let cancelled = tokio::spawn(cancel.send());
+        waiting_on_a_lock(&env, "the cancel", CANCEL).await;
+        cancelled
+    } else {
+        let cancelled = tokio::spawn(cancel.send());
+        waiting_on_a_lock(&env, "the cancel", CANCEL).await;
+        waiting_on_a_lock(&env, "the final turn's commit", FINAL_TURN).await;
+        cancelled
+    };
+    locker.rollback().await.unwrap();
+    let answer = cancelled.await.unwrap().expect("the cancel answers");
+    let (status, terminal, recorded) = match answer.status().as_u16() {
+        409 => ("completed", "run_completed", 1),
+        200 => ("cancelled", "run_cancelled", 0),
+        other => panic!("the cancel answered {other}"),
+    };
+    let done = app.wait_status(&id, &[status], T).await;
+    assert_eq!(done["status"], status, "{done}");
+    let events = app.events(&id, 0, T).await;
+    assert_gap_free(&events);
+    let kinds = types(&events);
+    let ends: Vec<&String> = kinds
+        .iter()
+        .filter(|k| k.as_str() == "run_completed" || k.as_str() == "run_cancelled")
+        .collect();
+    assert_eq!(ends, [terminal], "{kinds:?}");
+    assert_eq!(kinds.last().unwrap(), terminal, "{kinds:?}");
+    let answers = app
+        .messages(&thread)
+        .await
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .count();
+    assert_eq!(answers, recorded, "the answer is recorded only if it won");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_queued_behind_the_final_commit_ends_the_run_once() {
+    cancel_during_the_final_commit(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_queued_ahead_of_the_final_commit_ends_the_run_once() {
+    cancel_during_the_final_commit(false).await;
+}
