@@ -362,3 +362,56 @@ async fn a_cancel_queued_behind_the_final_commit_ends_the_run_once() {
 async fn a_cancel_queued_ahead_of_the_final_commit_ends_the_run_once() {
     cancel_during_the_final_commit(false).await;
 }
+
+/// With one call in flight at a time (`agent.max_parallel_tool_calls`), the second call of a
+/// response is not recorded as running while it waits for the first: it stays `pending`
+/// (never dispatched, no start time) until the first has ended, then runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_for_a_parallel_slot_is_not_shown_running() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let mut body = scripted_run(
+        json!([{"tool_calls": [{"name": "slow", "arguments": {"ms": 1500}},
+                               {"name": "slow", "arguments": {"ms": 10}}]},
+               {"content": "both done"}]),
+        json!([http_tool(&env, "slow", "/slow")]),
+    );
+    body["agent"]["max_parallel_tool_calls"] = json!(1);
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    app.watch(&id).wait_type("tool_started", T).await;
+    let calls = |id: String| {
+        let pool = env.pool.clone();
+        async move {
+            let rows: Vec<(i32, String, i32, bool)> = sqlx::query_as(
+                "SELECT position, status::text, dispatch_count, started_at IS NOT NULL
+                 FROM tool_calls WHERE run_id = $1::uuid ORDER BY position",
+            )
+            .bind(id)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            rows
+        }
+    };
+    let during = calls(id.clone()).await;
+    assert_eq!(
+        during,
+        [
+            (0, "running".to_owned(), 1, true),
+            (1, "pending".to_owned(), 0, false)
+        ],
+        "the second call waits for the first's slot"
+    );
+    let done = app.wait_status(&id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let after = calls(id.clone()).await;
+    assert_eq!(
+        after,
+        [
+            (0, "succeeded".to_owned(), 1, true),
+            (1, "succeeded".to_owned(), 1, true)
+        ]
+    );
+}

@@ -113,13 +113,17 @@ fn plan(calls: &[ToolCallRow]) -> Plan<'_> {
 
 /// Marks the calls that settling will run at once (their tool exists, their arguments are
 /// valid) as dispatched, with their checked arguments, before the turn that made them is
-/// committed: that commit then records the dispatch too (`running`, dispatch count 1).
+/// committed: that commit then records the dispatch too (`running`, dispatch count 1). Only
+/// the first of the run's cap of calls in flight ([`parallel_cap`]) leave at once: the others
+/// stay `pending` until a slot frees and they are dispatched on their own, so no call is shown
+/// (or taken over) as running before it left.
 pub fn mark_dispatchable(ctx: &RunCtx, rows: &mut [ToolCallRow]) {
     let Step::Run { calls, .. } = plan(rows).step else {
         return;
     };
     let ready: Vec<(usize, serde_json::Value)> = calls
         .iter()
+        .take(parallel_cap(ctx))
         .filter_map(|c| {
             let spec = ctx.catalog.get()?.get(&c.name)?;
             let args = spec.parameters.check(&c.raw_arguments).ok()?;
