@@ -284,6 +284,11 @@ pub struct EventSettings {
     /// Rewrite a finished message's deltas in Redis as one small header (see
     /// `compaction.rs`); replays are unchanged, the list shrinks several-fold.
     pub compact_deltas: bool,
+    /// How a worker writes a compaction header: `packed` (two or three bytes a delta) or
+    /// `arrays` (about six), the only form an API from before 2026-11-26 reads. Set `arrays`
+    /// while such an API still serves streams (a rolling upgrade from it); every API since
+    /// reads both.
+    pub compact_header: CompactHeader,
     pub keepalive_secs: u64,
     pub sse_retry_ms: u64,
     /// Events buffered per SSE client before a slow client is disconnected.
@@ -588,6 +593,15 @@ pub struct ModelSettings {
     pub tool_calling: ToolCalling,
 }
 
+/// The stored form of a compaction header (`events.compact_header`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompactHeader {
+    #[default]
+    Packed,
+    Arrays,
+}
+
 /// How a model calls tools (docs/tools.md, "Models without native tool calls").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -704,6 +718,7 @@ retention_secs = 86400
 delta_flush_ms = 50
 delta_flush_bytes = 512
 compact_deltas = true
+compact_header = "packed"
 keepalive_secs = 15
 sse_retry_ms = 2000
 client_buffer = 1024

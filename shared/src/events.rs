@@ -358,6 +358,8 @@ pub struct EventBus {
     retention_secs: u64,
     /// How far ids jump past the last recorded one when a list is found lost.
     lost_id_margin: u64,
+    /// The form compaction headers are written in (`events.compact_header`).
+    compact_header: crate::config::CompactHeader,
     script: std::sync::Arc<redis::Script>,
     read_script: std::sync::Arc<redis::Script>,
 }
@@ -392,9 +394,21 @@ impl EventBus {
             keys: Keys::new(prefix),
             retention_secs,
             lost_id_margin: DEFAULT_LOST_ID_MARGIN,
+            compact_header: crate::config::CompactHeader::default(),
             script: std::sync::Arc::new(redis::Script::new(APPEND_LUA)),
             read_script: std::sync::Arc::new(redis::Script::new(READ_LUA)),
         }
+    }
+
+    /// Sets `events.compact_header`.
+    pub fn with_compact_header(mut self, form: crate::config::CompactHeader) -> EventBus {
+        self.compact_header = form;
+        self
+    }
+
+    /// The form compaction headers are written in.
+    pub fn compact_header(&self) -> crate::config::CompactHeader {
+        self.compact_header
     }
 
     /// Sets `events.lost_id_margin`.

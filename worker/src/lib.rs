@@ -70,6 +70,7 @@ impl Worker {
             settings.events.retention_secs,
         )
         .with_lost_id_margin(settings.events.lost_id_margin)
+        .with_compact_header(settings.events.compact_header)
         .with_timeout(settings.redis.timeout());
         let worker_id = format!(
             "{}-{}-{}",
