@@ -12,6 +12,10 @@ use agentfleet_shared::store::tenants;
 use crate::mock_llm::MockLlm;
 use crate::tool_server::ToolServer;
 
+/// A fragment of the grouped turn write's text within its first kilobyte (what
+/// `pg_stat_activity` keeps), for [`TestEnv::wait_for_lock_waiter`].
+pub const TURN_WRITE_SQL: &str = "prompt_tokens = r.prompt_tokens + t.prompt_tokens";
+
 pub fn admin_database_url() -> String {
     std::env::var("AGENTFLEET_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
@@ -176,6 +180,41 @@ impl TestEnv {
         delete_redis_keys(&self.prefix)
             .await
             .expect("deleting the test's Redis keys");
+    }
+
+    /// Locks a run's row as an operator's open transaction would (held until the returned
+    /// transaction ends; Postgres's idle-in-transaction limit does not end it).
+    pub async fn lock_run_row(&self, run_id: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let mut locker = self.pool.begin().await.expect("begin");
+        sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
+            .execute(&mut *locker)
+            .await
+            .expect("no idle limit");
+        sqlx::query("SELECT 1 FROM runs WHERE id = $1::uuid FOR UPDATE")
+            .bind(run_id)
+            .execute(&mut *locker)
+            .await
+            .expect("the run's row locked");
+        locker
+    }
+
+    /// Waits until a statement of this test's database whose text holds `fragment` waits on a
+    /// lock (the text as `pg_stat_activity` keeps it: its first kilobyte).
+    pub async fn wait_for_lock_waiter(&self, what: &str, fragment: &str, timeout: Duration) {
+        let pattern = format!("%{fragment}%");
+        crate::harness::wait_for(what, timeout, || async {
+            let (n,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'
+                   AND query LIKE $1",
+            )
+            .bind(&pattern)
+            .fetch_one(&self.pool)
+            .await
+            .ok()?;
+            (n > 0).then_some(())
+        })
+        .await;
     }
 
     /// A run's Redis event list exactly as stored (compacted ranges included).

@@ -201,26 +201,11 @@ async fn a_lock_held_on_one_run_does_not_hold_the_other_runs_of_its_worker() {
         .unwrap()
         .to_string();
     app.watch(&locked).wait_type("iteration_started", T).await;
-    let mut locker = env.pool.begin().await.unwrap();
-    sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
-        .execute(&mut *locker)
-        .await
-        .unwrap();
-    sqlx::query("SELECT 1 FROM runs WHERE id = $1::uuid FOR UPDATE")
-        .bind(&locked)
-        .execute(&mut *locker)
-        .await
-        .unwrap();
+    let locker = env.lock_run_row(&locked).await;
     // The model answers after a second: the turn's grouped write then waits on the lock (a
     // lease renewal may wait on it too: not what this waits for).
-    let waiting = "SELECT count(*) FROM pg_stat_activity
-                   WHERE datname = current_database() AND wait_event_type = 'Lock'
-                     AND query LIKE '%prompt_tokens = r.prompt_tokens + t.prompt_tokens%'";
-    wait_for("the turn's write waiting on the lock", T, || async {
-        let (n,): (i64,) = sqlx::query_as(waiting).fetch_one(&env.pool).await.ok()?;
-        (n > 0).then_some(())
-    })
-    .await;
+    env.wait_for_lock_waiter("the turn's write waiting on the lock", TURN_WRITE_SQL, T)
+        .await;
     let other = app
         .start_run(&scripted_run(json!([{"content": "done"}]), json!([])))
         .await;
@@ -230,6 +215,7 @@ async fn a_lock_held_on_one_run_does_not_hold_the_other_runs_of_its_worker() {
         .await;
     assert_eq!(done["status"], "completed", "{done}");
     // The lock was held all along: its transaction still answers.
+    let mut locker = locker;
     sqlx::query("SELECT 1")
         .execute(&mut *locker)
         .await

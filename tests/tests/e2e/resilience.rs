@@ -259,27 +259,7 @@ async fn a_tool_past_its_deadline_fails_alone() {
     assert_eq!(rows[1].1, "succeeded");
 }
 
-/// Waits until a statement of this test's database whose text contains `fragment` waits on a
-/// lock.
-async fn waiting_on_a_lock(env: &TestEnv, what: &str, fragment: &str) {
-    let pattern = format!("%{fragment}%");
-    wait_for(what, T, || async {
-        let (n,): (i64,) = sqlx::query_as(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'
-               AND query LIKE $1",
-        )
-        .bind(&pattern)
-        .fetch_one(&env.pool)
-        .await
-        .ok()?;
-        (n > 0).then_some(())
-    })
-    .await;
-}
-
-/// What the final turn's grouped write and the API's cancel each start with.
-const FINAL_TURN: &str = "prompt_tokens = r.prompt_tokens + t.prompt_tokens";
+/// What the API's cancel starts with.
 const CANCEL: &str = "SELECT status, attempt, thread_id, last_event_id FROM runs";
 
 /// A cancel that arrives while the final turn is being committed. The run's row is locked (by
@@ -300,30 +280,23 @@ async fn cancel_during_the_final_commit(turn_first: bool) {
     let id = run["id"].as_str().unwrap().to_string();
     let thread = run["thread_id"].as_str().unwrap().to_string();
     app.watch(&id).wait_type("iteration_started", T).await;
-    let mut locker = env.pool.begin().await.unwrap();
-    sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
-        .execute(&mut *locker)
-        .await
-        .unwrap();
-    sqlx::query("SELECT 1 FROM runs WHERE id = $1::uuid FOR UPDATE")
-        .bind(&id)
-        .execute(&mut *locker)
-        .await
-        .unwrap();
+    let locker = env.lock_run_row(&id).await;
     let cancel = app
         .http
         .post(app.url(&format!("/v1/runs/{id}/cancel")))
         .bearer_auth(&app.api_key)
         .json(&json!({}));
     let cancelled = if turn_first {
-        waiting_on_a_lock(&env, "the final turn's commit", FINAL_TURN).await;
+        env.wait_for_lock_waiter("the final turn's commit", TURN_WRITE_SQL, T)
+            .await;
         let cancelled = tokio::spawn(cancel.send());
-        waiting_on_a_lock(&env, "the cancel", CANCEL).await;
+        env.wait_for_lock_waiter("the cancel", CANCEL, T).await;
         cancelled
     } else {
         let cancelled = tokio::spawn(cancel.send());
-        waiting_on_a_lock(&env, "the cancel", CANCEL).await;
-        waiting_on_a_lock(&env, "the final turn's commit", FINAL_TURN).await;
+        env.wait_for_lock_waiter("the cancel", CANCEL, T).await;
+        env.wait_for_lock_waiter("the final turn's commit", TURN_WRITE_SQL, T)
+            .await;
         cancelled
     };
     locker.rollback().await.unwrap();
