@@ -70,7 +70,8 @@ impl Application {
             Topology::new(&settings.amqp.prefix),
             wait,
         )
-        .await?;
+        .await?
+        .with_timeout(settings.amqp.timeout());
         let shutdown = CancellationToken::new();
         let hub = Hub::start(
             settings.redis.url.clone(),

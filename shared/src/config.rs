@@ -124,6 +124,18 @@ pub struct AmqpSettings {
     pub url: String,
     /// Prefix of the exchange and queues, e.g. `agentfleet.runs`.
     pub prefix: String,
+    /// The longest a publish waits for the broker's confirm, and a consumer's cancel or a
+    /// connection's close for its answer. A broker that stops answering without closing
+    /// anything (RabbitMQ holds publishers during a memory or disk alarm) then fails the
+    /// publish (the sweeper publishes the run again later) instead of holding the run that made
+    /// it, and a drain goes on.
+    pub timeout_ms: u64,
+}
+
+impl AmqpSettings {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -651,6 +663,7 @@ reconnect_backoff_ms = 100
 [amqp]
 url = "amqp://guest:guest@127.0.0.1:5672/%2f"
 prefix = "agentfleet"
+timeout_ms = 5000
 
 [api]
 listen = "127.0.0.1:8080"
@@ -861,6 +874,7 @@ impl Settings {
                     .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         };
         for (key, ms) in [
+            ("amqp.timeout_ms", self.amqp.timeout_ms),
             ("redis.timeout_ms", self.redis.timeout_ms),
             ("redis.connect_timeout_ms", self.redis.connect_timeout_ms),
             ("redis.response_timeout_ms", self.redis.response_timeout_ms),

@@ -137,7 +137,12 @@ pub enum PublishError {
     Amqp(#[from] lapin::Error),
     #[error("the broker refused the message (nack)")]
     Nacked,
+    #[error("the broker did not confirm within {after_ms} ms (amqp.timeout_ms)")]
+    TimedOut { after_ms: u64 },
 }
+
+/// Default of `amqp.timeout_ms`.
+pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub async fn connect(url: &str, name: &str) -> lapin::Result<Connection> {
     let props = ConnectionProperties::default().with_connection_name(LongString::from(name));
@@ -154,6 +159,8 @@ pub struct Publisher {
     name: String,
     topology: Topology,
     channel: std::sync::Arc<tokio::sync::Mutex<Option<(Connection, Channel)>>>,
+    /// `amqp.timeout_ms`: the longest a publish (reconnecting included) or the close waits.
+    timeout: std::time::Duration,
 }
 
 impl Publisher {
@@ -163,9 +170,30 @@ impl Publisher {
             name: name.to_owned(),
             topology,
             channel: Default::default(),
+            timeout: DEFAULT_TIMEOUT,
         };
         publisher.channel().await?;
         Ok(publisher)
+    }
+
+    /// Sets `amqp.timeout_ms`.
+    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Publisher {
+        self.timeout = timeout;
+        self
+    }
+
+    fn timed_out(&self) -> PublishError {
+        PublishError::TimedOut {
+            after_ms: self.timeout.as_millis() as u64,
+        }
+    }
+
+    /// After a publish ran out of time: the channel is dropped (if no other publish holds it
+    /// now) so the next publish makes a fresh one rather than wait on a stalled connection.
+    fn forget_channel(&self) {
+        if let Ok(mut guard) = self.channel.try_lock() {
+            guard.take();
+        }
     }
 
     pub fn topology(&self) -> &Topology {
@@ -213,7 +241,14 @@ impl Publisher {
     /// Publishes "run has work", carrying the W3C trace context of a `queue.publish` span.
     pub async fn publish_run(&self, run_id: Uuid) -> Result<(), PublishError> {
         let span = self.publish_span(1);
-        self.publish_run_in_span(run_id).instrument(span).await
+        let publish = self.publish_run_in_span(run_id).instrument(span);
+        match tokio::time::timeout(self.timeout, publish).await {
+            Ok(result) => result,
+            Err(_) => {
+                self.forget_channel();
+                Err(self.timed_out())
+            }
+        }
     }
 
     async fn publish_run_in_span(&self, run_id: Uuid) -> Result<(), PublishError> {
@@ -244,7 +279,18 @@ impl Publisher {
             return Ok(());
         }
         let span = self.publish_span(ids.len());
-        self.publish_runs_in_span(ids).instrument(span).await
+        let publish = self.publish_runs_in_span(ids).instrument(span);
+        match tokio::time::timeout(self.timeout, publish).await {
+            Ok(result) => result,
+            Err(_) => {
+                self.forget_channel();
+                Err(PublishRunsError {
+                    total: ids.len(),
+                    failed: ids.to_vec(),
+                    first: self.timed_out(),
+                })
+            }
+        }
     }
 
     async fn publish_runs_in_span(&self, ids: &[Uuid]) -> Result<(), PublishRunsError> {
@@ -324,9 +370,11 @@ impl Publisher {
         }
     }
 
+    /// Closes the connection, waiting at most `amqp.timeout_ms` for the broker's answer.
     pub async fn close(&self) {
-        if let Some((conn, _)) = self.channel.lock().await.take() {
-            let _ = conn.close(200, "closing".into()).await;
+        let taken = tokio::time::timeout(self.timeout, self.channel.lock()).await;
+        if let Ok(Some((conn, _))) = taken.map(|mut guard| guard.take()) {
+            let _ = tokio::time::timeout(self.timeout, conn.close(200, "closing".into())).await;
         }
     }
 

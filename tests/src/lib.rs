@@ -6,5 +6,6 @@ pub mod harness;
 pub mod mcp_server;
 pub mod mock_llm;
 pub mod otlp_collector;
+pub mod stall_proxy;
 pub mod tool_server;
 pub mod webhook_receiver;

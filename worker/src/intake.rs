@@ -190,11 +190,21 @@ impl Intake {
     /// Cancels the consumer and returns whatever it had already been sent.
     async fn pause(&self, channel: &Channel, consumer: Consumer) {
         let tag = consumer.tag();
-        if let Err(e) = channel
-            .basic_cancel(tag, BasicCancelOptions::default())
-            .await
+        // Bounded: a broker that stopped answering must not hold the drain (the messages it
+        // holds for this consumer go back to the queue when the connection closes).
+        let timeout = self.shared.settings.amqp.timeout();
+        match tokio::time::timeout(
+            timeout,
+            channel.basic_cancel(tag, BasicCancelOptions::default()),
+        )
+        .await
         {
-            tracing::warn!(error = %e, "could not cancel the consumer");
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not cancel the consumer"),
+            Err(_) => tracing::warn!(
+                timeout_ms = timeout.as_millis() as u64,
+                "the broker did not answer the consumer's cancel in time"
+            ),
         }
         tokio::spawn(async move {
             let mut consumer = consumer;

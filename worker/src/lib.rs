@@ -84,7 +84,8 @@ impl Worker {
             Topology::new(&settings.amqp.prefix),
             wait,
         )
-        .await?;
+        .await?
+        .with_timeout(settings.amqp.timeout());
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(
                 settings.worker.model_connect_timeout_ms,
@@ -214,7 +215,8 @@ impl Worker {
                 let conn = queue::connect(&shared.settings.amqp.url, &shared.worker_id).await?;
                 let channel = conn.create_channel().await?;
                 let result = intake.run(&channel, intake_stop.clone()).await;
-                let _ = conn.close(200, "intake stopped".into()).await;
+                let closing = conn.close(200, "intake stopped".into());
+                let _ = tokio::time::timeout(shared.settings.amqp.timeout(), closing).await;
                 result
             },
         )

@@ -177,7 +177,8 @@ async fn replay(
         let topology = Topology::new(&settings.amqp.prefix);
         let publisher = Publisher::new(&settings.amqp.url, "agentfleet-admin", topology.clone())
             .await
-            .context("amqp.url")?;
+            .context("amqp.url")?
+            .with_timeout(settings.amqp.timeout());
         // Committed already: a publish that fails is made good by the sweeper
         // (`worker.requeue_after_ms`), so it is reported, not fatal.
         if let Err(e) = publisher.publish_runs(&publish).await {

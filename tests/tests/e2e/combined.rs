@@ -230,3 +230,66 @@ async fn a_lock_held_on_one_run_does_not_hold_the_other_runs_of_its_worker() {
         "the cancelled turn left nothing behind: {messages:?}"
     );
 }
+
+/// A broker that stops answering without closing anything (RabbitMQ holds publishers during a
+/// memory or disk alarm) while a run ends, its end promoting the next run of its thread, and
+/// then the worker is asked to drain. The promoted run's publish gives up after
+/// `amqp.timeout_ms` instead of holding the finished run's task, and the drain neither waits
+/// for the broker to answer the consumer's cancel nor for its grace period: the worker stops
+/// in a few seconds. Once the broker answers again, the promoted run is published by a
+/// sweeper and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_stops_answering_holds_neither_a_finished_run_nor_the_drain() {
+    use agentfleet_tests::stall_proxy::StallProxy;
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let broker = amqp_url();
+    let upstream = broker
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("host:port in the AMQP URL")
+        .to_owned();
+    let proxy = StallProxy::start(&upstream).await;
+    let through = broker.replace(&upstream, &proxy.address);
+    let worker = env
+        .spawn_worker_with(&[
+            ("amqp.url", through.as_str()),
+            ("amqp.timeout_ms", "1000"),
+            ("worker.drain_grace_ms", "30000"),
+        ])
+        .await;
+    let first = app
+        .start_run(&scripted_run(
+            json!([{"content": "first", "delay_ms": 1500}]),
+            json!([]),
+        ))
+        .await;
+    let (first_id, thread) = (
+        first["id"].as_str().unwrap().to_owned(),
+        first["thread_id"].as_str().unwrap().to_owned(),
+    );
+    app.watch(&first_id).wait_type("iteration_started", T).await;
+    let mut body = scripted_run(json!([{"content": "second"}]), json!([]));
+    body["thread_id"] = json!(thread);
+    body["if_busy"] = json!("enqueue");
+    let second = app.start_run(&body).await;
+    assert_eq!(second["status"], "waiting_for_thread", "{second}");
+    let second_id = second["id"].as_str().unwrap().to_owned();
+    proxy.hold();
+    let done = app
+        .wait_status(&first_id, &["completed", "failed"], T)
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(15), worker.shutdown())
+        .await
+        .expect("the drain ends without the broker (its grace is 30 s)");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    proxy.release();
+    let _rescuer = env.spawn_worker().await;
+    let done = app
+        .wait_status(&second_id, &["completed", "failed"], T)
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+}

@@ -1,0 +1,97 @@
+//! A TCP proxy whose traffic can be held: while held, nothing is forwarded either way and
+//! every connection stays open, as with a RabbitMQ that stops answering its publishers during a
+//! memory or disk alarm, or a network path that drops packets without resetting anything.
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub struct StallProxy {
+    /// `host:port` to connect to instead of the upstream.
+    pub address: String,
+    held: watch::Sender<bool>,
+    stop: CancellationToken,
+}
+
+impl StallProxy {
+    /// Proxies to `upstream` (`host:port`).
+    pub async fn start(upstream: &str) -> StallProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address").to_string();
+        let (held, watching) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let (upstream, stopping) = (upstream.to_owned(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    () = stopping.cancelled() => return,
+                };
+                let Ok((client, _)) = accepted else { continue };
+                let Ok(server) = TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                for (from, to) in [
+                    (
+                        Box::new(cr) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+                        Box::new(sw) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+                    ),
+                    (Box::new(sr), Box::new(cw)),
+                ] {
+                    tokio::spawn(pump(from, to, watching.clone(), stopping.clone()));
+                }
+            }
+        });
+        StallProxy {
+            address,
+            held,
+            stop,
+        }
+    }
+
+    /// From now on nothing is forwarded (what was read meanwhile waits for [`release`]).
+    ///
+    /// [`release`]: StallProxy::release
+    pub fn hold(&self) {
+        self.held.send_replace(true);
+    }
+
+    pub fn release(&self) {
+        self.held.send_replace(false);
+    }
+}
+
+impl Drop for StallProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Copies `from` to `to`, each chunk only while the traffic is not held.
+async fn pump(
+    mut from: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+    mut to: Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+    mut held: watch::Receiver<bool>,
+    stop: CancellationToken,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = tokio::select! {
+            r = from.read(&mut buf) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            () = stop.cancelled() => return,
+        };
+        tokio::select! {
+            r = held.wait_for(|held| !*held) => if r.is_err() { return },
+            () = stop.cancelled() => return,
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
