@@ -19,7 +19,6 @@ use agentfleet_shared::store::{StoreError, mcp_servers, runs};
 
 use crate::auth::Caller;
 use crate::error::{ApiError, JsonBody};
-use crate::publish::PUBLISH_TIMEOUT;
 use crate::routes::view;
 use crate::state::AppState;
 use crate::validate;
@@ -393,13 +392,8 @@ pub async fn announce(state: &AppState, run: &RunRow) {
         crate::dispatch::dispatch_and_publish(state, run.tenant_id).await;
         return;
     }
-    match tokio::time::timeout(PUBLISH_TIMEOUT, state.publisher.publish_run(run.id)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            tracing::warn!(run_id = %run.id, error = %e, "publish failed; the sweeper will re-enqueue");
-        }
-        Err(_) => {
-            tracing::warn!(run_id = %run.id, "publish timed out; the sweeper will re-enqueue");
-        }
+    // Bounded by the publisher's `amqp.timeout_ms`: a stalled broker cannot hold the request.
+    if let Err(e) = state.publisher.publish_run(run.id).await {
+        tracing::warn!(run_id = %run.id, error = %e, "publish failed; the sweeper will re-enqueue");
     }
 }
