@@ -70,14 +70,14 @@ impl ApiError {
 
 fn is_transient(err: &anyhow::Error) -> bool {
     err.chain().any(|cause| {
+        // The database unreachable, restarting or busy, a statement out of time
+        // (`database.statement_timeout_ms`) or a lock waited for too long
+        // (`database.lock_timeout_ms`): a lock held elsewhere. Trying again later may succeed.
         if let Some(e) = cause.downcast_ref::<sqlx::Error>() {
-            return matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed)
-                || matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("57") || c.starts_with("08")));
+            return agentfleet_shared::store::is_transient_db(e);
         }
-        // A statement out of time (`database.statement_timeout_ms`): a lock held elsewhere.
         if let Some(e) = cause.downcast_ref::<StoreError>() {
-            return e.is_timeout()
-                || matches!(e, StoreError::Db(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed));
+            return e.is_transient();
         }
         cause
             .downcast_ref::<agentfleet_shared::events::AppendError>()

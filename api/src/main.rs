@@ -66,9 +66,10 @@ async fn run() -> anyhow::Result<()> {
     let command = cli.command.unwrap_or(Command::Serve);
     if !matches!(command, Command::Serve) {
         // An operator's command (a listing of stuck runs over a large table, a replay of
-        // thousands) may take longer than a statement of the API's own requests should; it is
-        // interrupted with Ctrl-C instead.
+        // thousands, one waiting for a run's row) may take longer than a statement of the
+        // API's own requests should; it is interrupted with Ctrl-C instead.
         settings.database.statement_timeout_ms = 0;
+        settings.database.lock_timeout_ms = 0;
     }
     match command {
         Command::Migrate => {

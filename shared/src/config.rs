@@ -70,6 +70,14 @@ pub struct DatabaseSettings {
     /// case the server cannot even answer. Migrations and the operator subcommands of
     /// `agentfleet-api` run without it.
     pub statement_timeout_ms: u64,
+    /// Postgres fails any statement of ours that waits longer than this for a lock
+    /// (`lock_timeout`, SQLSTATE 55P03; 0: never). Shorter than `statement_timeout_ms`, it
+    /// tells a wait on a row locked elsewhere from a slow statement: a grouped write that
+    /// meets one is then written item by item, so only the write on the locked row waits
+    /// again and fails, while the other runs of its group go on (a group cancelled by
+    /// `statement_timeout_ms` fails whole). Migrations and the operator subcommands of
+    /// `agentfleet-api` run without it.
+    pub lock_timeout_ms: u64,
     /// Plan each prepared statement once per connection (`plan_cache_mode =
     /// force_generic_plan`) instead of re-planning it with each call's values: every hot
     /// statement has the same best plan whatever its values, and planning the grouped writes
@@ -649,6 +657,7 @@ connect_timeout_ms = 5000
 migrate_on_start = false
 idle_in_transaction_timeout_ms = 5000
 statement_timeout_ms = 10000
+lock_timeout_ms = 5000
 generic_plans = true
 
 [redis]

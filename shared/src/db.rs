@@ -23,6 +23,7 @@ fn options(settings: &DatabaseSettings) -> Result<PgConnectOptions, sqlx::Error>
             "statement_timeout",
             settings.statement_timeout_ms.to_string(),
         ),
+        ("lock_timeout", settings.lock_timeout_ms.to_string()),
     ]);
     if settings.generic_plans {
         return Ok(options.options([("plan_cache_mode", "force_generic_plan")]));
@@ -76,13 +77,17 @@ pub async fn probe(settings: &DatabaseSettings) -> Result<(), sqlx::Error> {
     conn.close().await
 }
 
-/// Applies the migrations on a connection of their own without `statement_timeout` (an index
-/// built on a large table may take longer than any statement of the loop should), which is
-/// closed afterwards rather than handed back to the pool with that setting.
+/// Applies the migrations on a connection of their own without `statement_timeout` or
+/// `lock_timeout` (an index built on a large table may take longer than any statement of the
+/// loop should, and a table's lock may be a while coming), which is closed afterwards rather
+/// than handed back to the pool with those settings.
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     let mut conn = pool.acquire().await?;
     conn.close_on_drop();
     sqlx::query("SET statement_timeout = 0")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("SET lock_timeout = 0")
         .execute(&mut *conn)
         .await?;
     MIGRATOR.run(&mut *conn).await

@@ -255,6 +255,8 @@ async fn write_group<T, R>(writer: &Writer<T, R>, items: Vec<(T, Reply<R>)>) {
         Err(e) if replies.len() == 1 => {
             let _ = replies.into_iter().next().expect("one").send(Err(e));
         }
+        // Among them a wait for a row locked elsewhere, cut by `lock_timeout` (55P03): one by
+        // one, only the items on that row wait again, and the rest of the group is written.
         Err(e) => {
             tracing::debug!(error = %e, items = replies.len(), "grouped write failed; writing its items one by one");
             let Ok(items) = Arc::try_unwrap(items) else {
@@ -515,6 +517,86 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(counts, [(1,), (0,)], "the cancelled group wrote nothing");
+    }
+
+    /// A group that waits on a row locked elsewhere past `lock_timeout` (55P03, shorter than
+    /// `statement_timeout`) is written again item by item: the items on other rows are
+    /// written, and only the one on the locked row fails, as transient.
+    #[sqlx::test]
+    async fn a_group_meeting_a_locked_row_fails_only_the_item_on_it(pool: PgPool) {
+        sqlx::raw_sql(
+            "CREATE TABLE held (id int PRIMARY KEY, n int NOT NULL);
+                       INSERT INTO held VALUES (1, 0), (2, 0), (3, 0)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let mut locker = pool.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM held WHERE id = 1 FOR UPDATE")
+            .execute(&mut *locker)
+            .await
+            .unwrap();
+        let groups: Arc<Mutex<Vec<Vec<i32>>>> = Default::default();
+        let seen = groups.clone();
+        let write: WriteFn<i32> = write_fn(move |conn, ids: Arc<Vec<i32>>| {
+            let seen = seen.clone();
+            Box::pin(async move {
+                seen.lock().unwrap().push(ids.to_vec());
+                // What `database.lock_timeout_ms` and `statement_timeout_ms` set on every
+                // connection.
+                sqlx::query("SET lock_timeout = 200")
+                    .execute(&mut *conn)
+                    .await?;
+                sqlx::query("SET statement_timeout = 20000")
+                    .execute(&mut *conn)
+                    .await?;
+                sqlx::query("UPDATE held SET n = n + 1 WHERE id = ANY($1)")
+                    .bind(&ids[..])
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(vec![true; ids.len()])
+            })
+        });
+        let batcher = Batcher::spawn(pool.clone(), 1, 64, Some(Duration::from_secs(30)), write);
+        let started = Instant::now();
+        // Sent together before the writer runs: one group.
+        let answers = [batcher.send(2), batcher.send(1), batcher.send(3)];
+        let [two, one, three] = answers;
+        assert!(
+            two.await.unwrap(),
+            "the item before the locked row is written"
+        );
+        assert!(
+            three.await.unwrap(),
+            "the item after the locked row is written"
+        );
+        let one = one.await;
+        match &one {
+            Err(e @ StoreError::Db(sqlx::Error::Database(db))) => {
+                assert_eq!(db.code().as_deref(), Some("55P03"), "{one:?}");
+                assert!(e.is_transient() && !e.is_timeout(), "{one:?}");
+            }
+            other => panic!("the item on the locked row fails with 55P03: {other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the lock's time-out answered, not the statement's"
+        );
+        assert_eq!(
+            *groups.lock().unwrap(),
+            [vec![2, 1, 3], vec![2], vec![1], vec![3]],
+            "one group, then its items one by one"
+        );
+        locker.rollback().await.unwrap();
+        let counts: Vec<(i32,)> = sqlx::query_as("SELECT n FROM held ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            counts,
+            [(0,), (1,), (1,)],
+            "only the locked row was left unwritten"
+        );
     }
 
     /// A group with no answer at all (a server that cannot even cancel) fails with

@@ -101,7 +101,9 @@ impl StoreError {
     }
 
     /// Whether the statement ran out of time (`statement_timeout`, or no answer at all):
-    /// writing the same items again at once would only wait as long again.
+    /// writing the same items again at once would only wait as long again. A wait for a lock
+    /// cut by `lock_timeout` (55P03) is not: written again one by one, only the items on the
+    /// locked row wait.
     pub fn is_timeout(&self) -> bool {
         match self {
             StoreError::TimedOut => true,
@@ -117,7 +119,8 @@ impl StoreError {
 /// `pg_cancel_backend`).
 const QUERY_CANCELED: &str = "57014";
 
-fn is_transient_db(e: &sqlx::Error) -> bool {
+/// [`StoreError::is_transient`] for an error of sqlx itself.
+pub fn is_transient_db(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
@@ -129,7 +132,7 @@ fn is_transient_db(e: &sqlx::Error) -> bool {
             // 08 connection exception, 40001 serialization failure, 40P01 deadlock,
             // 53 insufficient resources, 57P operator intervention (shutdown, restart),
             // 57014 cancelled (`statement_timeout`: a lock held elsewhere), 55P03 lock not
-            // available.
+            // available (`lock_timeout`).
             c.starts_with("08")
                 || c == "40001"
                 || c == "40P01"

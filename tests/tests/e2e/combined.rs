@@ -1,6 +1,7 @@
 //! Faults in combination: Redis loses a run's list and then its worker dies, a run is failed
 //! as poison after its list is gone, a model answers 503 with `Retry-After` forever, a lock
-//! held elsewhere stalls one run's writes while others share its worker. A client
+//! held elsewhere stalls one run's writes while others share its worker (or one request of
+//! the API). A client
 //! that holds a `Last-Event-ID` from before the fault sees ids strictly increase and its
 //! stream end with the run's terminal event. Redis losing a list is simulated by deleting this
 //! test's keys, which is what a Redis restart does to them, without disturbing other tests.
@@ -229,6 +230,42 @@ async fn a_lock_held_on_one_run_does_not_hold_the_other_runs_of_its_worker() {
         answers, 1,
         "the cancelled turn left nothing behind: {messages:?}"
     );
+}
+
+/// A request of the API waiting on a run's row locked elsewhere gives up after
+/// `database.lock_timeout_ms` with 503 `unavailable` and a retry hint, changing nothing, and
+/// goes through once the lock is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_on_a_locked_run_answers_503_and_changes_nothing() {
+    let env = TestEnv::new().await;
+    let app = env
+        .spawn_api_with(&[("database.lock_timeout_ms", "300")])
+        .await;
+    // No worker: the run stays queued.
+    let run = app
+        .start_run(&scripted_run(json!([{"content": "done"}]), json!([])))
+        .await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let locker = env.lock_run_row(&id).await;
+    let started = std::time::Instant::now();
+    let refused = app.post(&format!("/v1/runs/{id}/cancel"), &json!({})).await;
+    assert_eq!(refused.status(), 503);
+    assert!(
+        refused.headers().contains_key("retry-after"),
+        "a retry hint: {:?}",
+        refused.headers()
+    );
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the lock's time-out answered, not the statement's (10 s)"
+    );
+    locker.rollback().await.unwrap();
+    assert_eq!(app.run(&id).await["status"], "queued", "nothing changed");
+    let cancelled = app.post(&format!("/v1/runs/{id}/cancel"), &json!({})).await;
+    assert_eq!(cancelled.status(), 200);
+    assert_eq!(app.run(&id).await["status"], "cancelled");
 }
 
 /// A broker that stops answering without closing anything (RabbitMQ holds publishers during a
