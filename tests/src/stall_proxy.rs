@@ -2,6 +2,9 @@
 //! every connection stays open, as with a RabbitMQ that stops answering its publishers during a
 //! memory or disk alarm, or a network path that drops packets without resetting anything.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -12,6 +15,8 @@ pub struct StallProxy {
     pub address: String,
     held: watch::Sender<bool>,
     stop: CancellationToken,
+    /// Bytes the clients sent while the traffic was held (not forwarded yet).
+    sent_while_held: Arc<AtomicU64>,
 }
 
 impl StallProxy {
@@ -21,6 +26,8 @@ impl StallProxy {
         let address = listener.local_addr().expect("address").to_string();
         let (held, watching) = watch::channel(false);
         let stop = CancellationToken::new();
+        let sent_while_held = Arc::new(AtomicU64::new(0));
+        let counted = sent_while_held.clone();
         let (upstream, stopping) = (upstream.to_owned(), stop.clone());
         tokio::spawn(async move {
             loop {
@@ -34,14 +41,15 @@ impl StallProxy {
                 };
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
-                for (from, to) in [
+                for (from, to, count) in [
                     (
                         Box::new(cr) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
                         Box::new(sw) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+                        Some(counted.clone()),
                     ),
-                    (Box::new(sr), Box::new(cw)),
+                    (Box::new(sr), Box::new(cw), None),
                 ] {
-                    tokio::spawn(pump(from, to, watching.clone(), stopping.clone()));
+                    tokio::spawn(pump(from, to, watching.clone(), stopping.clone(), count));
                 }
             }
         });
@@ -49,7 +57,13 @@ impl StallProxy {
             address,
             held,
             stop,
+            sent_while_held,
         }
+    }
+
+    /// Bytes the clients have sent since traffic was first held, while it was held.
+    pub fn sent_while_held(&self) -> u64 {
+        self.sent_while_held.load(Ordering::SeqCst)
     }
 
     /// From now on nothing is forwarded (what was read meanwhile waits for [`release`]).
@@ -76,6 +90,7 @@ async fn pump(
     mut to: Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
     mut held: watch::Receiver<bool>,
     stop: CancellationToken,
+    count: Option<Arc<AtomicU64>>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -86,6 +101,9 @@ async fn pump(
             },
             () = stop.cancelled() => return,
         };
+        if let Some(count) = count.as_ref().filter(|_| *held.borrow()) {
+            count.fetch_add(n as u64, Ordering::SeqCst);
+        }
         tokio::select! {
             r = held.wait_for(|held| !*held) => if r.is_err() { return },
             () = stop.cancelled() => return,

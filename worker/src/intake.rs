@@ -90,10 +90,10 @@ impl Intake {
                 // Applies to consumers started after it.
                 let free = u16::try_from(self.slots.available_permits()).unwrap_or(u16::MAX);
                 let prefetch = free.saturating_add(self.unacked.count());
-                channel
-                    .basic_qos(prefetch, BasicQosOptions::default())
-                    .await?;
-                consumer = Some(
+                let start = async {
+                    channel
+                        .basic_qos(prefetch, BasicQosOptions::default())
+                        .await?;
                     channel
                         .basic_consume(
                             queue.as_str().into(),
@@ -101,8 +101,17 @@ impl Intake {
                             BasicConsumeOptions::default(),
                             FieldTable::default(),
                         )
-                        .await?,
-                );
+                        .await
+                };
+                // A broker that stops answering (an alarm, a stalled node) must hold neither
+                // this session, which then reconnects, nor a drain asked for meanwhile.
+                let limit = self.shared.settings.amqp.timeout();
+                consumer = Some(tokio::select! {
+                    started = tokio::time::timeout(limit, start) => started.map_err(|_| {
+                        anyhow::anyhow!("RabbitMQ did not answer the consumer's start within amqp.timeout_ms")
+                    })??,
+                    _ = stop.cancelled() => return Ok(()),
+                });
             }
             let delivery = tokio::select! {
                 _ = stop.cancelled() => {

@@ -212,8 +212,21 @@ impl Worker {
             &shared.settings.amqp.url,
             &intake_stop,
             || async {
-                let conn = queue::connect(&shared.settings.amqp.url, &shared.worker_id).await?;
-                let channel = conn.create_channel().await?;
+                // Bounded, and given up on a stop, as every later step of the session: a broker
+                // that takes the connection but never answers must not hold the drain.
+                let opened = async {
+                    let conn = queue::connect(&shared.settings.amqp.url, &shared.worker_id).await?;
+                    let channel = conn.create_channel().await?;
+                    anyhow::Ok((conn, channel))
+                };
+                let (conn, channel) = tokio::select! {
+                    opened = tokio::time::timeout(shared.settings.amqp.timeout(), opened) => {
+                        opened.map_err(|_| anyhow::anyhow!(
+                            "RabbitMQ did not open the intake's connection within amqp.timeout_ms"
+                        ))??
+                    }
+                    _ = intake_stop.cancelled() => return Ok(()),
+                };
                 let result = intake.run(&channel, intake_stop.clone()).await;
                 let closing = conn.close(200, "intake stopped".into());
                 let _ = tokio::time::timeout(shared.settings.amqp.timeout(), closing).await;

@@ -155,6 +155,11 @@ impl TestEnv {
 
     /// The number of messages waiting in a queue of this environment.
     pub async fn queue_depth(&self, queue: &str) -> u32 {
+        self.queue_stats(queue).await.0
+    }
+
+    /// The messages waiting in a queue of this environment, and its consumers.
+    pub async fn queue_stats(&self, queue: &str) -> (u32, u32) {
         let conn = agentfleet_shared::queue::connect(&amqp_url(), "test-depth")
             .await
             .expect("amqp");
@@ -171,7 +176,7 @@ impl TestEnv {
             .await
             .expect("queue exists");
         let _ = conn.close(200, "done".into()).await;
-        q.message_count()
+        (q.message_count(), q.consumer_count())
     }
 
     /// What losing Redis does to this environment's runs (their lists, fences, everything under

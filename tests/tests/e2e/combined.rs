@@ -330,3 +330,72 @@ async fn a_broker_that_stops_answering_holds_neither_a_finished_run_nor_the_drai
         .await;
     assert_eq!(done["status"], "completed", "{done}");
 }
+
+/// A worker whose only slot frees while the broker has stopped answering: its consumer was
+/// paused (a delivery acknowledged early let the broker push one more than the free slots),
+/// and starting it again (`basic.qos`, `basic.consume`) waits for answers that do not come.
+/// That start is bounded by `amqp.timeout_ms` and given up on a stop, so the drain asked for
+/// meanwhile ends in seconds, not when the connection's heartbeat finally fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_freed_while_the_broker_stalls_does_not_hold_the_drain() {
+    use agentfleet_tests::stall_proxy::StallProxy;
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let broker = amqp_url();
+    let upstream = broker
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("host:port in the AMQP URL")
+        .to_owned();
+    let proxy = StallProxy::start(&upstream).await;
+    let through = broker.replace(&upstream, &proxy.address);
+    let worker = env
+        .spawn_worker_with(&[
+            ("amqp.url", through.as_str()),
+            ("amqp.timeout_ms", "1000"),
+            ("worker.concurrency", "1"),
+            ("worker.max_delivery_hold_ms", "1000"),
+            ("worker.drain_grace_ms", "30000"),
+        ])
+        .await;
+    let slow = app
+        .start_run(&scripted_run(
+            json!([{"content": "done", "delay_ms": 4000}]),
+            json!([]),
+        ))
+        .await;
+    let slow = slow["id"].as_str().unwrap().to_owned();
+    app.watch(&slow).wait_type("iteration_started", T).await;
+    let next = app
+        .start_run(&scripted_run(json!([{"content": "next"}]), json!([])))
+        .await;
+    // The slow run's delivery is acknowledged after a second; the broker then pushes the next
+    // run's, which finds no free slot: it goes back, and the consumer is cancelled.
+    let queue = format!("{}.runs", env.prefix);
+    wait_for(
+        "the consumer paused, the next run back in the queue",
+        T,
+        || async { (env.queue_stats(&queue).await == (1, 0)).then_some(()) },
+    )
+    .await;
+    proxy.hold();
+    let done = app.wait_status(&slow, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    // The slot is free: the consumer's start, beginning with `basic.qos` (a 19-byte frame),
+    // goes into the held connection, and the intake waits for its answer.
+    wait_for("the consumer's start sent", T, || async {
+        (proxy.sent_while_held() >= 19).then_some(())
+    })
+    .await;
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(15), worker.shutdown())
+        .await
+        .expect("the drain ends without the broker (its grace is 30 s)");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    proxy.release();
+    let _rescuer = env.spawn_worker().await;
+    let next = next["id"].as_str().unwrap();
+    let done = app.wait_status(next, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+}
