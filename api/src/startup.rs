@@ -24,7 +24,7 @@ use agentfleet_shared::{db, telemetry};
 
 use crate::hub::Hub;
 use crate::routes;
-use crate::state::AppState;
+use crate::state::{AppState, AppStateInner};
 
 pub struct Application {
     listener: TcpListener,
@@ -104,7 +104,7 @@ impl Application {
         let state_pool = pool.clone();
         // Validated when the settings load: a malformed key never gets here.
         let mcp_key = settings.mcp.key().context("mcp.encryption_key")?;
-        let state = AppState {
+        let state = AppState::new(AppStateInner {
             mcp_key,
             creates,
             dispatches,
@@ -119,7 +119,7 @@ impl Application {
             hub,
             settings: settings.clone(),
             shutdown: shutdown.clone(),
-        };
+        });
         let sweeper_state = state.clone();
         let router = build_router(state);
         let listener = TcpListener::bind(&settings.api.listen)
