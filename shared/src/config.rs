@@ -64,11 +64,11 @@ pub struct DatabaseSettings {
     /// its row locks cannot block other workers' claims. Keep it below `worker.lease_ms`.
     pub idle_in_transaction_timeout_ms: u64,
     /// Postgres cancels any statement of ours running longer (`statement_timeout`; 0: never),
-    /// so a lock held elsewhere (an operator's transaction, a migration taking its table)
-    /// fails the writes waiting on it instead of holding them, and every run behind them,
-    /// for as long as it lasts. A grouped write also gives up on its own a second later, in
-    /// case the server cannot even answer. Migrations and the operator subcommands of
-    /// `agentfleet-api` run without it.
+    /// so a statement stalled for any reason (a lock held elsewhere when `lock_timeout_ms` is
+    /// off, a stalled disk) fails instead of holding the runs behind it for as long as it
+    /// lasts. A grouped write also gives up on its own a second later, in case the server
+    /// cannot even answer. Migrations and the operator subcommands of `agentfleet-api` run
+    /// without it.
     pub statement_timeout_ms: u64,
     /// Postgres fails any statement of ours that waits longer than this for a lock
     /// (`lock_timeout`, SQLSTATE 55P03; 0: never). Shorter than `statement_timeout_ms`, it
@@ -976,6 +976,17 @@ impl Settings {
                 "must be positive and at most half of worker.lease_ms",
             ));
         }
+        let (lock, statement) = (
+            self.database.lock_timeout_ms,
+            self.database.statement_timeout_ms,
+        );
+        if lock > 0 && statement > 0 && lock >= statement {
+            return Err(invalid(
+                "database.lock_timeout_ms",
+                "must be below database.statement_timeout_ms (or 0: never), else a statement \
+                 waiting on a lock is cancelled whole before its wait for the lock ends",
+            ));
+        }
         if self.database.idle_in_transaction_timeout_ms == 0
             || self.database.idle_in_transaction_timeout_ms >= self.worker.lease_ms
         {
@@ -1077,6 +1088,34 @@ mod tests {
         assert_eq!(s.redis.prefix, "agentfleet");
         assert_eq!(s.worker.lease_ms, 10_000);
         assert_eq!(s.events.retention_secs, 86_400);
+    }
+
+    #[test]
+    fn the_lock_time_out_is_below_the_statement_time_out_or_off() {
+        assert!(load(&[("database.lock_timeout_ms", "9999")]).is_ok());
+        for (lock, statement) in [("10000", "10000"), ("5000", "500")] {
+            let err = load(&[
+                ("database.lock_timeout_ms", lock),
+                ("database.statement_timeout_ms", statement),
+            ])
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains("database.lock_timeout_ms")
+                    && err.contains("database.statement_timeout_ms"),
+                "{err}"
+            );
+        }
+        for (lock, statement) in [("0", "500"), ("5000", "0"), ("0", "0")] {
+            assert!(
+                load(&[
+                    ("database.lock_timeout_ms", lock),
+                    ("database.statement_timeout_ms", statement),
+                ])
+                .is_ok(),
+                "{lock} / {statement}"
+            );
+        }
     }
 
     #[test]

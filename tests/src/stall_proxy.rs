@@ -2,8 +2,7 @@
 //! every connection stays open, as with a RabbitMQ that stops answering its publishers during a
 //! memory or disk alarm, or a network path that drops packets without resetting anything.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -15,8 +14,8 @@ pub struct StallProxy {
     pub address: String,
     held: watch::Sender<bool>,
     stop: CancellationToken,
-    /// Bytes the clients sent while the traffic was held (not forwarded yet).
-    sent_while_held: Arc<AtomicU64>,
+    /// What the clients sent while the traffic was held (not forwarded yet), its first MiB.
+    sent_while_held: Arc<Mutex<Vec<u8>>>,
 }
 
 impl StallProxy {
@@ -26,7 +25,7 @@ impl StallProxy {
         let address = listener.local_addr().expect("address").to_string();
         let (held, watching) = watch::channel(false);
         let stop = CancellationToken::new();
-        let sent_while_held = Arc::new(AtomicU64::new(0));
+        let sent_while_held: Arc<Mutex<Vec<u8>>> = Default::default();
         let counted = sent_while_held.clone();
         let (upstream, stopping) = (upstream.to_owned(), stop.clone());
         tokio::spawn(async move {
@@ -61,9 +60,10 @@ impl StallProxy {
         }
     }
 
-    /// Bytes the clients have sent since traffic was first held, while it was held.
-    pub fn sent_while_held(&self) -> u64 {
-        self.sent_while_held.load(Ordering::SeqCst)
+    /// Whether the clients sent `bytes` while the traffic was held (over all connections).
+    pub fn sent_while_held(&self, bytes: &[u8]) -> bool {
+        let sent = self.sent_while_held.lock().expect("sent lock");
+        sent.windows(bytes.len()).any(|w| w == bytes)
     }
 
     /// From now on nothing is forwarded (what was read meanwhile waits for [`release`]).
@@ -90,7 +90,7 @@ async fn pump(
     mut to: Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
     mut held: watch::Receiver<bool>,
     stop: CancellationToken,
-    count: Option<Arc<AtomicU64>>,
+    record: Option<Arc<Mutex<Vec<u8>>>>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -101,8 +101,10 @@ async fn pump(
             },
             () = stop.cancelled() => return,
         };
-        if let Some(count) = count.as_ref().filter(|_| *held.borrow()) {
-            count.fetch_add(n as u64, Ordering::SeqCst);
+        if let Some(record) = record.as_ref().filter(|_| *held.borrow()) {
+            let mut sent = record.lock().expect("sent lock");
+            let room = (1usize << 20).saturating_sub(sent.len());
+            sent.extend_from_slice(&buf[..n.min(room)]);
         }
         tokio::select! {
             r = held.wait_for(|held| !*held) => if r.is_err() { return },

@@ -234,6 +234,7 @@ async fn group<T: Send + Sync + 'static, R: Send + 'static>(
 }
 
 async fn write_group<T, R>(writer: &Writer<T, R>, items: Vec<(T, Reply<R>)>) {
+    let started = Instant::now();
     metrics::histogram!("agentfleet_store_group_size").record(items.len() as f64);
     let (items, replies): (Vec<T>, Vec<Reply<R>>) = items.into_iter().unzip();
     let items = Arc::new(items);
@@ -267,6 +268,16 @@ async fn write_group<T, R>(writer: &Writer<T, R>, items: Vec<(T, Reply<R>)>) {
                 return;
             };
             for (item, reply) in items.into_iter().zip(replies) {
+                // Written one after another, items that each wait on the same lock (a table
+                // locked by hand, one tenant's row) would wait a lock time-out each: the split
+                // gets the group's time limit, and what it leaves unwritten fails as timed out.
+                if writer
+                    .timeout
+                    .is_some_and(|limit| started.elapsed() >= limit)
+                {
+                    let _ = reply.send(Err(StoreError::TimedOut));
+                    continue;
+                }
                 let result = writer.write(Arc::new(vec![item])).await.and_then(|a| {
                     a.into_iter()
                         .next()
@@ -597,6 +608,68 @@ mod tests {
             [(0,), (1,), (1,)],
             "only the locked row was left unwritten"
         );
+    }
+
+    /// Items that all wait on one lock (a table locked by hand, one tenant's row) are not
+    /// written one after another for a lock time-out each: the split stops at the group's
+    /// time limit, and the items it did not reach fail as timed out.
+    #[sqlx::test]
+    async fn a_split_of_items_waiting_on_one_lock_stops_at_the_groups_limit(pool: PgPool) {
+        sqlx::raw_sql(
+            "CREATE TABLE held (id int PRIMARY KEY, n int NOT NULL);
+                       INSERT INTO held VALUES (1, 0)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let mut locker = pool.begin().await.unwrap();
+        sqlx::query("LOCK TABLE held IN EXCLUSIVE MODE")
+            .execute(&mut *locker)
+            .await
+            .unwrap();
+        let calls = Arc::new(Mutex::new(0));
+        let counted = calls.clone();
+        let write: WriteFn<i32> = write_fn(move |conn, ids: Arc<Vec<i32>>| {
+            let counted = counted.clone();
+            Box::pin(async move {
+                *counted.lock().unwrap() += 1;
+                sqlx::query("SET lock_timeout = 300")
+                    .execute(&mut *conn)
+                    .await?;
+                sqlx::query("UPDATE held SET n = n + 1 WHERE id = ANY($1)")
+                    .bind(&ids[..])
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(vec![true; ids.len()])
+            })
+        });
+        // The group's limit (`write_timeout`) passes during the first item's own wait.
+        let batcher = Batcher::spawn(pool.clone(), 1, 64, Some(Duration::from_millis(450)), write);
+        let started = Instant::now();
+        let answers = [1, 1, 1, 1].map(|id| batcher.send(id));
+        let mut outcomes = Vec::new();
+        for answer in answers {
+            outcomes.push(match answer.await {
+                Err(StoreError::Db(sqlx::Error::Database(db))) => {
+                    db.code().unwrap_or_default().into_owned()
+                }
+                Err(StoreError::TimedOut) => "timed out".to_owned(),
+                other => format!("{other:?}"),
+            });
+        }
+        assert_eq!(outcomes, ["55P03", "timed out", "timed out", "timed out"]);
+        assert_eq!(
+            *calls.lock().unwrap(),
+            2,
+            "the group, then its first item alone"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        locker.rollback().await.unwrap();
+        assert!(batcher.write(1).await.unwrap(), "the writer goes on");
     }
 
     /// A group with no answer at all (a server that cannot even cancel) fails with

@@ -191,7 +191,11 @@ async fn a_lock_held_on_one_run_does_not_hold_the_other_runs_of_its_worker() {
     let env = TestEnv::new().await;
     let app = env.spawn_api().await;
     let _worker = env
-        .spawn_worker_with(&[("database.statement_timeout_ms", "500")])
+        .spawn_worker_with(&[
+            ("database.statement_timeout_ms", "500"),
+            // The statement's time-out is what this test is about.
+            ("database.lock_timeout_ms", "0"),
+        ])
         .await;
     let late = scripted_run(
         json!([{"content": "done late", "delay_ms": 1000}]),
@@ -361,7 +365,7 @@ async fn a_slot_freed_while_the_broker_stalls_does_not_hold_the_drain() {
         .await;
     let slow = app
         .start_run(&scripted_run(
-            json!([{"content": "done", "delay_ms": 4000}]),
+            json!([{"content": "done", "delay_ms": 6000}]),
             json!([]),
         ))
         .await;
@@ -382,10 +386,14 @@ async fn a_slot_freed_while_the_broker_stalls_does_not_hold_the_drain() {
     proxy.hold();
     let done = app.wait_status(&slow, &["completed", "failed"], T).await;
     assert_eq!(done["status"], "completed", "{done}");
-    // The slot is free: the consumer's start, beginning with `basic.qos` (a 19-byte frame),
-    // goes into the held connection, and the intake waits for its answer.
+    // The slot is free: the consumer's start, beginning with `basic.qos` (an AMQP method
+    // frame of class 60, method 10, on the intake's channel 1), goes into the held connection,
+    // and the intake waits for its answer.
+    const BASIC_QOS: [u8; 7] = [1, 0, 1, 0, 0, 0, 11];
     wait_for("the consumer's start sent", T, || async {
-        (proxy.sent_while_held() >= 19).then_some(())
+        proxy
+            .sent_while_held(&[&BASIC_QOS[..], &[0, 60, 0, 10]].concat())
+            .then_some(())
     })
     .await;
     let started = std::time::Instant::now();
