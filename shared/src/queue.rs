@@ -139,6 +139,10 @@ pub enum PublishError {
     Nacked,
     #[error("the broker did not confirm within {after_ms} ms (amqp.timeout_ms)")]
     TimedOut { after_ms: u64 },
+    /// The broker told this connection it blocks its publishers (`connection.blocked`: a
+    /// memory or disk alarm); nothing is sent until it lifts.
+    #[error("the broker is blocking publishers (a memory or disk alarm)")]
+    Blocked,
 }
 
 /// Default of `amqp.timeout_ms`.
@@ -190,10 +194,31 @@ impl Publisher {
 
     /// After a publish ran out of time: the channel is dropped (if no other publish holds it
     /// now) so the next publish makes a fresh one rather than wait on a stalled connection.
+    /// Not a connection the broker blocked: a new one would be blocked at its first publish
+    /// too, and the old one would not go away (the client sends nothing on a blocked
+    /// connection, not even its close, while the broker keeps it alive with heartbeats): one
+    /// more connection per time-out for as long as the alarm lasts.
     fn forget_channel(&self) {
         if let Ok(mut guard) = self.channel.try_lock() {
+            if guard
+                .as_ref()
+                .is_some_and(|(conn, _)| conn.status().connected() && conn.status().blocked())
+            {
+                return;
+            }
             guard.take();
         }
+    }
+
+    /// Whether the broker blocks this publisher's connection now: a publish then fails at
+    /// once instead of waiting `amqp.timeout_ms` for a confirm that cannot come (the sweeper
+    /// publishes the run again once the alarm lifts). Never waits for a publish in progress.
+    fn blocked(&self) -> bool {
+        self.channel.try_lock().is_ok_and(|guard| {
+            guard
+                .as_ref()
+                .is_some_and(|(conn, _)| conn.status().connected() && conn.status().blocked())
+        })
     }
 
     pub fn topology(&self) -> &Topology {
@@ -240,6 +265,9 @@ impl Publisher {
 
     /// Publishes "run has work", carrying the W3C trace context of a `queue.publish` span.
     pub async fn publish_run(&self, run_id: Uuid) -> Result<(), PublishError> {
+        if self.blocked() {
+            return Err(PublishError::Blocked);
+        }
         let span = self.publish_span(1);
         let publish = self.publish_run_in_span(run_id).instrument(span);
         match tokio::time::timeout(self.timeout, publish).await {
@@ -277,6 +305,13 @@ impl Publisher {
     pub async fn publish_runs(&self, ids: &[Uuid]) -> Result<(), PublishRunsError> {
         if ids.is_empty() {
             return Ok(());
+        }
+        if self.blocked() {
+            return Err(PublishRunsError {
+                total: ids.len(),
+                failed: ids.to_vec(),
+                first: PublishError::Blocked,
+            });
         }
         let span = self.publish_span(ids.len());
         let publish = self.publish_runs_in_span(ids).instrument(span);

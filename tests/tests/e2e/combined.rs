@@ -407,3 +407,85 @@ async fn a_slot_freed_while_the_broker_stalls_does_not_hold_the_drain() {
     let done = app.wait_status(next, &["completed", "failed"], T).await;
     assert_eq!(done["status"], "completed", "{done}");
 }
+
+/// An AMQP method frame on channel 0 (the connection's) of class 10 (`connection`).
+fn connection_frame(method: u16, args: &[u8]) -> Vec<u8> {
+    let mut payload = vec![0, 10];
+    payload.extend_from_slice(&method.to_be_bytes());
+    payload.extend_from_slice(args);
+    let mut frame = vec![1, 0, 0];
+    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&payload);
+    frame.push(0xCE);
+    frame
+}
+
+/// A broker that blocks its publishers (a memory or disk alarm: it sends `connection.blocked`
+/// and stops reading) while a publisher publishes on: each publish fails at once, naming the
+/// alarm, on the same connection, instead of waiting for `amqp.timeout_ms` and then opening
+/// one more connection per time-out (which the broker would block at once, and the old one
+/// would stay, kept alive by the broker's heartbeats). Once the broker unblocks it, the same
+/// connection publishes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_the_broker_blocks_neither_waits_nor_piles_up_connections() {
+    use agentfleet_shared::queue::{PublishError, Publisher, Topology};
+    use agentfleet_tests::stall_proxy::StallProxy;
+    let env = TestEnv::new().await;
+    let broker = amqp_url();
+    let upstream = broker
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("host:port in the AMQP URL")
+        .to_owned();
+    let proxy = StallProxy::start(&upstream).await;
+    let through = broker.replace(&upstream, &proxy.address);
+    let publisher = Publisher::new(&through, "test-blocked", Topology::new(&env.prefix))
+        .await
+        .expect("publisher")
+        .with_timeout(Duration::from_millis(300));
+    publisher
+        .publish_run(uuid::Uuid::now_v7())
+        .await
+        .expect("published");
+    assert_eq!(proxy.accepted(), 1);
+    let reason = b"low on memory";
+    let mut blocked = vec![reason.len() as u8];
+    blocked.extend_from_slice(reason);
+    proxy.inject(&connection_frame(60, &blocked));
+    proxy.hold();
+    // Taken in as soon as the client reads it; a publish before that waits out its time.
+    wait_for("a publish refused as blocked", T, || async {
+        match publisher.publish_run(uuid::Uuid::now_v7()).await {
+            Err(PublishError::Blocked) => Some(()),
+            Err(PublishError::TimedOut { .. }) => None,
+            other => panic!("a publish to a held broker: {other:?}"),
+        }
+    })
+    .await;
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let refused = publisher.publish_run(uuid::Uuid::now_v7()).await;
+        assert!(matches!(refused, Err(PublishError::Blocked)), "{refused:?}");
+        assert!(
+            started.elapsed() < Duration::from_millis(300),
+            "refused at once, not after amqp.timeout_ms"
+        );
+    }
+    let many = publisher
+        .publish_runs(&[uuid::Uuid::now_v7(), uuid::Uuid::now_v7()])
+        .await
+        .expect_err("a burst is refused too");
+    assert!(
+        matches!(many.first, PublishError::Blocked) && many.failed.len() == 2,
+        "{many:?}"
+    );
+    assert_eq!(proxy.accepted(), 1, "no connection was opened meanwhile");
+    proxy.release();
+    proxy.inject(&connection_frame(61, &[]));
+    wait_for("publishing again once unblocked", T, || async {
+        publisher.publish_run(uuid::Uuid::now_v7()).await.ok()
+    })
+    .await;
+    assert_eq!(proxy.accepted(), 1, "on the same connection");
+}
