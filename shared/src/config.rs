@@ -71,10 +71,11 @@ pub struct DatabaseSettings {
     /// without it.
     pub statement_timeout_ms: u64,
     /// Postgres fails any statement of ours that waits longer than this for a lock
-    /// (`lock_timeout`, SQLSTATE 55P03; 0: never). Shorter than `statement_timeout_ms`, it
-    /// tells a wait on a row locked elsewhere from a slow statement: a grouped write that
-    /// meets one is then written item by item, so only the write on the locked row waits
-    /// again and fails, while the other runs of its group go on (a group cancelled by
+    /// (`lock_timeout`, SQLSTATE 55P03; 0: never), at most half of a non-zero
+    /// `statement_timeout_ms` ([`DatabaseSettings::lock_timeout`]). Shorter than the
+    /// statement's, it tells a wait on a row locked elsewhere from a slow statement: a grouped
+    /// write that meets one is then written item by item, so only the write on the locked row
+    /// waits again and fails, while the other runs of its group go on (a group cancelled by
     /// `statement_timeout_ms` fails whole). Migrations and the operator subcommands of
     /// `agentfleet-api` run without it.
     pub lock_timeout_ms: u64,
@@ -92,6 +93,18 @@ impl DatabaseSettings {
     pub fn write_timeout(&self) -> Option<std::time::Duration> {
         (self.statement_timeout_ms > 0)
             .then(|| std::time::Duration::from_millis(self.statement_timeout_ms + 1000))
+    }
+
+    /// The `lock_timeout` connections carry, in ms (0: never): `lock_timeout_ms`, capped at
+    /// half of a non-zero `statement_timeout_ms`, so that a wait for a lock always ends before
+    /// the statement's own cancel would fail its whole group (a deployment that lowered only
+    /// the statement's time-out keeps a working pair).
+    pub fn lock_timeout(&self) -> u64 {
+        match (self.lock_timeout_ms, self.statement_timeout_ms) {
+            (0, _) => 0,
+            (lock, 0) => lock,
+            (lock, statement) => lock.min(statement / 2).max(1),
+        }
     }
 }
 
@@ -976,17 +989,6 @@ impl Settings {
                 "must be positive and at most half of worker.lease_ms",
             ));
         }
-        let (lock, statement) = (
-            self.database.lock_timeout_ms,
-            self.database.statement_timeout_ms,
-        );
-        if lock > 0 && statement > 0 && lock >= statement {
-            return Err(invalid(
-                "database.lock_timeout_ms",
-                "must be below database.statement_timeout_ms (or 0: never), else a statement \
-                 waiting on a lock is cancelled whole before its wait for the lock ends",
-            ));
-        }
         if self.database.idle_in_transaction_timeout_ms == 0
             || self.database.idle_in_transaction_timeout_ms >= self.worker.lease_ms
         {
@@ -1091,31 +1093,27 @@ mod tests {
     }
 
     #[test]
-    fn the_lock_time_out_is_below_the_statement_time_out_or_off() {
-        assert!(load(&[("database.lock_timeout_ms", "9999")]).is_ok());
-        for (lock, statement) in [("10000", "10000"), ("5000", "500")] {
-            let err = load(&[
+    fn the_lock_time_out_stays_below_the_statement_time_out_or_off() {
+        let effective = |lock: &str, statement: &str| {
+            load(&[
                 ("database.lock_timeout_ms", lock),
                 ("database.statement_timeout_ms", statement),
             ])
-            .unwrap_err()
-            .to_string();
-            assert!(
-                err.contains("database.lock_timeout_ms")
-                    && err.contains("database.statement_timeout_ms"),
-                "{err}"
-            );
-        }
-        for (lock, statement) in [("0", "500"), ("5000", "0"), ("0", "0")] {
-            assert!(
-                load(&[
-                    ("database.lock_timeout_ms", lock),
-                    ("database.statement_timeout_ms", statement),
-                ])
-                .is_ok(),
-                "{lock} / {statement}"
-            );
-        }
+            .unwrap()
+            .database
+            .lock_timeout()
+        };
+        assert_eq!(load(&[]).unwrap().database.lock_timeout(), 5000);
+        assert_eq!(effective("4000", "10000"), 4000);
+        assert_eq!(effective("10000", "10000"), 5000, "capped at half");
+        assert_eq!(effective("5000", "500"), 250, "capped at half");
+        assert_eq!(
+            effective("5000", "1"),
+            1,
+            "never 0 (which would mean never)"
+        );
+        assert_eq!(effective("5000", "0"), 5000, "statements without a limit");
+        assert_eq!(effective("0", "500"), 0, "off");
     }
 
     #[test]

@@ -23,7 +23,7 @@ fn options(settings: &DatabaseSettings) -> Result<PgConnectOptions, sqlx::Error>
             "statement_timeout",
             settings.statement_timeout_ms.to_string(),
         ),
-        ("lock_timeout", settings.lock_timeout_ms.to_string()),
+        ("lock_timeout", settings.lock_timeout().to_string()),
     ]);
     if settings.generic_plans {
         return Ok(options.options([("plan_cache_mode", "force_generic_plan")]));

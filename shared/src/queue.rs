@@ -213,7 +213,7 @@ impl Publisher {
     /// Whether the broker blocks this publisher's connection now: a publish then fails at
     /// once instead of waiting `amqp.timeout_ms` for a confirm that cannot come (the sweeper
     /// publishes the run again once the alarm lifts). Never waits for a publish in progress.
-    fn blocked(&self) -> bool {
+    pub fn is_blocked(&self) -> bool {
         self.channel.try_lock().is_ok_and(|guard| {
             guard
                 .as_ref()
@@ -265,7 +265,7 @@ impl Publisher {
 
     /// Publishes "run has work", carrying the W3C trace context of a `queue.publish` span.
     pub async fn publish_run(&self, run_id: Uuid) -> Result<(), PublishError> {
-        if self.blocked() {
+        if self.is_blocked() {
             return Err(PublishError::Blocked);
         }
         let span = self.publish_span(1);
@@ -306,7 +306,7 @@ impl Publisher {
         if ids.is_empty() {
             return Ok(());
         }
-        if self.blocked() {
+        if self.is_blocked() {
             return Err(PublishRunsError {
                 total: ids.len(),
                 failed: ids.to_vec(),

@@ -633,7 +633,7 @@ mod tests {
             let counted = counted.clone();
             Box::pin(async move {
                 *counted.lock().unwrap() += 1;
-                sqlx::query("SET lock_timeout = 300")
+                sqlx::query("SET lock_timeout = 1000")
                     .execute(&mut *conn)
                     .await?;
                 sqlx::query("UPDATE held SET n = n + 1 WHERE id = ANY($1)")
@@ -643,8 +643,15 @@ mod tests {
                 Ok(vec![true; ids.len()])
             })
         });
-        // The group's limit (`write_timeout`) passes during the first item's own wait.
-        let batcher = Batcher::spawn(pool.clone(), 1, 64, Some(Duration::from_millis(450)), write);
+        // The group's limit (`write_timeout`) passes during the first item's own wait: past
+        // one lock time-out with room to spare, short of two.
+        let batcher = Batcher::spawn(
+            pool.clone(),
+            1,
+            64,
+            Some(Duration::from_millis(1500)),
+            write,
+        );
         let started = Instant::now();
         let answers = [1, 1, 1, 1].map(|id| batcher.send(id));
         let mut outcomes = Vec::new();
