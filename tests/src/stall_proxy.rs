@@ -92,6 +92,20 @@ impl StallProxy {
         }
     }
 
+    /// A proxy in front of the broker of `amqp_url` (`amqp://user:pass@host:port/vhost`), and
+    /// the URL that reaches it through the proxy.
+    pub async fn in_front_of_amqp(amqp_url: &str) -> (StallProxy, String) {
+        let upstream = amqp_url
+            .split('@')
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .expect("host:port in the AMQP URL")
+            .to_owned();
+        let proxy = StallProxy::start(&upstream).await;
+        let through = amqp_url.replace(&upstream, &proxy.address);
+        (proxy, through)
+    }
+
     /// From now on nothing is forwarded (what was read meanwhile waits for [`release`]).
     ///
     /// [`release`]: StallProxy::release

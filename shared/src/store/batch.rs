@@ -295,6 +295,51 @@ mod tests {
 
     use super::*;
 
+    /// A table `held` of rows `1..=rows` (`n` = 0), and a transaction holding `lock` on it.
+    async fn held_table(
+        pool: &PgPool,
+        rows: i32,
+        lock: &'static str,
+    ) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        sqlx::query("CREATE TABLE held (id int PRIMARY KEY, n int NOT NULL)")
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO held SELECT i, 0 FROM generate_series(1, $1) i")
+            .bind(rows)
+            .execute(pool)
+            .await
+            .unwrap();
+        let mut locker = pool.begin().await.unwrap();
+        sqlx::query(lock).execute(&mut *locker).await.unwrap();
+        locker
+    }
+
+    /// A write adding 1 to `n` of its ids in `held` after `settings` (what the connection
+    /// options set), recording the ids of each call in `calls`.
+    fn updating(settings: &'static str, calls: Arc<Mutex<Vec<Vec<i32>>>>) -> WriteFn<i32> {
+        write_fn(move |conn, ids: Arc<Vec<i32>>| {
+            let calls = calls.clone();
+            Box::pin(async move {
+                calls.lock().unwrap().push(ids.to_vec());
+                sqlx::raw_sql(settings).execute(&mut *conn).await?;
+                sqlx::query("UPDATE held SET n = n + 1 WHERE id = ANY($1)")
+                    .bind(&ids[..])
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(vec![true; ids.len()])
+            })
+        })
+    }
+
+    /// `n` of every row of `held`, by id.
+    async fn held_counts(pool: &PgPool) -> Vec<(i32,)> {
+        sqlx::query_as("SELECT n FROM held ORDER BY id")
+            .fetch_all(pool)
+            .await
+            .unwrap()
+    }
+
     /// Items wait while every slot is busy and are then written as one group; when a group
     /// fails, its items are written one by one, so only the bad item fails.
     #[sqlx::test]
@@ -479,35 +524,10 @@ mod tests {
     /// into writes that would each wait as long again; the writer goes on.
     #[sqlx::test]
     async fn a_group_cancelled_for_time_fails_whole_and_the_writer_goes_on(pool: PgPool) {
-        sqlx::raw_sql(
-            "CREATE TABLE held (id int PRIMARY KEY, n int NOT NULL);
-                       INSERT INTO held VALUES (1, 0), (2, 0)",
-        )
-        .execute(&pool)
-        .await
-        .unwrap();
-        let mut locker = pool.begin().await.unwrap();
-        sqlx::query("SELECT 1 FROM held WHERE id = 1 FOR UPDATE")
-            .execute(&mut *locker)
-            .await
-            .unwrap();
-        let calls = Arc::new(Mutex::new(0));
-        let counted = calls.clone();
-        let write: WriteFn<i32> = write_fn(move |conn, ids: Arc<Vec<i32>>| {
-            let counted = counted.clone();
-            Box::pin(async move {
-                *counted.lock().unwrap() += 1;
-                // What `database.statement_timeout_ms` sets on every connection.
-                sqlx::query("SET statement_timeout = 200")
-                    .execute(&mut *conn)
-                    .await?;
-                sqlx::query("UPDATE held SET n = n + 1 WHERE id = ANY($1)")
-                    .bind(&ids[..])
-                    .execute(&mut *conn)
-                    .await?;
-                Ok(vec![true; ids.len()])
-            })
-        });
+        let locker = held_table(&pool, 2, "SELECT 1 FROM held WHERE id = 1 FOR UPDATE").await;
+        let calls: Arc<Mutex<Vec<Vec<i32>>>> = Default::default();
+        // What `database.statement_timeout_ms` sets on every connection.
+        let write = updating("SET statement_timeout = 200", calls.clone());
         let batcher = Batcher::spawn(pool.clone(), 1, 64, Some(Duration::from_secs(30)), write);
         let started = Instant::now();
         // Sent together before the writer runs: one group.
@@ -520,13 +540,10 @@ mod tests {
             started.elapsed() < Duration::from_secs(10),
             "the server's cancel answered, not the writer's own limit"
         );
-        assert_eq!(*calls.lock().unwrap(), 1, "one group, not split");
+        assert_eq!(calls.lock().unwrap().len(), 1, "one group, not split");
         locker.rollback().await.unwrap();
         assert!(batcher.write(1).await.unwrap(), "the writer goes on");
-        let counts: Vec<(i32,)> = sqlx::query_as("SELECT n FROM held ORDER BY id")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+        let counts = held_counts(&pool).await;
         assert_eq!(counts, [(1,), (0,)], "the cancelled group wrote nothing");
     }
 
@@ -535,39 +552,13 @@ mod tests {
     /// written, and only the one on the locked row fails, as transient.
     #[sqlx::test]
     async fn a_group_meeting_a_locked_row_fails_only_the_item_on_it(pool: PgPool) {
-        sqlx::raw_sql(
-            "CREATE TABLE held (id int PRIMARY KEY, n int NOT NULL);
-                       INSERT INTO held VALUES (1, 0), (2, 0), (3, 0)",
-        )
-        .execute(&pool)
-        .await
-        .unwrap();
-        let mut locker = pool.begin().await.unwrap();
-        sqlx::query("SELECT 1 FROM held WHERE id = 1 FOR UPDATE")
-            .execute(&mut *locker)
-            .await
-            .unwrap();
+        let locker = held_table(&pool, 3, "SELECT 1 FROM held WHERE id = 1 FOR UPDATE").await;
         let groups: Arc<Mutex<Vec<Vec<i32>>>> = Default::default();
-        let seen = groups.clone();
-        let write: WriteFn<i32> = write_fn(move |conn, ids: Arc<Vec<i32>>| {
-            let seen = seen.clone();
-            Box::pin(async move {
-                seen.lock().unwrap().push(ids.to_vec());
-                // What `database.lock_timeout_ms` and `statement_timeout_ms` set on every
-                // connection.
-                sqlx::query("SET lock_timeout = 200")
-                    .execute(&mut *conn)
-                    .await?;
-                sqlx::query("SET statement_timeout = 20000")
-                    .execute(&mut *conn)
-                    .await?;
-                sqlx::query("UPDATE held SET n = n + 1 WHERE id = ANY($1)")
-                    .bind(&ids[..])
-                    .execute(&mut *conn)
-                    .await?;
-                Ok(vec![true; ids.len()])
-            })
-        });
+        // What `database.lock_timeout_ms` and `statement_timeout_ms` set on every connection.
+        let write = updating(
+            "SET lock_timeout = 200; SET statement_timeout = 20000",
+            groups.clone(),
+        );
         let batcher = Batcher::spawn(pool.clone(), 1, 64, Some(Duration::from_secs(30)), write);
         let started = Instant::now();
         // Sent together before the writer runs: one group.
@@ -615,34 +606,9 @@ mod tests {
     /// time limit, and the items it did not reach fail as timed out.
     #[sqlx::test]
     async fn a_split_of_items_waiting_on_one_lock_stops_at_the_groups_limit(pool: PgPool) {
-        sqlx::raw_sql(
-            "CREATE TABLE held (id int PRIMARY KEY, n int NOT NULL);
-                       INSERT INTO held VALUES (1, 0)",
-        )
-        .execute(&pool)
-        .await
-        .unwrap();
-        let mut locker = pool.begin().await.unwrap();
-        sqlx::query("LOCK TABLE held IN EXCLUSIVE MODE")
-            .execute(&mut *locker)
-            .await
-            .unwrap();
-        let calls = Arc::new(Mutex::new(0));
-        let counted = calls.clone();
-        let write: WriteFn<i32> = write_fn(move |conn, ids: Arc<Vec<i32>>| {
-            let counted = counted.clone();
-            Box::pin(async move {
-                *counted.lock().unwrap() += 1;
-                sqlx::query("SET lock_timeout = 1000")
-                    .execute(&mut *conn)
-                    .await?;
-                sqlx::query("UPDATE held SET n = n + 1 WHERE id = ANY($1)")
-                    .bind(&ids[..])
-                    .execute(&mut *conn)
-                    .await?;
-                Ok(vec![true; ids.len()])
-            })
-        });
+        let locker = held_table(&pool, 1, "LOCK TABLE held IN EXCLUSIVE MODE").await;
+        let calls: Arc<Mutex<Vec<Vec<i32>>>> = Default::default();
+        let write = updating("SET lock_timeout = 1000", calls.clone());
         // The group's limit (`write_timeout`) passes during the first item's own wait: past
         // one lock time-out with room to spare, short of two.
         let batcher = Batcher::spawn(
@@ -667,7 +633,7 @@ mod tests {
         assert_eq!(outcomes, ["55P03", "timed out", "timed out", "timed out"]);
         assert_eq!(
             *calls.lock().unwrap(),
-            2,
+            [vec![1, 1, 1, 1], vec![1]],
             "the group, then its first item alone"
         );
         assert!(

@@ -284,15 +284,7 @@ async fn a_broker_that_stops_answering_holds_neither_a_finished_run_nor_the_drai
     use agentfleet_tests::stall_proxy::StallProxy;
     let env = TestEnv::new().await;
     let app = env.spawn_api().await;
-    let broker = amqp_url();
-    let upstream = broker
-        .split('@')
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .expect("host:port in the AMQP URL")
-        .to_owned();
-    let proxy = StallProxy::start(&upstream).await;
-    let through = broker.replace(&upstream, &proxy.address);
+    let (proxy, through) = StallProxy::in_front_of_amqp(&amqp_url()).await;
     let worker = env
         .spawn_worker_with(&[
             ("amqp.url", through.as_str()),
@@ -345,15 +337,7 @@ async fn a_slot_freed_while_the_broker_stalls_does_not_hold_the_drain() {
     use agentfleet_tests::stall_proxy::StallProxy;
     let env = TestEnv::new().await;
     let app = env.spawn_api().await;
-    let broker = amqp_url();
-    let upstream = broker
-        .split('@')
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .expect("host:port in the AMQP URL")
-        .to_owned();
-    let proxy = StallProxy::start(&upstream).await;
-    let through = broker.replace(&upstream, &proxy.address);
+    let (proxy, through) = StallProxy::in_front_of_amqp(&amqp_url()).await;
     let worker = env
         .spawn_worker_with(&[
             ("amqp.url", through.as_str()),
@@ -431,15 +415,7 @@ async fn a_publisher_the_broker_blocks_neither_waits_nor_piles_up_connections() 
     use agentfleet_shared::queue::{PublishError, Publisher, Topology};
     use agentfleet_tests::stall_proxy::StallProxy;
     let env = TestEnv::new().await;
-    let broker = amqp_url();
-    let upstream = broker
-        .split('@')
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .expect("host:port in the AMQP URL")
-        .to_owned();
-    let proxy = StallProxy::start(&upstream).await;
-    let through = broker.replace(&upstream, &proxy.address);
+    let (proxy, through) = StallProxy::in_front_of_amqp(&amqp_url()).await;
     let publisher = Publisher::new(&through, "test-blocked", Topology::new(&env.prefix))
         .await
         .expect("publisher")
