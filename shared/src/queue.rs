@@ -145,6 +145,12 @@ pub enum PublishError {
     Blocked,
 }
 
+/// Whether the publisher's connection is up and the broker blocks it (`connection.blocked`).
+fn blocked(kept: &Option<(Connection, Channel)>) -> bool {
+    kept.as_ref()
+        .is_some_and(|(conn, _)| conn.status().connected() && conn.status().blocked())
+}
+
 /// Default of `amqp.timeout_ms`.
 pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -199,13 +205,9 @@ impl Publisher {
     /// connection, not even its close, while the broker keeps it alive with heartbeats): one
     /// more connection per time-out for as long as the alarm lasts.
     fn forget_channel(&self) {
-        if let Ok(mut guard) = self.channel.try_lock() {
-            if guard
-                .as_ref()
-                .is_some_and(|(conn, _)| conn.status().connected() && conn.status().blocked())
-            {
-                return;
-            }
+        if let Ok(mut guard) = self.channel.try_lock()
+            && !blocked(&guard)
+        {
             guard.take();
         }
     }
@@ -214,11 +216,7 @@ impl Publisher {
     /// once instead of waiting `amqp.timeout_ms` for a confirm that cannot come (the sweeper
     /// publishes the run again once the alarm lifts). Never waits for a publish in progress.
     pub fn is_blocked(&self) -> bool {
-        self.channel.try_lock().is_ok_and(|guard| {
-            guard
-                .as_ref()
-                .is_some_and(|(conn, _)| conn.status().connected() && conn.status().blocked())
-        })
+        self.channel.try_lock().is_ok_and(|guard| blocked(&guard))
     }
 
     pub fn topology(&self) -> &Topology {
