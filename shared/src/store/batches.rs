@@ -478,7 +478,23 @@ pub async fn note_started(pool: &PgPool, id: Uuid) -> Result<Option<DateTime<Utc
 /// still active (one probe of `runs_batch_active`). Returns the finished batch when this call
 /// finished it (exactly one caller does, whichever replica): the caller's transaction is the
 /// place to record what follows a batch's end (see `api/src/batch_driver.rs`, `finished`).
+///
+/// `conn` must be in a transaction: the batch's row is locked first, and only then are its runs
+/// looked at, in a statement of its own. A single `UPDATE` that waited for the lock would
+/// re-check the batch's row once it got it, but not its runs (its subquery keeps the snapshot
+/// taken before the wait), so it finished a batch whose run a dead-letter replay had just put
+/// back in the queue (`dead_letters::replay` locks the batch's row too).
 pub async fn finish(conn: &mut PgConnection, id: Uuid) -> Result<Option<BatchRow>, StoreError> {
+    let open: Option<(Uuid,)> = sqlx::query_as(
+        "SELECT id FROM batches WHERE id = $1 AND status IN ('in_progress', 'cancelling')
+            FOR UPDATE",
+    )
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if open.is_none() {
+        return Ok(None);
+    }
     Ok(sqlx::query_as::<_, BatchRow>(concat!(
         "UPDATE batches b
             SET status = CASE b.status WHEN 'cancelling' THEN 'cancelled' ELSE 'completed' END,

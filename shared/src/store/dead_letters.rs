@@ -102,9 +102,16 @@ pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<Replayed, ReplayError
     match updated {
         Ok(Some((tenant_id, fair, batch))) => {
             if let Some(batch) = batch {
+                // Matches whatever the batch's status, so that it waits for a `finish` holding
+                // the row and then sees what that committed: a condition on `completed` was
+                // checked against the row as it was before the wait, and the batch stayed
+                // completed with this run queued again. `batches::finish` locks the row before
+                // it looks at the runs, so it sees this run once this commits.
                 sqlx::query(
-                    "UPDATE batches SET status = 'in_progress', finished_at = NULL
-                     WHERE id = $1 AND status = 'completed'",
+                    "UPDATE batches
+                        SET status = CASE status WHEN 'completed' THEN 'in_progress' ELSE status END,
+                            finished_at = CASE status WHEN 'completed' THEN NULL ELSE finished_at END
+                      WHERE id = $1",
                 )
                 .bind(batch)
                 .execute(&mut *tx)
@@ -189,4 +196,165 @@ pub async fn stuck(
     .bind(limit)
     .fetch_all(pool)
     .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::store::batches::{self, NewBatch, NewItem};
+    use crate::store::{create_many, tenants, transitions};
+
+    /// A batch `in_progress` whose only run is dead-lettered (failed as poison): every run of
+    /// it has ended, so `finish` would complete it. Returns (batch, run).
+    async fn batch_with_a_dead_letter(pool: &PgPool) -> (Uuid, Uuid) {
+        let tenant = tenants::create(pool, "t").await.unwrap().tenant_id;
+        let batch = batches::insert(
+            pool,
+            &NewBatch {
+                id: Uuid::now_v7(),
+                tenant_id: tenant,
+                status: "creating",
+                metadata: json!({}),
+                idempotency_key: None,
+                request_hash: None,
+                fair: false,
+                lease: Some(("me".into(), 60_000)),
+                traceparent: None,
+            },
+            &[NewItem {
+                custom_id: "c0".into(),
+                body: None,
+                run_id: None,
+            }],
+        )
+        .await
+        .unwrap()
+        .expect("written");
+        let run = transitions::NewRun {
+            id: Uuid::now_v7(),
+            tenant_id: tenant,
+            thread_id: None,
+            agent: serde_json::from_value(json!({"model": "m"})).unwrap(),
+            max_iterations: 3,
+            metadata: json!({}),
+            idempotency_key: None,
+            request_hash: None,
+            input: "hi".into(),
+            fair: false,
+            traceparent: None,
+        };
+        let run_id = run.id;
+        let mut tx = pool.begin().await.unwrap();
+        create_many::create_on_new_threads_in(&mut *tx, &[run], Some(batch.id))
+            .await
+            .unwrap();
+        batches::mark_created(&mut tx, batch.id).await.unwrap();
+        sqlx::query(
+            "UPDATE runs SET status = 'failed', finished_at = now(),
+                    error = '{\"code\": \"poison_run\", \"message\": \"poison\"}'
+              WHERE id = $1",
+        )
+        .bind(run_id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        (batch.id, run_id)
+    }
+
+    async fn status_of_batch(pool: &PgPool, batch: Uuid) -> String {
+        sqlx::query_as::<_, (String,)>("SELECT status FROM batches WHERE id = $1")
+            .bind(batch)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+            .0
+    }
+
+    /// Whether a statement on `batches` of this database waits on a row lock.
+    async fn waits_on_the_batch(pool: &PgPool) -> bool {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'
+                AND query LIKE '%batches%'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        n > 0
+    }
+
+    /// A replay while a `finish` holds the batch (it completed it, not yet committed) waits for
+    /// it, then reopens the batch it completed: the batch does not stay completed with a run
+    /// queued again.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_replay_racing_a_finish_reopens_the_batch_it_completed(pool: PgPool) {
+        let (batch, run) = batch_with_a_dead_letter(&pool).await;
+        let mut finisher = pool.begin().await.unwrap();
+        let done = batches::finish(&mut finisher, batch).await.unwrap();
+        assert_eq!(done.expect("finished").status, "completed");
+        let replaying = tokio::spawn({
+            let pool = pool.clone();
+            async move { replay(&pool, run).await }
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !replaying.is_finished() && !waits_on_the_batch(&pool).await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the replay neither ended nor waited"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        finisher.commit().await.unwrap();
+        replaying.await.unwrap().expect("replayed");
+        assert_eq!(status_of_batch(&pool, batch).await, "in_progress");
+    }
+
+    /// A `finish` while a replay's transaction has put the run back and holds the batch waits
+    /// for it, then sees the run queued: the batch is not finished.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_finish_racing_a_replay_sees_the_run_it_put_back(pool: PgPool) {
+        let (batch, run) = batch_with_a_dead_letter(&pool).await;
+        // What `replay` does, held open: the run back in the queue, the batch's row locked.
+        let mut replayer = pool.begin().await.unwrap();
+        sqlx::query(
+            "UPDATE runs SET status = 'queued', error = NULL, finished_at = NULL WHERE id = $1",
+        )
+        .bind(run)
+        .execute(&mut *replayer)
+        .await
+        .unwrap();
+        sqlx::query("UPDATE batches SET status = status WHERE id = $1")
+            .bind(batch)
+            .execute(&mut *replayer)
+            .await
+            .unwrap();
+        let finishing = tokio::spawn({
+            let pool = pool.clone();
+            async move {
+                let mut tx = pool.begin().await.unwrap();
+                let done = batches::finish(&mut tx, batch).await.unwrap();
+                tx.commit().await.unwrap();
+                done
+            }
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !waits_on_the_batch(&pool).await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the finish did not wait for the replay"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        replayer.commit().await.unwrap();
+        assert!(
+            finishing.await.unwrap().is_none(),
+            "a batch with a queued run was finished"
+        );
+        assert_eq!(status_of_batch(&pool, batch).await, "in_progress");
+    }
 }
