@@ -23,6 +23,7 @@ mod ops;
 mod profile;
 mod recovery;
 mod redis;
+mod report;
 mod resume;
 
 use std::collections::HashMap;
@@ -33,6 +34,7 @@ use serde_json::{Value, json};
 use agentfleet_tests::harness::TestEnv;
 
 use common::Ctx;
+use report::Report;
 
 #[derive(Parser, Clone)]
 #[command(name = "bench", about = "agentfleet benchmark")]
@@ -46,6 +48,10 @@ struct Args {
     /// Runs in the end-to-end section.
     #[arg(long)]
     runs: Option<usize>,
+    /// Rounds of the end-to-end section (odd): each figure reported is the median of its
+    /// rounds, each round's headline figures are printed too.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     /// Slots per worker (`worker.concurrency`) in the end-to-end section.
     #[arg(long, default_value_t = 64)]
     slots: usize,
@@ -58,53 +64,6 @@ struct Args {
     only: Vec<String>,
 }
 
-struct Report {
-    rows: Vec<(String, String, f64, String, Option<bool>)>,
-    json: serde_json::Map<String, Value>,
-}
-
-impl Report {
-    fn add(
-        &mut self,
-        section: &str,
-        metric: &str,
-        value: f64,
-        unit: &str,
-        goal: Option<(&str, bool)>,
-    ) {
-        let (goal_text, met) = match goal {
-            Some((text, met)) => (text.to_string(), Some(met)),
-            None => (String::new(), None),
-        };
-        self.rows.push((
-            section.into(),
-            metric.into(),
-            value,
-            format!("{unit} {goal_text}"),
-            met,
-        ));
-        self.json.insert(
-            format!("{section}.{metric}"),
-            json!({"value": value, "unit": unit, "goal": goal_text, "met": met}),
-        );
-    }
-
-    fn print(&self) {
-        println!(
-            "\n{:<10} {:<46} {:>14}  unit / goal",
-            "section", "metric", "value"
-        );
-        for (section, metric, value, unit, met) in &self.rows {
-            let mark = match met {
-                Some(true) => "  [met]",
-                Some(false) => "  [MISSED]",
-                None => "",
-            };
-            println!("{section:<10} {metric:<46} {value:>14.3}  {unit}{mark}");
-        }
-    }
-}
-
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
@@ -115,6 +74,10 @@ async fn main() {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.repeat % 2 == 1,
+        "--repeat must be odd (1, 3, 5, …): the median of an even count is no round's figure"
+    );
     agentfleet_shared::telemetry::install_crypto();
     let env = TestEnv::with(&[
         ("database.max_connections", "24"),
@@ -138,10 +101,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         http: reqwest::Client::new(),
         api,
     };
-    let mut report = Report {
-        rows: Vec::new(),
-        json: serde_json::Map::new(),
-    };
+    let mut report = Report::default();
     let limits = if ctx.wants("limits") {
         limits::machine_limits(&ctx, &mut report).await?
     } else {
