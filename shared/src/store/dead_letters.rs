@@ -106,17 +106,27 @@ pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<Replayed, ReplayError
                 // the row and then sees what that committed: a condition on `completed` was
                 // checked against the row as it was before the wait, and the batch stayed
                 // completed with this run queued again. `batches::finish` locks the row before
-                // it looks at the runs, so it sees this run once this commits.
-                sqlx::query(
+                // it looks at the runs, so it sees this run once this commits. The check for a
+                // cancel above read the batch as it was, without waiting: a cancel committed
+                // since is seen here, and refuses the replay as it would have there.
+                let (status,): (String,) = sqlx::query_as(
                     "UPDATE batches
                         SET status = CASE status WHEN 'completed' THEN 'in_progress' ELSE status END,
                             finished_at = CASE status WHEN 'completed' THEN NULL ELSE finished_at END
-                      WHERE id = $1",
+                      WHERE id = $1
+                      RETURNING status",
                 )
                 .bind(batch)
-                .execute(&mut *tx)
+                .fetch_one(&mut *tx)
                 .await
                 .map_err(StoreError::from)?;
+                if status == "cancelling" || status == "cancelled" {
+                    drop(tx);
+                    return Err(ReplayError::BatchCancelled {
+                        run_id,
+                        batch_status: status,
+                    });
+                }
             }
             tx.commit().await.map_err(StoreError::from)?;
             Ok(Replayed {
@@ -312,6 +322,44 @@ mod tests {
         finisher.commit().await.unwrap();
         replaying.await.unwrap().expect("replayed");
         assert_eq!(status_of_batch(&pool, batch).await, "in_progress");
+    }
+
+    /// A replay whose check for a cancel read the batch before a cancel committed sees that
+    /// cancel when it reopens the batch, and is refused: the run stays dead-lettered.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_replay_racing_a_cancel_is_refused(pool: PgPool) {
+        let (batch, run) = batch_with_a_dead_letter(&pool).await;
+        let mut canceller = pool.begin().await.unwrap();
+        sqlx::query("UPDATE batches SET status = 'cancelling' WHERE id = $1")
+            .bind(batch)
+            .execute(&mut *canceller)
+            .await
+            .unwrap();
+        let replaying = tokio::spawn({
+            let pool = pool.clone();
+            async move { replay(&pool, run).await }
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !replaying.is_finished() && !waits_on_the_batch(&pool).await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the replay neither ended nor waited"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        canceller.commit().await.unwrap();
+        let refused = replaying.await.unwrap();
+        assert!(
+            matches!(&refused, Err(ReplayError::BatchCancelled { batch_status, .. }) if batch_status == "cancelling"),
+            "{refused:?}"
+        );
+        let (status,): (String,) = sqlx::query_as("SELECT status FROM runs WHERE id = $1")
+            .bind(run)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(status, "failed", "the run stays dead-lettered");
+        assert_eq!(status_of_batch(&pool, batch).await, "cancelling");
     }
 
     /// A `finish` while a replay's transaction has put the run back and holds the batch waits
