@@ -475,7 +475,8 @@ pub async fn note_started(pool: &PgPool, id: Uuid) -> Result<Option<DateTime<Utc
 }
 
 /// `in_progress -> completed` or `cancelling -> cancelled` once none of the batch's runs is
-/// still active (one probe of `runs_batch_active`). Returns the finished batch when this call
+/// still active (a probe of `runs_batch_active`; a second one for a batch that looks
+/// finishable, under its row's lock). Returns the finished batch when this call
 /// finished it (exactly one caller does, whichever replica): the caller's transaction is the
 /// place to record what follows a batch's end (see `api/src/batch_driver.rs`, `finished`).
 ///

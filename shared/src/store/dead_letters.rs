@@ -121,7 +121,9 @@ pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<Replayed, ReplayError
                 .await
                 .map_err(StoreError::from)?;
                 if status == "cancelling" || status == "cancelled" {
-                    drop(tx);
+                    // At once, rather than when the pool gets the connection back: the run's
+                    // and the batch's rows stay locked until then.
+                    tx.rollback().await.map_err(StoreError::from)?;
                     return Err(ReplayError::BatchCancelled {
                         run_id,
                         batch_status: status,
