@@ -300,6 +300,27 @@ mod tests {
         n > 0
     }
 
+    /// Starts `replay(run)` and returns once it has ended or waits on a lock of a batch (a
+    /// replay that does not wait for a transaction holding the batch ends at once).
+    async fn start_replay(
+        pool: &PgPool,
+        run: Uuid,
+    ) -> tokio::task::JoinHandle<Result<Replayed, ReplayError>> {
+        let replaying = tokio::spawn({
+            let pool = pool.clone();
+            async move { replay(&pool, run).await }
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !replaying.is_finished() && !waits_on_the_batch(pool).await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the replay neither ended nor waited"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        replaying
+    }
+
     /// A replay while a `finish` holds the batch (it completed it, not yet committed) waits for
     /// it, then reopens the batch it completed: the batch does not stay completed with a run
     /// queued again.
@@ -309,18 +330,7 @@ mod tests {
         let mut finisher = pool.begin().await.unwrap();
         let done = batches::finish(&mut finisher, batch).await.unwrap();
         assert_eq!(done.expect("finished").status, "completed");
-        let replaying = tokio::spawn({
-            let pool = pool.clone();
-            async move { replay(&pool, run).await }
-        });
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while !replaying.is_finished() && !waits_on_the_batch(&pool).await {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the replay neither ended nor waited"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let replaying = start_replay(&pool, run).await;
         finisher.commit().await.unwrap();
         replaying.await.unwrap().expect("replayed");
         assert_eq!(status_of_batch(&pool, batch).await, "in_progress");
@@ -337,18 +347,7 @@ mod tests {
             .execute(&mut *canceller)
             .await
             .unwrap();
-        let replaying = tokio::spawn({
-            let pool = pool.clone();
-            async move { replay(&pool, run).await }
-        });
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while !replaying.is_finished() && !waits_on_the_batch(&pool).await {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the replay neither ended nor waited"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let replaying = start_replay(&pool, run).await;
         canceller.commit().await.unwrap();
         let refused = replaying.await.unwrap();
         assert!(

@@ -32,12 +32,15 @@ async fn a_replayed_dead_letter_completes() {
         async move { (app.run(&id).await["status"] == "failed").then_some(()) }
     })
     .await;
-    worker.kill();
+    // The worker that failed the run commits the failure, then dead-letters the delivery:
+    // killed in between, its message would go back to the queue instead (and be acked as
+    // stale by the next claim), so it is killed only once the message is in the DLQ.
     let dead = format!("{}.runs.dead", env.prefix);
     wait_for("the dead-lettered message", T, || async {
         (env.queue_depth(&dead).await == 1).then_some(())
     })
     .await;
+    worker.kill();
 
     let listed: Value = serde_json::from_str(
         &api_cli(&env, &["--json", "admin", "dead-letters", "list"], true).await,
