@@ -698,21 +698,7 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
-        let agent: crate::domain::AgentSpec =
-            serde_json::from_value(json!({"model": "m"})).unwrap();
-        let run = crate::store::transitions::NewRun {
-            id: Uuid::now_v7(),
-            tenant_id: t,
-            thread_id: None,
-            agent,
-            max_iterations: 3,
-            metadata: json!({}),
-            idempotency_key: None,
-            request_hash: None,
-            input: "hi".into(),
-            fair: false,
-            traceparent: None,
-        };
+        let run = crate::store::transitions::NewRun::for_test(t);
         let run_id = run.id;
         let mut tx = pool.begin().await.unwrap();
         crate::store::create_many::create_on_new_threads_in(&mut *tx, &[run], Some(batch.id))

@@ -246,19 +246,7 @@ mod tests {
         .await
         .unwrap()
         .expect("written");
-        let run = transitions::NewRun {
-            id: Uuid::now_v7(),
-            tenant_id: tenant,
-            thread_id: None,
-            agent: serde_json::from_value(json!({"model": "m"})).unwrap(),
-            max_iterations: 3,
-            metadata: json!({}),
-            idempotency_key: None,
-            request_hash: None,
-            input: "hi".into(),
-            fair: false,
-            traceparent: None,
-        };
+        let run = transitions::NewRun::for_test(tenant);
         let run_id = run.id;
         let mut tx = pool.begin().await.unwrap();
         create_many::create_on_new_threads_in(&mut *tx, &[run], Some(batch.id))

@@ -40,6 +40,26 @@ pub struct NewRun {
     pub traceparent: Option<String>,
 }
 
+impl NewRun {
+    /// A run of `tenant` on a new thread, for the store's tests: model `m`, input `hi`.
+    #[cfg(test)]
+    pub(crate) fn for_test(tenant_id: Uuid) -> NewRun {
+        NewRun {
+            id: Uuid::now_v7(),
+            tenant_id,
+            thread_id: None,
+            agent: serde_json::from_value(serde_json::json!({"model": "m"})).expect("agent"),
+            max_iterations: 3,
+            metadata: serde_json::json!({}),
+            idempotency_key: None,
+            request_hash: None,
+            input: "hi".into(),
+            fair: false,
+            traceparent: None,
+        }
+    }
+}
+
 /// `-> queued`: the thread (if new), the user's message and the run, in one transaction.
 pub async fn create(conn: &mut PgConnection, new: NewRun) -> Result<RunRow, StoreError> {
     let thread_id = match new.thread_id {
