@@ -879,22 +879,12 @@ mod tests {
     }
 
     async fn new_run_of(pool: &PgPool, tenant_id: Uuid) -> RunRow {
-        let agent: AgentSpec = serde_json::from_value(serde_json::json!({"model": "m"})).unwrap();
         let mut tx = pool.begin().await.unwrap();
         let run = create(
             &mut tx,
             NewRun {
-                id: Uuid::now_v7(),
-                tenant_id,
-                thread_id: None,
-                agent,
                 max_iterations: 5,
-                metadata: serde_json::json!({}),
-                idempotency_key: None,
-                request_hash: None,
-                input: "hi".into(),
-                fair: false,
-                traceparent: None,
+                ..NewRun::for_test(tenant_id)
             },
         )
         .await

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use agentfleet_tests::harness::*;
+use agentfleet_tests::stall_proxy::StallProxy;
 
 const T: Duration = Duration::from_secs(60);
 
@@ -281,17 +282,9 @@ async fn a_request_waiting_on_a_locked_run_answers_503_and_changes_nothing() {
 /// sweeper and completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_that_stops_answering_holds_neither_a_finished_run_nor_the_drain() {
-    use agentfleet_tests::stall_proxy::StallProxy;
     let env = TestEnv::new().await;
     let app = env.spawn_api().await;
-    let (proxy, through) = StallProxy::in_front_of_amqp(&amqp_url()).await;
-    let worker = env
-        .spawn_worker_with(&[
-            ("amqp.url", through.as_str()),
-            ("amqp.timeout_ms", "1000"),
-            ("worker.drain_grace_ms", "30000"),
-        ])
-        .await;
+    let (proxy, worker) = worker_behind_a_stall_proxy(&env, &[]).await;
     let first = app
         .start_run(&scripted_run(
             json!([{"content": "first", "delay_ms": 1500}]),
@@ -314,11 +307,7 @@ async fn a_broker_that_stops_answering_holds_neither_a_finished_run_nor_the_drai
         .wait_status(&first_id, &["completed", "failed"], T)
         .await;
     assert_eq!(done["status"], "completed", "{done}");
-    let started = std::time::Instant::now();
-    tokio::time::timeout(Duration::from_secs(15), worker.shutdown())
-        .await
-        .expect("the drain ends without the broker (its grace is 30 s)");
-    assert!(started.elapsed() < Duration::from_secs(15));
+    drains_without_the_broker(worker).await;
     proxy.release();
     let _rescuer = env.spawn_worker().await;
     let done = app
@@ -334,19 +323,16 @@ async fn a_broker_that_stops_answering_holds_neither_a_finished_run_nor_the_drai
 /// meanwhile ends in seconds, not when the connection's heartbeat finally fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_freed_while_the_broker_stalls_does_not_hold_the_drain() {
-    use agentfleet_tests::stall_proxy::StallProxy;
     let env = TestEnv::new().await;
     let app = env.spawn_api().await;
-    let (proxy, through) = StallProxy::in_front_of_amqp(&amqp_url()).await;
-    let worker = env
-        .spawn_worker_with(&[
-            ("amqp.url", through.as_str()),
-            ("amqp.timeout_ms", "1000"),
+    let (proxy, worker) = worker_behind_a_stall_proxy(
+        &env,
+        &[
             ("worker.concurrency", "1"),
             ("worker.max_delivery_hold_ms", "1000"),
-            ("worker.drain_grace_ms", "30000"),
-        ])
-        .await;
+        ],
+    )
+    .await;
     let slow = app
         .start_run(&scripted_run(
             json!([{"content": "done", "delay_ms": 6000}]),
@@ -380,16 +366,38 @@ async fn a_slot_freed_while_the_broker_stalls_does_not_hold_the_drain() {
             .then_some(())
     })
     .await;
-    let started = std::time::Instant::now();
-    tokio::time::timeout(Duration::from_secs(15), worker.shutdown())
-        .await
-        .expect("the drain ends without the broker (its grace is 30 s)");
-    assert!(started.elapsed() < Duration::from_secs(15));
+    drains_without_the_broker(worker).await;
     proxy.release();
     let _rescuer = env.spawn_worker().await;
     let next = next["id"].as_str().unwrap();
     let done = app.wait_status(next, &["completed", "failed"], T).await;
     assert_eq!(done["status"], "completed", "{done}");
+}
+
+/// A worker whose broker connection goes through a stall proxy: publishes and AMQP waits
+/// give up after a second, its drain grace is 30 s (so a drain that ends sooner did not wait
+/// for it).
+async fn worker_behind_a_stall_proxy(
+    env: &TestEnv,
+    extra: &[(&str, &str)],
+) -> (StallProxy, InProcessWorker) {
+    let (proxy, through) = StallProxy::in_front_of_amqp(&amqp_url()).await;
+    let mut settings = vec![
+        ("amqp.url", through.as_str()),
+        ("amqp.timeout_ms", "1000"),
+        ("worker.drain_grace_ms", "30000"),
+    ];
+    settings.extend_from_slice(extra);
+    (proxy, env.spawn_worker_with(&settings).await)
+}
+
+/// Drains `worker` and asserts it ended well within its 30 s grace, the broker not answering.
+async fn drains_without_the_broker(worker: InProcessWorker) {
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(15), worker.shutdown())
+        .await
+        .expect("the drain ends without the broker (its grace is 30 s)");
+    assert!(started.elapsed() < Duration::from_secs(15));
 }
 
 /// An AMQP method frame on channel 0 (the connection's) of class 10 (`connection`).
@@ -413,7 +421,6 @@ fn connection_frame(method: u16, args: &[u8]) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publisher_the_broker_blocks_neither_waits_nor_piles_up_connections() {
     use agentfleet_shared::queue::{PublishError, Publisher, Topology};
-    use agentfleet_tests::stall_proxy::StallProxy;
     let env = TestEnv::new().await;
     let (proxy, through) = StallProxy::in_front_of_amqp(&amqp_url()).await;
     let publisher = Publisher::new(&through, "test-blocked", Topology::new(&env.prefix))
