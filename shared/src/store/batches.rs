@@ -480,31 +480,23 @@ pub async fn note_started(pool: &PgPool, id: Uuid) -> Result<Option<DateTime<Utc
 /// finished it (exactly one caller does, whichever replica): the caller's transaction is the
 /// place to record what follows a batch's end (see `api/src/batch_driver.rs`, `finished`).
 ///
-/// `conn` must be in a transaction. A batch that looks finishable (a read, no lock: the sweep
-/// asks every second about every open batch, and a lock is a write) has its row locked, and
-/// only then are its runs looked at again, in a statement of its own. A single `UPDATE` that
+/// `conn` must be in a transaction. Only a batch that looks finishable has its row locked (the
+/// sweep asks every second about every open batch, and a lock is a write), and only then are
+/// its runs looked at again, in a statement of its own. A single `UPDATE` that
 /// waited for the lock would re-check the batch's row once it got it, but not its runs (its
 /// subquery keeps the snapshot taken before the wait), so it finished a batch whose run a
 /// dead-letter replay had just put back in the queue (`dead_letters::replay` locks the
 /// batch's row too).
 pub async fn finish(conn: &mut PgConnection, id: Uuid) -> Result<Option<BatchRow>, StoreError> {
-    let finishable: Option<(Uuid,)> = sqlx::query_as(concat!(
+    // Locks only a batch that looks finishable: a row the quals reject is not locked.
+    let open: Option<(Uuid,)> = sqlx::query_as(concat!(
         "SELECT b.id FROM batches b
           WHERE b.id = $1 AND b.status IN ('in_progress', 'cancelling')
             AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.batch_id = b.id AND r.status IN ",
         active!(),
-        ")"
+        ")
+            FOR UPDATE"
     ))
-    .bind(id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    if finishable.is_none() {
-        return Ok(None);
-    }
-    let open: Option<(Uuid,)> = sqlx::query_as(
-        "SELECT id FROM batches WHERE id = $1 AND status IN ('in_progress', 'cancelling')
-            FOR UPDATE",
-    )
     .bind(id)
     .fetch_optional(&mut *conn)
     .await?;
