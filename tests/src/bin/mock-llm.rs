@@ -6,6 +6,12 @@ use std::net::SocketAddr;
 use agentfleet_tests::mock_llm::{MockLlm, MockLlmOptions};
 use clap::Parser;
 
+// The scripted model and tool server are counted in the benchmarks' CPU per run (the same
+// code serves both sides of bench/compare): they allocate like the fleet's own processes do,
+// with jemalloc, so glibc's malloc is not a third of the harness's cost (perf, bench e2e).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "mock-llm",

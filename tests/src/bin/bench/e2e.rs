@@ -86,7 +86,9 @@ async fn round(ctx: &Ctx, report: &mut Report, limits: &HashMap<&str, f64>) -> a
     let postmaster = backend.and_then(|(pid,)| crate::cpu::parent_of(pid as u32));
     let sampler = CpuSampler::new(groups(ctx, &workers, postmaster));
     let window = Window::open(ctx, sampler).await?;
-    let batch = ctx.submit_and_wait(n, &body, limit, done_before).await?;
+    let batch = ctx
+        .submit_and_wait(n, &body, ctx.args.submit_batch, limit, done_before)
+        .await?;
     let profile = window.close(ctx, n, batch.polls).await?;
     let rate = n as f64 / batch.secs;
     report.add(
@@ -105,6 +107,13 @@ async fn round(ctx: &Ctx, report: &mut Report, limits: &HashMap<&str, f64>) -> a
             None,
         );
     }
+    report.add(
+        "e2e",
+        "runs per submission request (--submit-batch)",
+        ctx.args.submit_batch as f64,
+        "runs",
+        None,
+    );
     profile.report("e2e", report);
     let lat: Vec<(f64,)> = sqlx::query_as(
         "SELECT extract(epoch FROM finished_at - created_at)::float8 * 1000 FROM runs

@@ -36,6 +36,12 @@ use agentfleet_tests::harness::TestEnv;
 use common::Ctx;
 use report::Report;
 
+// The scripted model and tool server are counted in the benchmarks' CPU per run (the same
+// code serves both sides of bench/compare): they allocate like the fleet's own processes do,
+// with jemalloc, so glibc's malloc is not a third of the harness's cost (perf, bench e2e).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser, Clone)]
 #[command(name = "bench", about = "agentfleet benchmark")]
 struct Args {
@@ -55,6 +61,11 @@ struct Args {
     /// Slots per worker (`worker.concurrency`) in the end-to-end section.
     #[arg(long, default_value_t = 64)]
     slots: usize,
+    /// Runs per submission in the end-to-end section: 1 (the default) posts each run to
+    /// `POST /v1/runs`, 32 requests in flight; N > 1 posts them N at a time to
+    /// `POST /v1/runs/batch` (at most `api.max_batch_runs`), 4 requests in flight.
+    #[arg(long, default_value_t = 1)]
+    submit_batch: usize,
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench.json")]
     out: String,
@@ -77,6 +88,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.repeat % 2 == 1,
         "--repeat must be odd (1, 3, 5, …): the median of an even count is no round's figure"
+    );
+    anyhow::ensure!(
+        (1..=1000).contains(&args.submit_batch),
+        "--submit-batch must be within 1..=1000 (the API's default api.max_batch_runs)"
     );
     agentfleet_shared::telemetry::install_crypto();
     let env = TestEnv::with(&[
