@@ -241,6 +241,10 @@ pub struct WorkerSettings {
     pub sweep_interval_ms: u64,
     /// A `queued` run untouched this long is presumed to have lost its message.
     pub requeue_after_ms: u64,
+    /// A delivery whose claim failed (Postgres down, the run's row locked elsewhere) goes back
+    /// to the queue after 500 ms doubled per earlier failed delivery of the message
+    /// (`x-delivery-count`), at most this long.
+    pub claim_retry_max_ms: u64,
     /// Take-overs after crashes before a run is declared poison and failed.
     pub max_recoveries: i32,
     /// Hand-backs after a transient failure (a database error) before the run is failed.
@@ -726,6 +730,7 @@ lease_ms = 10000
 lease_renew_ms = 3000
 sweep_interval_ms = 2000
 requeue_after_ms = 15000
+claim_retry_max_ms = 10000
 max_recoveries = 3
 max_handbacks = 5
 handback_backoff_ms = 500
@@ -995,6 +1000,12 @@ impl Settings {
             return Err(invalid(
                 "database.idle_in_transaction_timeout_ms",
                 "must be positive and below worker.lease_ms",
+            ));
+        }
+        if !(500..=600_000).contains(&self.worker.claim_retry_max_ms) {
+            return Err(invalid(
+                "worker.claim_retry_max_ms",
+                "must be within 500..=600000",
             ));
         }
         if self.worker.max_recoveries < 0 {

@@ -5,6 +5,7 @@
 //! message dead-lettered.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lapin::message::Delivery;
 use serde_json::json;
@@ -86,6 +87,43 @@ pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<
     Ok(ClaimOutcome::Claimed(Box::new(claimed)))
 }
 
+/// How long a slot waits before it gives back a delivery whose claim failed (Postgres down,
+/// the run's row locked elsewhere past `database.lock_timeout_ms`): 500 ms, doubled for each
+/// earlier failed delivery of the same message, at most `cap` (`worker.claim_retry_max_ms`).
+/// The message keeps coming back for as long as the cause lasts — the run is `queued` and must
+/// start once it can — but each message is tried at most once per `cap` by then, and every
+/// failure is counted (`agentfleet_claim_failures_total`).
+pub fn claim_retry_wait(failed_deliveries: u64, cap: Duration) -> Duration {
+    const FIRST: Duration = Duration::from_millis(500);
+    // 2^16 × 500 ms is past any sensible cap; the shift stays in range.
+    let factor = 1u32 << failed_deliveries.min(16);
+    FIRST.saturating_mul(factor).min(cap)
+}
+
+/// How many earlier deliveries of this message were given back: the quorum queue's
+/// `x-delivery-count` (absent on a first delivery, and on a queue that does not count).
+pub fn failed_deliveries(delivery: &Delivery) -> u64 {
+    use lapin::types::AMQPValue;
+    let Some(headers) = delivery.properties.headers() else {
+        return 0;
+    };
+    let count = headers
+        .inner()
+        .iter()
+        .find(|(k, _)| k.as_str() == "x-delivery-count")
+        .map(|(_, v)| match v {
+            AMQPValue::ShortShortInt(n) => i64::from(*n),
+            AMQPValue::ShortShortUInt(n) => i64::from(*n),
+            AMQPValue::ShortInt(n) => i64::from(*n),
+            AMQPValue::ShortUInt(n) => i64::from(*n),
+            AMQPValue::LongInt(n) => i64::from(*n),
+            AMQPValue::LongUInt(n) => i64::from(*n),
+            AMQPValue::LongLongInt(n) => *n,
+            _ => 0,
+        });
+    count.unwrap_or(0).max(0) as u64
+}
+
 /// The span of one attempt (one holding of the run by this worker). Its parent is the run's
 /// stored trace context (`runs.traceparent`, the creating request), so every attempt of a run
 /// is in one trace however its message came: published at creation, after a resume, by the
@@ -122,4 +160,23 @@ pub fn attempt_span(shared: &Shared, claimed: &Claimed, delivery: &Delivery) -> 
         (None, None) => {}
     }
     span
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_claim_waits_longer_each_delivery_up_to_the_cap() {
+        let cap = Duration::from_secs(10);
+        let waits: Vec<u64> = (0..7)
+            .map(|n| claim_retry_wait(n, cap).as_millis() as u64)
+            .collect();
+        assert_eq!(waits, [500, 1000, 2000, 4000, 8000, 10000, 10000]);
+        // A count no queue would reach neither overflows nor passes the cap.
+        assert_eq!(claim_retry_wait(u64::MAX, cap), cap);
+        // A cap below the first wait is the wait.
+        let short = Duration::from_millis(200);
+        assert_eq!(claim_retry_wait(0, short), short);
+    }
 }

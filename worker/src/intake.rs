@@ -29,7 +29,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::claim::{ClaimOutcome, Settle, attempt_span, claim};
+use crate::claim::{
+    ClaimOutcome, Settle, attempt_span, claim, claim_retry_wait, failed_deliveries,
+};
 use crate::run;
 use crate::shared::Shared;
 use crate::stop::StopSignal;
@@ -163,7 +165,8 @@ impl Intake {
                     shared.active.insert(run_id, stop.clone());
                     metrics::gauge!("agentfleet_runs_in_flight").increment(1.0);
                     let hold = Duration::from_millis(shared.settings.worker.max_delivery_hold_ms);
-                    let execute = run::execute(shared.clone(), *claimed, stop, draining).instrument(span);
+                    let execute =
+                        run::execute(shared.clone(), *claimed, stop, draining).instrument(span);
                     let early = || async {
                         settle_delivery(&delivery.acker, Settle::Ack).await;
                         unacked.let_go(channel);
@@ -175,9 +178,20 @@ impl Intake {
                 }
                 Ok(ClaimOutcome::Skipped(how)) => Some(how),
                 Err(e) => {
-                    tracing::warn!(error = %agentfleet_shared::report::one_line(&e), "claim failed; message returned to the queue");
-                    // Postgres is probably down: don't spin on redeliveries.
-                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    // Postgres down, or this run's row locked elsewhere: the message goes back
+                    // for any worker, after a wait that grows with its failed deliveries.
+                    let failed = failed_deliveries(&delivery);
+                    let cap = Duration::from_millis(shared.settings.worker.claim_retry_max_ms);
+                    let wait = claim_retry_wait(failed, cap);
+                    metrics::counter!("agentfleet_claim_failures_total").increment(1);
+                    tracing::warn!(error = %agentfleet_shared::report::one_line(&e),
+                        failed_deliveries = failed, wait_ms = wait.as_millis() as u64,
+                        "claim failed; message returned to the queue after the wait");
+                    // A drain does not wait for it: the message goes back at once.
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = draining.cancelled() => {}
+                    }
                     Some(Settle::Requeue)
                 }
             };

@@ -110,13 +110,14 @@ impl Worker {
             // and `agentfleet_runs_in_flight` (the autoscaling signal) would go negative when a
             // run taken before the first scrape ends after it.
             telemetry::metrics_handle();
-            // Counters the alerts compute `increase()` on exist from the start at 0: a series
+            // Counters the alerts and the dashboard compute `increase()` or `rate()` on exist from the start at 0: a series
             // born at its first event would hide that event from `increase()`.
             for name in [
                 "agentfleet_poison_runs_total",
                 "agentfleet_lease_expiries_total",
                 "agentfleet_recoveries_total",
                 "agentfleet_run_handbacks_total",
+                "agentfleet_claim_failures_total",
             ] {
                 metrics::counter!(name).absolute(0);
             }

@@ -468,3 +468,71 @@ async fn a_publisher_the_broker_blocks_neither_waits_nor_piles_up_connections() 
     .await;
     assert_eq!(proxy.accepted(), 1, "on the same connection");
 }
+
+/// A run whose row is locked elsewhere before any worker claims it (an operator's open
+/// transaction): each claim fails at `database.lock_timeout_ms` and the message goes back to
+/// the queue after a wait that doubles per failed delivery (the quorum queue's
+/// `x-delivery-count`), at most `worker.claim_retry_max_ms`, each failure counted. Nothing of
+/// the run is written meanwhile; once the lock is released it is claimed and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_locked_before_its_claim_is_retried_ever_slower_and_counted() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let run = app
+        .start_run(&scripted_run(json!([{"content": "done"}]), json!([])))
+        .await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let locker = env.lock_run_row(&id).await;
+    let listen = free_address();
+    let _worker = env.spawn_worker_process(&[
+        ("worker.metrics_listen", &listen),
+        ("database.lock_timeout_ms", "100"),
+        ("worker.claim_retry_max_ms", "1000"),
+    ]);
+    let http = reqwest::Client::new();
+    let failures = || async {
+        let text = http
+            .get(format!("http://{listen}/metrics"))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("agentfleet_claim_failures_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    wait_for("a failed claim on /metrics", T, || async {
+        (failures().await? >= 1.0).then_some(())
+    })
+    .await;
+    let first = std::time::Instant::now();
+    wait_for("four failed claims on /metrics", T, || async {
+        (failures().await? >= 4.0).then_some(())
+    })
+    .await;
+    // The fourth claim fails at least 0.5 + 1 + 1 s (the waits) and three lock time-outs after
+    // the first; seeing the first took at most one poll (100 ms) more. A flat 500 ms retry
+    // makes it 1.8 s. A message the sweeper re-publishes meanwhile only adds failures later.
+    let elapsed = first.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(2300),
+        "four claims within {elapsed:?} of the first: the waits did not grow"
+    );
+    let (status, attempt, started): (String, i32, bool) = sqlx::query_as(
+        "SELECT status, attempt, started_at IS NOT NULL FROM runs WHERE id = $1::uuid",
+    )
+    .bind(&id)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (status.as_str(), attempt, started),
+        ("queued", 0, false),
+        "nothing of the run is written while its row is locked"
+    );
+    locker.rollback().await.unwrap();
+    let done = app.wait_status(&id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+}
