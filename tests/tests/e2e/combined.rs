@@ -514,7 +514,7 @@ async fn a_run_locked_before_its_claim_is_retried_ever_slower_and_counted() {
     .await;
     // The fourth claim fails at least 0.5 + 1 + 1 s (the waits) and three lock time-outs after
     // the first; seeing the first took at most one poll (100 ms) more. A flat 500 ms retry
-    // makes it 1.8 s. A message the sweeper re-publishes meanwhile only adds failures later.
+    // makes it 1.8 s. The message is the only one: the sweeper skips a locked row.
     let elapsed = first.elapsed();
     assert!(
         elapsed >= Duration::from_millis(2300),
