@@ -86,6 +86,18 @@ pub struct Replayed {
 /// batch is refused, as its batch would cancel it again.
 pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<Replayed, ReplayError> {
     let mut tx = pool.begin().await.map_err(StoreError::from)?;
+    // The run's batch first, as every other writer of a batch and its runs takes them (a
+    // creation chunk, `finish`): taking the run first deadlocked with a chunk that held the
+    // batch and was inserting a later item's run on the replayed run's thread (each waited for
+    // the other: the batch's row, the thread's slot in `runs_one_active_per_thread`). A run's
+    // batch never changes, so reading it unlocked is enough.
+    sqlx::query(
+        "SELECT 1 FROM batches WHERE id = (SELECT batch_id FROM runs WHERE id = $1) FOR UPDATE",
+    )
+    .bind(run_id)
+    .execute(&mut *tx)
+    .await
+    .map_err(StoreError::from)?;
     let updated: Result<Option<(Uuid, bool, Option<Uuid>)>, sqlx::Error> = sqlx::query_as(
         "UPDATE runs SET status = 'queued', error = NULL, finished_at = NULL, recoveries = 0,
                          interrupted = false, lease_owner = NULL, lease_expires_at = NULL,
@@ -102,13 +114,11 @@ pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<Replayed, ReplayError
     match updated {
         Ok(Some((tenant_id, fair, batch))) => {
             if let Some(batch) = batch {
-                // Matches whatever the batch's status, so that it waits for a `finish` holding
-                // the row and then sees what that committed: a condition on `completed` was
-                // checked against the row as it was before the wait, and the batch stayed
-                // completed with this run queued again. `batches::finish` locks the row before
-                // it looks at the runs, so it sees this run once this commits. The check for a
-                // cancel above read the batch as it was, without waiting: a cancel committed
-                // since is seen here, and refuses the replay as it would have there.
+                // The batch's row is ours since the first statement (a `finish` or a cancel
+                // that held it has committed: the statements since see what they wrote).
+                // `batches::finish` locks the row before it looks at the runs, so it sees this
+                // run once this commits. Matches whatever the status, so that a cancel
+                // committed before the lock refuses the replay here too.
                 let (status,): (String,) = sqlx::query_as(
                     "UPDATE batches
                         SET status = CASE status WHEN 'completed' THEN 'in_progress' ELSE status END,
@@ -393,5 +403,50 @@ mod tests {
             "a batch with a queued run was finished"
         );
         assert_eq!(status_of_batch(&pool, batch).await, "in_progress");
+    }
+
+    /// A replay while a creation chunk of the run's batch holds the batch and inserts a later
+    /// item's run on the replayed run's thread: the replay waits for the chunk, which goes
+    /// through, then finds the thread busy and is refused. Taking the run before the batch,
+    /// the two waited for each other until Postgres aborted one as a deadlock.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_replay_waits_for_a_creating_chunk_on_its_thread_without_deadlock(pool: PgPool) {
+        let (batch, run) = batch_with_a_dead_letter(&pool).await;
+        let (tenant, thread): (Uuid, Uuid) =
+            sqlx::query_as("SELECT tenant_id, thread_id FROM runs WHERE id = $1")
+                .bind(run)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        // The chunk: the batch's row first, as `batch_driver` takes it.
+        let mut chunk = pool.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM batches WHERE id = $1 FOR UPDATE")
+            .bind(batch)
+            .execute(&mut *chunk)
+            .await
+            .unwrap();
+        let replaying = start_replay(&pool, run).await;
+        let later = transitions::NewRun {
+            thread_id: Some(thread),
+            ..transitions::NewRun::for_test(tenant)
+        };
+        let created = transitions::create(&mut chunk, later).await;
+        assert!(
+            created.is_ok(),
+            "the chunk's run on the thread: {:?}",
+            created.err()
+        );
+        chunk.commit().await.unwrap();
+        let refused = replaying.await.unwrap();
+        assert!(
+            matches!(&refused, Err(ReplayError::ThreadBusy { thread_id, .. }) if *thread_id == thread),
+            "{refused:?}"
+        );
+        let (status,): (String,) = sqlx::query_as("SELECT status FROM runs WHERE id = $1")
+            .bind(run)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(status, "failed", "the run stays dead-lettered");
     }
 }
