@@ -242,7 +242,7 @@ pub struct WorkerSettings {
     /// A `queued` run untouched this long is presumed to have lost its message.
     pub requeue_after_ms: u64,
     /// A delivery whose claim failed (Postgres down, the run's row locked elsewhere) goes back
-    /// to the queue after 500 ms doubled per earlier failed delivery of the message
+    /// to the queue after 500 ms doubled per earlier return of the message
     /// (`x-delivery-count`), at most this long.
     pub claim_retry_max_ms: u64,
     /// Take-overs after crashes before a run is declared poison and failed.

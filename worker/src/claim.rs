@@ -89,7 +89,8 @@ pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<
 
 /// How long a slot waits before it gives back a delivery whose claim failed (Postgres down,
 /// the run's row locked elsewhere past `database.lock_timeout_ms`): 500 ms, doubled for each
-/// earlier failed delivery of the same message, at most `cap` (`worker.claim_retry_max_ms`).
+/// earlier return of the same message (failed ones only from RabbitMQ 4.3 on: see
+/// [`failed_deliveries`]), at most `cap` (`worker.claim_retry_max_ms`).
 /// The message keeps coming back for as long as the cause lasts — the run is `queued` and must
 /// start once it can — but each message is tried at most once per `cap` by then, and every
 /// failure is counted (`agentfleet_claim_failures_total`).
@@ -101,7 +102,9 @@ pub fn claim_retry_wait(failed_deliveries: u64, cap: Duration) -> Duration {
 }
 
 /// How many earlier deliveries of this message were given back: the quorum queue's
-/// `x-delivery-count` (absent on a first delivery, and on a queue that does not count).
+/// `x-delivery-count` (absent on a first delivery, and on a queue that does not count). Up to
+/// RabbitMQ 4.2 every return counts (a slot-less consumer's nack, a lost connection, a failed
+/// claim's reject); from 4.3 only failed ones (a reject, a lost connection).
 pub fn failed_deliveries(delivery: &Delivery) -> u64 {
     use lapin::types::AMQPValue;
     let Some(headers) = delivery.properties.headers() else {

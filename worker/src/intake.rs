@@ -21,6 +21,7 @@ use lapin::Acker;
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    BasicRejectOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, Consumer};
@@ -270,11 +271,15 @@ async fn hold_delivery<F: Future<Output = ()>>(
 async fn settle_delivery(acker: &Acker, how: Settle) {
     let sent = match how {
         Settle::Ack => acker.ack(BasicAckOptions::default()).await,
-        Settle::Requeue | Settle::DeadLetter => {
-            let requeue = how == Settle::Requeue;
+        // A reject, not a nack: the delivery failed, and RabbitMQ 4.3 and later count only
+        // failed returns in `x-delivery-count` (earlier versions count every return), which
+        // the next claim's wait grows with. The returns of a consumer that merely has no slot
+        // (`pause`, the intake's give-back) stay nacks: they are not failures.
+        Settle::Requeue => acker.reject(BasicRejectOptions { requeue: true }).await,
+        Settle::DeadLetter => {
             acker
                 .nack(BasicNackOptions {
-                    requeue,
+                    requeue: false,
                     ..Default::default()
                 })
                 .await
