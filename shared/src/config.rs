@@ -242,8 +242,8 @@ pub struct WorkerSettings {
     /// A `queued` run untouched this long is presumed to have lost its message.
     pub requeue_after_ms: u64,
     /// A delivery whose claim failed (Postgres down, the run's row locked elsewhere) goes back
-    /// to the queue after 500 ms doubled per earlier return of the message
-    /// (`x-delivery-count`), at most this long.
+    /// to the queue after 500 ms doubled per earlier delivery of the message
+    /// (`x-delivery-count`, or `x-acquired-count` from RabbitMQ 4.3), at most this long.
     pub claim_retry_max_ms: u64,
     /// Take-overs after crashes before a run is declared poison and failed.
     pub max_recoveries: i32,

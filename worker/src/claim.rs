@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lapin::BasicProperties;
 use lapin::message::Delivery;
 use serde_json::json;
 
@@ -89,31 +90,33 @@ pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<
 
 /// How long a slot waits before it gives back a delivery whose claim failed (Postgres down,
 /// the run's row locked elsewhere past `database.lock_timeout_ms`): 500 ms, doubled for each
-/// earlier return of the same message (failed ones only from RabbitMQ 4.3 on: see
-/// [`failed_deliveries`]), at most `cap` (`worker.claim_retry_max_ms`).
+/// earlier delivery of the same message ([`earlier_deliveries`]), at most `cap`
+/// (`worker.claim_retry_max_ms`).
 /// The message keeps coming back for as long as the cause lasts — the run is `queued` and must
 /// start once it can — but each message is tried at most once per `cap` by then, and every
 /// failure is counted (`agentfleet_claim_failures_total`).
-pub fn claim_retry_wait(failed_deliveries: u64, cap: Duration) -> Duration {
+pub fn claim_retry_wait(earlier_deliveries: u64, cap: Duration) -> Duration {
     const FIRST: Duration = Duration::from_millis(500);
     // 2^16 × 500 ms is past any sensible cap; the shift stays in range.
-    let factor = 1u32 << failed_deliveries.min(16);
+    let factor = 1u32 << earlier_deliveries.min(16);
     FIRST.saturating_mul(factor).min(cap)
 }
 
-/// How many earlier deliveries of this message were given back: the quorum queue's
-/// `x-delivery-count` (absent on a first delivery, and on a queue that does not count). Up to
-/// RabbitMQ 4.2 every return counts (a slot-less consumer's nack, a lost connection, a failed
-/// claim's reject); from 4.3 only failed ones (a reject, a lost connection).
-pub fn failed_deliveries(delivery: &Delivery) -> u64 {
+/// How many times this message was delivered before: the larger of the quorum queue's
+/// `x-delivery-count` (returns; up to RabbitMQ 4.2 every return, from 4.3 only rejects and
+/// lost connections) and `x-acquired-count` (4.3 on: every delivery to a consumer). A failed
+/// claim gives its message back with a nack, which counts in the first up to 4.2 and in the
+/// second from 4.3; 0 when neither header is there (a first delivery, a queue that does not
+/// count).
+pub fn earlier_deliveries(properties: &BasicProperties) -> u64 {
     use lapin::types::AMQPValue;
-    let Some(headers) = delivery.properties.headers() else {
+    let Some(headers) = properties.headers() else {
         return 0;
     };
-    let count = headers
+    headers
         .inner()
         .iter()
-        .find(|(k, _)| k.as_str() == "x-delivery-count")
+        .filter(|(k, _)| matches!(k.as_str(), "x-delivery-count" | "x-acquired-count"))
         .map(|(_, v)| match v {
             AMQPValue::ShortShortInt(n) => i64::from(*n),
             AMQPValue::ShortShortUInt(n) => i64::from(*n),
@@ -123,8 +126,10 @@ pub fn failed_deliveries(delivery: &Delivery) -> u64 {
             AMQPValue::LongUInt(n) => i64::from(*n),
             AMQPValue::LongLongInt(n) => *n,
             _ => 0,
-        });
-    count.unwrap_or(0).max(0) as u64
+        })
+        .max()
+        .unwrap_or(0)
+        .max(0) as u64
 }
 
 /// The span of one attempt (one holding of the run by this worker). Its parent is the run's
@@ -181,5 +186,39 @@ mod tests {
         // A cap below the first wait is the wait.
         let short = Duration::from_millis(200);
         assert_eq!(claim_retry_wait(0, short), short);
+    }
+
+    #[test]
+    fn earlier_deliveries_take_the_larger_count_of_either_broker_version() {
+        use lapin::types::{AMQPValue, FieldTable, ShortString};
+        let with = |headers: &[(&str, AMQPValue)]| {
+            let mut table = FieldTable::default();
+            for (k, v) in headers {
+                table.insert(ShortString::from(*k), v.clone());
+            }
+            BasicProperties::default().with_headers(table)
+        };
+        assert_eq!(earlier_deliveries(&BasicProperties::default()), 0);
+        // RabbitMQ up to 4.2 (and 3.x, as the broker of the tests sends it).
+        assert_eq!(
+            earlier_deliveries(&with(&[("x-delivery-count", AMQPValue::LongLongInt(3))])),
+            3
+        );
+        // 4.3 on: a nack leaves the delivery count, the acquired count grows.
+        assert_eq!(
+            earlier_deliveries(&with(&[
+                ("x-delivery-count", AMQPValue::LongLongInt(0)),
+                ("x-acquired-count", AMQPValue::LongInt(5)),
+            ])),
+            5
+        );
+        // Neither a negative nor a foreign type counts.
+        assert_eq!(
+            earlier_deliveries(&with(&[
+                ("x-delivery-count", AMQPValue::LongLongInt(-2)),
+                ("x-acquired-count", AMQPValue::LongString("7".into())),
+            ])),
+            0
+        );
     }
 }

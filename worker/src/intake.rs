@@ -21,7 +21,6 @@ use lapin::Acker;
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-    BasicRejectOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, Consumer};
@@ -31,7 +30,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::claim::{
-    ClaimOutcome, Settle, attempt_span, claim, claim_retry_wait, failed_deliveries,
+    ClaimOutcome, Settle, attempt_span, claim, claim_retry_wait, earlier_deliveries,
 };
 use crate::run;
 use crate::shared::Shared;
@@ -180,13 +179,13 @@ impl Intake {
                 Ok(ClaimOutcome::Skipped(how)) => Some(how),
                 Err(e) => {
                     // Postgres down, or this run's row locked elsewhere: the message goes back
-                    // for any worker, after a wait that grows with its failed deliveries.
-                    let failed = failed_deliveries(&delivery);
+                    // for any worker, after a wait that grows with its earlier deliveries.
+                    let earlier = earlier_deliveries(&delivery.properties);
                     let cap = Duration::from_millis(shared.settings.worker.claim_retry_max_ms);
-                    let wait = claim_retry_wait(failed, cap);
+                    let wait = claim_retry_wait(earlier, cap);
                     metrics::counter!("agentfleet_claim_failures_total").increment(1);
                     tracing::warn!(error = %agentfleet_shared::report::one_line(&e),
-                        failed_deliveries = failed, wait_ms = wait.as_millis() as u64,
+                        earlier_deliveries = earlier, wait_ms = wait.as_millis() as u64,
                         "claim failed; message returned to the queue after the wait");
                     // A drain does not wait for it: the message goes back at once.
                     tokio::select! {
@@ -271,15 +270,15 @@ async fn hold_delivery<F: Future<Output = ()>>(
 async fn settle_delivery(acker: &Acker, how: Settle) {
     let sent = match how {
         Settle::Ack => acker.ack(BasicAckOptions::default()).await,
-        // A reject, not a nack: the delivery failed, and RabbitMQ 4.3 and later count only
-        // failed returns in `x-delivery-count` (earlier versions count every return), which
-        // the next claim's wait grows with. The returns of a consumer that merely has no slot
-        // (`pause`, the intake's give-back) stay nacks: they are not failures.
-        Settle::Requeue => acker.reject(BasicRejectOptions { requeue: true }).await,
-        Settle::DeadLetter => {
+        // A nack, not a reject: from RabbitMQ 4.3 a reject counts towards a quorum queue's
+        // delivery limit (20 by default from 4.0), and a claim failing through a database
+        // outage must not dead-letter the runs it could not start sooner than it must. The
+        // next claim's wait grows with `x-acquired-count` there (`claim::earlier_deliveries`).
+        Settle::Requeue | Settle::DeadLetter => {
+            let requeue = how == Settle::Requeue;
             acker
                 .nack(BasicNackOptions {
-                    requeue: false,
+                    requeue,
                     ..Default::default()
                 })
                 .await

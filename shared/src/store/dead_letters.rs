@@ -86,13 +86,15 @@ pub struct Replayed {
 /// batch is refused, as its batch would cancel it again.
 pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<Replayed, ReplayError> {
     let mut tx = pool.begin().await.map_err(StoreError::from)?;
-    // The run's batch first, as every other writer of a batch and its runs takes them (a
-    // creation chunk, `finish`): taking the run first deadlocked with a chunk that held the
-    // batch and was inserting a later item's run on the replayed run's thread (each waited for
-    // the other: the batch's row, the thread's slot in `runs_one_active_per_thread`). A run's
-    // batch never changes, so reading it unlocked is enough.
+    // The run's batch first, as a creation chunk takes its batch before the runs it writes
+    // (and `finish` before it reads them): taking the run first deadlocked with a chunk that
+    // held the batch and was inserting a later item's run on the replayed run's thread (each
+    // waited for the other: the batch's row, the thread's slot in
+    // `runs_one_active_per_thread`). A run's batch never changes, so reading it unlocked is
+    // enough; the lock is the one the batch's update below takes anyway.
     sqlx::query(
-        "SELECT 1 FROM batches WHERE id = (SELECT batch_id FROM runs WHERE id = $1) FOR UPDATE",
+        "SELECT 1 FROM batches WHERE id = (SELECT batch_id FROM runs WHERE id = $1)
+         FOR NO KEY UPDATE",
     )
     .bind(run_id)
     .execute(&mut *tx)
@@ -115,10 +117,10 @@ pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<Replayed, ReplayError
         Ok(Some((tenant_id, fair, batch))) => {
             if let Some(batch) = batch {
                 // The batch's row is ours since the first statement (a `finish` or a cancel
-                // that held it has committed: the statements since see what they wrote).
-                // `batches::finish` locks the row before it looks at the runs, so it sees this
-                // run once this commits. Matches whatever the status, so that a cancel
-                // committed before the lock refuses the replay here too.
+                // that held it has committed, and the run's update above saw what it wrote:
+                // a cancel refused the replay there). `batches::finish` locks the row before
+                // it looks at the runs, so it sees this run once this commits. The check of
+                // the status below is a guard: no cancel can commit in between.
                 let (status,): (String,) = sqlx::query_as(
                     "UPDATE batches
                         SET status = CASE status WHEN 'completed' THEN 'in_progress' ELSE status END,
@@ -148,7 +150,8 @@ pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<Replayed, ReplayError
             })
         }
         Ok(None) => {
-            drop(tx);
+            // At once: the batch's row stays locked until the transaction ends.
+            tx.rollback().await.map_err(StoreError::from)?;
             let row: Option<(String, Option<String>, Option<String>)> = sqlx::query_as(
                 "SELECT r.status::text, r.error ->> 'code', b.status
                  FROM runs r LEFT JOIN batches b ON b.id = r.batch_id WHERE r.id = $1",
@@ -175,7 +178,7 @@ pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<Replayed, ReplayError
             }
         }
         Err(e) if is_unique_violation(&e, "runs_one_active_per_thread") => {
-            drop(tx);
+            tx.rollback().await.map_err(StoreError::from)?;
             let (thread_id,): (Uuid,) = sqlx::query_as("SELECT thread_id FROM runs WHERE id = $1")
                 .bind(run_id)
                 .fetch_one(pool)

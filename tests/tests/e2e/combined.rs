@@ -471,8 +471,8 @@ async fn a_publisher_the_broker_blocks_neither_waits_nor_piles_up_connections() 
 
 /// A run whose row is locked elsewhere before any worker claims it (an operator's open
 /// transaction): each claim fails at `database.lock_timeout_ms` and the message goes back to
-/// the queue after a wait that doubles per return (the quorum queue's `x-delivery-count`), at
-/// most `worker.claim_retry_max_ms`, each failure counted. Nothing of
+/// the queue after a wait that doubles per earlier delivery (the quorum queue's
+/// `x-delivery-count`), at most `worker.claim_retry_max_ms`, each failure counted. Nothing of
 /// the run is written meanwhile; once the lock is released it is claimed and completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_locked_before_its_claim_is_retried_ever_slower_and_counted() {
