@@ -279,6 +279,15 @@ mod tests {
         (batch.id, run_id)
     }
 
+    async fn status_of_run(pool: &PgPool, run: Uuid) -> String {
+        sqlx::query_as::<_, (String,)>("SELECT status FROM runs WHERE id = $1")
+            .bind(run)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+            .0
+    }
+
     async fn status_of_batch(pool: &PgPool, batch: Uuid) -> String {
         sqlx::query_as::<_, (String,)>("SELECT status FROM batches WHERE id = $1")
             .bind(batch)
@@ -355,12 +364,11 @@ mod tests {
             matches!(&refused, Err(ReplayError::BatchCancelled { batch_status, .. }) if batch_status == "cancelling"),
             "{refused:?}"
         );
-        let (status,): (String,) = sqlx::query_as("SELECT status FROM runs WHERE id = $1")
-            .bind(run)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        assert_eq!(status, "failed", "the run stays dead-lettered");
+        assert_eq!(
+            status_of_run(&pool, run).await,
+            "failed",
+            "the run stays dead-lettered"
+        );
         assert_eq!(status_of_batch(&pool, batch).await, "cancelling");
     }
 
@@ -445,11 +453,10 @@ mod tests {
             matches!(&refused, Err(ReplayError::ThreadBusy { thread_id, .. }) if *thread_id == thread),
             "{refused:?}"
         );
-        let (status,): (String,) = sqlx::query_as("SELECT status FROM runs WHERE id = $1")
-            .bind(run)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        assert_eq!(status, "failed", "the run stays dead-lettered");
+        assert_eq!(
+            status_of_run(&pool, run).await,
+            "failed",
+            "the run stays dead-lettered"
+        );
     }
 }

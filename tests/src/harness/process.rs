@@ -160,6 +160,17 @@ pub fn free_address() -> String {
     format!("127.0.0.1:{port}")
 }
 
+/// The text of `/metrics` served at `listen` (`worker.metrics_listen`, `api.metrics_listen`);
+/// `None` while nothing answers there.
+pub async fn scrape_metrics(listen: &str) -> Option<String> {
+    reqwest::get(format!("http://{listen}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()
+}
+
 /// Path of a workspace binary next to the test executable's directory.
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");

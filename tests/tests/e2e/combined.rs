@@ -489,17 +489,10 @@ async fn a_run_locked_before_its_claim_is_retried_ever_slower_and_counted() {
         ("database.lock_timeout_ms", "100"),
         ("worker.claim_retry_max_ms", "1000"),
     ]);
-    let http = reqwest::Client::new();
     let failures = || async {
-        let text = http
-            .get(format!("http://{listen}/metrics"))
-            .send()
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
-        text.lines()
+        scrape_metrics(&listen)
+            .await?
+            .lines()
             .find_map(|l| l.strip_prefix("agentfleet_claim_failures_total "))
             .and_then(|v| v.trim().parse::<f64>().ok())
     };

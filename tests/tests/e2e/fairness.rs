@@ -280,20 +280,14 @@ async fn suspension_holds_queued_runs_and_the_backlog_is_exported() {
         "agentfleet_tenant_held_runs{{tenant=\"{}\"}} 4",
         app.tenant_id
     );
-    let http = reqwest::Client::new();
     wait_for(
         "the held backlog on /metrics",
         Duration::from_secs(30),
         || async {
-            let text = http
-                .get(format!("http://{listen}/metrics"))
-                .send()
-                .await
-                .ok()?
-                .text()
-                .await
-                .ok()?;
-            text.contains(&gauge).then_some(())
+            scrape_metrics(&listen)
+                .await?
+                .contains(&gauge)
+                .then_some(())
         },
     )
     .await;
