@@ -264,6 +264,9 @@ pub struct WorkerSettings {
     /// One model response (the whole stream) may not exceed this many bytes; a longer one
     /// fails the call.
     pub max_model_response_bytes: usize,
+    /// Tool calls one model response may make (native and XML together); more make the
+    /// response malformed (each would be a row, a dispatch and a result).
+    pub max_tool_calls_per_response: usize,
     /// Address of the worker's health and metrics server; empty disables it.
     pub metrics_listen: String,
     pub model_connect_timeout_ms: u64,
@@ -403,7 +406,8 @@ pub struct McpSettings {
     pub max_tools_per_server: usize,
     /// Largest input schema of one MCP tool (serialized JSON); a larger one fails the listing.
     pub max_schema_bytes: usize,
-    /// Largest listing response read from a server.
+    /// Largest listing response read from a server, and the most a whole listing (every
+    /// page's names, descriptions and schemas) may hold.
     pub max_list_bytes: usize,
     /// Servers one tenant may register.
     pub max_servers_per_tenant: i64,
@@ -740,6 +744,7 @@ tool_timeout_ms = 30000
 max_tool_result_bytes = 65536
 max_parallel_tool_calls = 8
 max_model_response_bytes = 8388608
+max_tool_calls_per_response = 128
 metrics_listen = ""
 model_connect_timeout_ms = 5000
 model_first_byte_timeout_ms = 60000
@@ -1006,6 +1011,12 @@ impl Settings {
             return Err(invalid(
                 "worker.claim_retry_max_ms",
                 "must be within 500..=600000",
+            ));
+        }
+        if !(1..=1024).contains(&self.worker.max_tool_calls_per_response) {
+            return Err(invalid(
+                "worker.max_tool_calls_per_response",
+                "must be within 1..=1024",
             ));
         }
         if self.worker.max_recoveries < 0 {

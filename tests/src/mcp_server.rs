@@ -8,6 +8,10 @@
 //! | `transfer` `{amount}` | a side effect: counted; text `transferred <amount>` |
 //! | `slow` `{ms}` | sleeps `ms` (default 300), then text `slept` |
 //! | `fail` | an `isError` result with text `failed on purpose` |
+//!
+//! `tools/list` answers two tools a page (the cursor is the next page's number). Two hostile
+//! listings beside it: `/endless/mcp` answers one new tool a page and always another cursor;
+//! `/wordy/mcp` answers the same pages with 100,000-byte descriptions.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -71,7 +75,18 @@ impl McpState {
 #[derive(Clone)]
 struct Handler {
     state: Arc<McpState>,
+    listing: Listing,
 }
+
+#[derive(Clone, Copy)]
+enum Listing {
+    Paged,
+    Endless,
+    Wordy,
+}
+
+/// Tools a page of a paged listing.
+const PAGE: usize = 2;
 
 fn tool(name: &'static str, description: &'static str, schema: Value) -> Tool {
     let Value::Object(schema) = schema else {
@@ -109,11 +124,37 @@ impl ServerHandler for Handler {
 
     async fn list_tools(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        self.state.lists.fetch_add(1, Ordering::SeqCst);
-        Ok(ListToolsResult::with_all_items(tools()))
+        let page: usize = request
+            .and_then(|r| r.cursor)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        if page == 0 {
+            self.state.lists.fetch_add(1, Ordering::SeqCst);
+        }
+        let (items, more) = match self.listing {
+            Listing::Endless => {
+                let name = format!("t{page}");
+                let t = Tool::new(name, "Endless.", Arc::new(serde_json::Map::new()));
+                (vec![t], true)
+            }
+            Listing::Paged | Listing::Wordy => {
+                let all = tools();
+                let more = (page + 1) * PAGE < all.len();
+                let mut items: Vec<Tool> = all.into_iter().skip(page * PAGE).take(PAGE).collect();
+                if matches!(self.listing, Listing::Wordy) {
+                    for t in &mut items {
+                        t.description = Some("w".repeat(100_000).into());
+                    }
+                }
+                (items, more)
+            }
+        };
+        let mut result = ListToolsResult::with_all_items(items);
+        result.next_cursor = more.then(|| (page + 1).to_string());
+        Ok(result)
     }
 
     async fn call_tool(
@@ -183,15 +224,21 @@ impl McpServer {
             .context("mcp-server: binding")?;
         let addr = listener.local_addr()?;
         let state = Arc::new(McpState::default());
-        let handler = Handler {
-            state: state.clone(),
+        let service = |listing| {
+            let handler = Handler {
+                state: state.clone(),
+                listing,
+            };
+            StreamableHttpService::new(
+                move || Ok(handler.clone()),
+                Arc::new(LocalSessionManager::default()),
+                StreamableHttpServerConfig::default(),
+            )
         };
-        let service = StreamableHttpService::new(
-            move || Ok(handler.clone()),
-            Arc::new(LocalSessionManager::default()),
-            StreamableHttpServerConfig::default(),
-        );
-        let app = axum::Router::new().nest_service("/mcp", service);
+        let app = axum::Router::new()
+            .nest_service("/mcp", service(Listing::Paged))
+            .nest_service("/endless/mcp", service(Listing::Endless))
+            .nest_service("/wordy/mcp", service(Listing::Wordy));
         let task = tokio::spawn(async move {
             if let Err(error) = axum::serve(listener, app).await {
                 tracing::warn!(%error, "mcp server stopped with an error");
@@ -207,6 +254,16 @@ impl McpServer {
     /// `http://127.0.0.1:PORT/mcp`
     pub fn url(&self) -> String {
         format!("http://{}/mcp", self.addr)
+    }
+
+    /// A listing that never ends: one new tool a page, always another cursor.
+    pub fn endless_url(&self) -> String {
+        format!("http://{}/endless/mcp", self.addr)
+    }
+
+    /// The four tools over two pages, each with a 100,000-byte description.
+    pub fn wordy_url(&self) -> String {
+        format!("http://{}/wordy/mcp", self.addr)
     }
 
     pub fn state(&self) -> &McpState {

@@ -240,8 +240,9 @@ async fn call_once(
     }
     let idle = Duration::from_millis(settings.model_idle_timeout_ms);
     let cap = settings.max_model_response_bytes;
-    let xml = (req.model.tool_calling == ToolCalling::Xml).then(XmlCalls::default);
-    read_stream(response, idle, cap, emitter, policy, xml).await
+    let max_calls = settings.max_tool_calls_per_response;
+    let xml = (req.model.tool_calling == ToolCalling::Xml).then(|| XmlCalls::new(max_calls));
+    read_stream(response, idle, cap, max_calls, emitter, policy, xml).await
 }
 
 /// Buffers streamed text and flushes it as one `message_delta` by time or size.
@@ -308,6 +309,7 @@ async fn read_stream(
     response: reqwest::Response,
     idle: Duration,
     cap: usize,
+    max_calls: usize,
     emitter: &Emitter,
     policy: &DeltaPolicy,
     mut xml: Option<XmlCalls>,
@@ -315,7 +317,7 @@ async fn read_stream(
     // Bounded before the SSE decoder, which buffers until a newline: a stream without one
     // would otherwise grow without limit.
     let mut events = bounded::limit(response.bytes_stream(), cap).eventsource();
-    let mut parser = StreamParser::default();
+    let mut parser = StreamParser::new(max_calls);
     let mut coalescer = Coalescer {
         emitter,
         buf: String::new(),
@@ -356,6 +358,12 @@ async fn read_stream(
     let mut response = parser.finish()?;
     if let Some(x) = xml {
         let (rest, mut visible, calls) = x.finish().map_err(ModelError::Malformed)?;
+        // Native and XML calls together are held to the one limit.
+        if response.tool_calls.len() + calls.len() > max_calls {
+            return Err(ModelError::Malformed(format!(
+                "more than {max_calls} tool calls in one response"
+            )));
+        }
         coalescer.push(&rest).await?;
         strip_nul_in(&mut visible);
         response.content = visible;

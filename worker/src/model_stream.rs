@@ -105,18 +105,41 @@ struct FunctionDelta {
     arguments: Option<String>,
 }
 
+/// Default of `worker.max_tool_calls_per_response`.
+pub const DEFAULT_MAX_TOOL_CALLS: usize = 128;
+
 /// The answer so far. Tool calls arrive in pieces keyed by `index`: the id and name once, the
 /// arguments as fragments to concatenate.
-#[derive(Default)]
 pub struct StreamParser {
     content: String,
     calls: BTreeMap<usize, ModelToolCall>,
+    /// More distinct calls than this make the response malformed: each becomes a row, a
+    /// dispatch and a result in the next request, and a stream of tiny chunks with a new
+    /// `index` each would otherwise ask for hundreds of thousands of them.
+    max_calls: usize,
     usage: Option<Usage>,
     finish_reason: Option<String>,
     done: bool,
 }
 
+impl Default for StreamParser {
+    fn default() -> Self {
+        StreamParser::new(DEFAULT_MAX_TOOL_CALLS)
+    }
+}
+
 impl StreamParser {
+    pub fn new(max_calls: usize) -> StreamParser {
+        StreamParser {
+            content: String::new(),
+            calls: BTreeMap::new(),
+            max_calls,
+            usage: None,
+            finish_reason: None,
+            done: false,
+        }
+    }
+
     /// Folds one `data:` payload in; returns the text it added, to forward to clients.
     pub fn feed(&mut self, data: &str) -> Result<Option<String>, StreamError> {
         let data = data.trim();
@@ -139,6 +162,12 @@ impl StreamParser {
                 added.push_str(&text);
             }
             for tc in choice.delta.tool_calls {
+                if self.calls.len() == self.max_calls && !self.calls.contains_key(&tc.index) {
+                    return Err(StreamError::Malformed(format!(
+                        "more than {} tool calls in one response",
+                        self.max_calls
+                    )));
+                }
                 let entry = self.calls.entry(tc.index).or_insert_with(|| ModelToolCall {
                     id: String::new(),
                     name: String::new(),
@@ -225,6 +254,22 @@ mod tests {
             p.feed(&c.to_string()).unwrap();
         }
         p
+    }
+
+    #[test]
+    fn more_distinct_calls_than_the_limit_are_malformed_and_pieces_of_known_ones_are_not() {
+        let call = |index: usize| {
+            json!({"choices": [{"delta": {"tool_calls": [
+                {"index": index, "function": {"name": "f", "arguments": "{}"}}]}}]})
+            .to_string()
+        };
+        let mut p = StreamParser::new(2);
+        p.feed(&call(0)).unwrap();
+        p.feed(&call(7)).unwrap();
+        // More pieces of a call already open are fine at the limit.
+        p.feed(&call(0)).unwrap();
+        let err = p.feed(&call(8)).unwrap_err();
+        assert_eq!(err.to_string(), "more than 2 tool calls in one response");
     }
 
     #[test]

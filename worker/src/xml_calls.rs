@@ -19,16 +19,17 @@
 
 use serde_json::{Map, Value};
 
+#[cfg(test)]
+use crate::model_stream::DEFAULT_MAX_TOOL_CALLS;
 use crate::model_stream::ModelToolCall;
 
 const OPEN: &str = "<function_calls>";
 const CLOSE: &str = "</function_calls>";
-/// Calls one response may make; more is a malformed response.
-pub const MAX_CALLS: usize = 128;
-
 /// The stream's text, split into what clients see and the calls.
-#[derive(Default)]
 pub struct XmlCalls {
+    /// Calls one response may make (`worker.max_tool_calls_per_response`); more is a
+    /// malformed response.
+    max_calls: usize,
     /// Text not yet forwarded (a possible opening tag) or a block not yet closed.
     pending: String,
     /// Inside `<function_calls>`.
@@ -41,6 +42,18 @@ pub struct XmlCalls {
 }
 
 impl XmlCalls {
+    pub fn new(max_calls: usize) -> XmlCalls {
+        XmlCalls {
+            max_calls,
+            pending: String::new(),
+            in_block: false,
+            searched: 0,
+            visible: String::new(),
+            calls: Vec::new(),
+            error: None,
+        }
+    }
+
     /// Takes one piece of streamed text; returns the part clients may see now.
     pub fn feed(&mut self, text: &str) -> String {
         self.pending.push_str(text);
@@ -61,7 +74,7 @@ impl XmlCalls {
                 self.in_block = false;
                 self.searched = 0;
                 if self.error.is_none()
-                    && let Err(e) = parse_block(&block, &mut self.calls)
+                    && let Err(e) = parse_block(&block, &mut self.calls, self.max_calls)
                 {
                     self.error = Some(e);
                 }
@@ -106,7 +119,11 @@ impl XmlCalls {
 }
 
 /// The `<invoke>`s of one block, appended to `calls`.
-fn parse_block(block: &str, calls: &mut Vec<ModelToolCall>) -> Result<(), String> {
+fn parse_block(
+    block: &str,
+    calls: &mut Vec<ModelToolCall>,
+    max_calls: usize,
+) -> Result<(), String> {
     let mut rest = block;
     while let Some(at) = rest.find("<invoke") {
         let tag_end = rest[at..].find('>').ok_or("an unclosed <invoke> tag")? + at;
@@ -119,8 +136,8 @@ fn parse_block(block: &str, calls: &mut Vec<ModelToolCall>) -> Result<(), String
             .ok_or_else(|| format!("<invoke name=\"{name}\"> is not closed"))?
             + body_start;
         let arguments = parameters(&rest[body_start..body_end], &name)?;
-        if calls.len() == MAX_CALLS {
-            return Err(format!("more than {MAX_CALLS} tool calls in one response"));
+        if calls.len() == max_calls {
+            return Err(format!("more than {max_calls} tool calls in one response"));
         }
         calls.push(ModelToolCall {
             id: format!("call_{}", uuid::Uuid::new_v4().simple()),
@@ -322,7 +339,7 @@ mod tests {
         <invoke name='add'><parameter name=\"a\">-1.5</parameter></invoke>\n</function_calls>";
 
     fn run(pieces: &[&str]) -> (String, String, Vec<ModelToolCall>) {
-        let mut x = XmlCalls::default();
+        let mut x = XmlCalls::new(DEFAULT_MAX_TOOL_CALLS);
         let mut forwarded = String::new();
         for p in pieces {
             forwarded.push_str(&x.feed(p));
@@ -377,7 +394,7 @@ mod tests {
             "<function_calls><invoke name=\"x\"><parameter name=\"a\">1</parameter><parameter name=\"a\">2</parameter></invoke></function_calls>",
             "<function_calls><invoke name=\"x\"><parameter name=\"a\">1</invoke></function_calls>",
         ] {
-            let mut x = XmlCalls::default();
+            let mut x = XmlCalls::new(DEFAULT_MAX_TOOL_CALLS);
             x.feed(bad);
             assert!(x.finish().is_err(), "{bad}");
         }
@@ -387,9 +404,9 @@ mod tests {
     fn too_many_calls_are_refused() {
         let block = format!(
             "<function_calls>{}</function_calls>",
-            "<invoke name=\"f\"></invoke>".repeat(MAX_CALLS + 1)
+            "<invoke name=\"f\"></invoke>".repeat(DEFAULT_MAX_TOOL_CALLS + 1)
         );
-        let mut x = XmlCalls::default();
+        let mut x = XmlCalls::new(DEFAULT_MAX_TOOL_CALLS);
         x.feed(&block);
         assert!(x.finish().unwrap_err().contains("more than"));
     }

@@ -471,3 +471,51 @@ async fn a_run_error_never_shows_the_model_gateway_address() {
     let all = serde_json::to_string(&events).unwrap() + &done.to_string();
     assert!(!all.contains("127.0.0.1:9"), "{all}");
 }
+
+/// A model response asking for more tool calls than `worker.max_tool_calls_per_response` (a
+/// stream of chunks with a new `index` each could ask for hundreds of thousands) fails the
+/// model call as malformed: no call of it is recorded or dispatched. One at the limit runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_with_more_tool_calls_than_the_limit_is_malformed_and_nothing_is_dispatched() {
+    let env = TestEnv::with(&[("worker.max_tool_calls_per_response", "3")]).await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let call = json!({"name": "echo", "arguments": {"word": "hi"}});
+    let tools = json!([tool("echo", &env.tools.url("/echo"))]);
+    let over = scripted_run(
+        json!([{"tool_calls": [call, call, call, call]}, {"content": "never"}]),
+        tools.clone(),
+    );
+    let run = app.start_run(&over).await;
+    let id = run["id"].as_str().unwrap();
+    let failed = app.wait_status(id, &["completed", "failed"], T).await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert_eq!(failed["error"]["code"], "model_stream_error", "{failed}");
+    assert_eq!(
+        failed["error"]["message"], "the model's stream was malformed",
+        "{failed}"
+    );
+    assert_eq!(
+        model_calls(&env),
+        1,
+        "a malformed response is not asked for again"
+    );
+    let (recorded,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM tool_calls WHERE run_id = $1::uuid")
+            .bind(id)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!(recorded, 0);
+    assert!(env.tools.calls_to("/echo").is_empty());
+
+    let at = scripted_run(
+        json!([{"tool_calls": [call, call, call]}, {"content": "done"}]),
+        tools,
+    );
+    let run = app.start_run(&at).await;
+    let id = run["id"].as_str().unwrap();
+    let done = app.wait_status(id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(env.tools.calls_to("/echo").len(), 3);
+}

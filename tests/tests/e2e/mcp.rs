@@ -575,6 +575,59 @@ async fn registrations_are_validated() {
     }
 }
 
+/// A listing is bounded over all its pages, not only per response: a server that always
+/// answers with a further cursor fails at the page cap (well before the listing's time limit),
+/// and one whose pages each fit `mcp.max_list_bytes` fails once their sum does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_that_pages_forever_or_outgrows_its_bytes_over_pages_fails_the_run() {
+    let mcp = McpServer::start().await.unwrap();
+    // A page of the wordy listing is ~200 KB; its two pages ~400 KB.
+    let env = env_for(
+        &mcp,
+        &[
+            ("mcp.max_list_bytes", "300000"),
+            ("mcp.list_timeout_ms", "60000"),
+        ],
+    )
+    .await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let pages = agentfleet_worker::tools::mcp::MAX_LIST_PAGES;
+    for (tool, message) in [
+        (
+            inline("endless", &mcp.endless_url(), None, "low"),
+            format!(
+                "agent.tools[0] (`endless`): the MCP server's tool list runs over more than {pages} pages"
+            ),
+        ),
+        (
+            inline("wordy", &mcp.wordy_url(), None, "low"),
+            "agent.tools[0] (`wordy`): the MCP server's tool list is larger than 300000 bytes"
+                .to_string(),
+        ),
+    ] {
+        let body = scripted_run(json!([{"content": "x"}]), json!([tool]));
+        let run = app.start_run(&body).await;
+        let id = run["id"].as_str().unwrap();
+        let failed = app.wait_status(id, &["failed", "completed"], T).await;
+        assert_eq!(
+            failed["error"]["code"], "mcp_server_unavailable",
+            "{failed}"
+        );
+        assert_eq!(failed["error"]["message"], message.as_str());
+    }
+    assert_eq!(env.llm.requests().len(), 0, "the model was not called");
+    // The paged listing itself (two tools a page) still gives every tool.
+    let body = scripted_run(
+        json!([{"content": "x"}]),
+        json!([inline("paged", &mcp.url(), Some(&["add", "fail"]), "low")]),
+    );
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap();
+    let done = app.wait_status(id, &["failed", "completed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listing_past_its_bounds_or_missing_a_picked_tool_fails_the_run_naming_the_entry() {
     let mcp = McpServer::start().await.unwrap();

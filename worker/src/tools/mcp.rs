@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use reqwest::Url;
 use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, MetaObject, RequestMetaObject};
+use rmcp::model::{CallToolRequestParams, MetaObject, PaginatedRequestParams, RequestMetaObject};
 use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::common::client_side_sse::NeverRetry;
@@ -71,6 +71,10 @@ pub enum McpError {
     Timeout(u128),
     #[error("the MCP server offers more than {0} tools")]
     TooManyTools(usize),
+    #[error("the MCP server's tool list is larger than {0} bytes")]
+    ListTooLarge(usize),
+    #[error("the MCP server's tool list runs over more than {0} pages")]
+    TooManyPages(usize),
     #[error("the MCP server's tool `{tool}` has an input schema larger than {limit} bytes")]
     SchemaTooLarge { tool: String, limit: usize },
     #[error("a header of the MCP server is not a valid HTTP header")]
@@ -137,36 +141,82 @@ pub async fn tools(
         metrics::counter!("agentfleet_mcp_tool_lists_total", "source" => "cache").increment(1);
         return Ok(hit);
     }
-    let listed = tokio::time::timeout(limits.timeout, async {
+    let tools = tokio::time::timeout(limits.timeout, async {
         let client = connect(http, policy, server, limits.max_response_bytes).await?;
-        let listed = client.list_all_tools().await.map_err(|e| classify(&e));
+        let listed = list_bounded(
+            &client,
+            max_tools,
+            max_schema_bytes,
+            limits.max_response_bytes,
+        )
+        .await;
         close(client);
         listed
     })
     .await
     .map_err(|_| McpError::Timeout(limits.timeout.as_millis()))??;
     metrics::counter!("agentfleet_mcp_tool_lists_total", "source" => "server").increment(1);
-    if listed.len() > max_tools {
-        return Err(McpError::TooManyTools(max_tools));
-    }
-    let mut tools = Vec::with_capacity(listed.len());
-    for tool in listed {
-        let schema = Value::Object((*tool.input_schema).clone());
-        if schema.to_string().len() > max_schema_bytes {
-            return Err(McpError::SchemaTooLarge {
-                tool: tool.name.chars().take(128).collect(),
-                limit: max_schema_bytes,
-            });
-        }
-        tools.push(RemoteTool {
-            name: tool.name.into_owned(),
-            description: tool.description.map(|d| d.into_owned()).unwrap_or_default(),
-            schema,
-        });
-    }
     let tools = Arc::new(tools);
     cache.put(server.key.clone(), tools.clone());
     Ok(tools)
+}
+
+/// Pages a listing may run over: a server that always answers with a further cursor fails
+/// here, not at the listing's time limit (each page is a request).
+pub const MAX_LIST_PAGES: usize = 64;
+
+/// The server's tools, page by page, failing as soon as the list passes a bound: more than
+/// `max_tools` tools, a schema over `max_schema_bytes`, more than `max_list_bytes` of names,
+/// descriptions and schemas in all (one response is held to that size by the transport; the
+/// whole list, over every page, is held to it here), more than [`MAX_LIST_PAGES`] pages.
+/// rmcp's `list_all_tools` gathers every page first, with no bound on their number.
+async fn list_bounded(
+    client: &RunningService<RoleClient, ()>,
+    max_tools: usize,
+    max_schema_bytes: usize,
+    max_list_bytes: usize,
+) -> Result<Vec<RemoteTool>, McpError> {
+    let mut tools = Vec::new();
+    let mut bytes = 0usize;
+    let mut cursor = None;
+    for _ in 0..MAX_LIST_PAGES {
+        let params = PaginatedRequestParams::default().with_cursor(cursor);
+        let page = client
+            .list_tools(Some(params))
+            .await
+            .map_err(|e| classify(&e))?;
+        if tools.len() + page.tools.len() > max_tools {
+            return Err(McpError::TooManyTools(max_tools));
+        }
+        for tool in page.tools {
+            let schema = Value::Object((*tool.input_schema).clone());
+            let schema_bytes = schema.to_string().len();
+            if schema_bytes > max_schema_bytes {
+                return Err(McpError::SchemaTooLarge {
+                    tool: tool.name.chars().take(128).collect(),
+                    limit: max_schema_bytes,
+                });
+            }
+            let description = tool.description.map(|d| d.into_owned()).unwrap_or_default();
+            bytes = bytes
+                .saturating_add(tool.name.len())
+                .saturating_add(description.len())
+                .saturating_add(schema_bytes);
+            if bytes > max_list_bytes {
+                return Err(McpError::ListTooLarge(max_list_bytes));
+            }
+            tools.push(RemoteTool {
+                name: tool.name.into_owned(),
+                description,
+                schema,
+            });
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(tools),
+        }
+    }
+    Err(McpError::TooManyPages(MAX_LIST_PAGES))
 }
 
 /// Calls `tool` with the run's idempotency metadata in `_meta`: `idempotency_key` is
