@@ -26,6 +26,7 @@
 //! | `delay_ms` | wait before the response headers (slow model) |
 //! | `chunk_delay_ms` | wait between stream events |
 //! | `status` / `error_message` | fail with that HTTP status and an OpenAI-style error body |
+//! | `stall_error_body` | with `status`: send the status, then a body that never comes |
 //! | `truncate` | stream only the first half of the events, with no `finish_reason` and no `[DONE]` |
 //! | `hang_after_chunks` | stream that many events (the role event included), then stay silent with the connection open |
 //! | `flood_bytes` | after the role event, stream that many bytes of one endless `data:` line (no newline), then close |
@@ -335,6 +336,10 @@ struct Turn {
     fail_times: Option<u32>,
     /// With `status`: a `Retry-After` header, in seconds.
     retry_after: Option<u64>,
+    /// With `status`: the error's headers, then a body that never comes (a proxy that
+    /// stalls mid-answer).
+    #[serde(default)]
+    stall_error_body: bool,
     /// A hostile model: one endless SSE line of this many bytes.
     flood_bytes: Option<u64>,
     /// The `usage` to report: an object verbatim, `false` for none, absent for the estimate.
@@ -450,6 +455,14 @@ async fn chat_completions(State(state): State<MockState>, body: Bytes) -> Respon
             .error_message
             .clone()
             .unwrap_or_else(|| format!("mock error (status {code})"));
+        if turn.stall_error_body {
+            let stop = state.shutdown_requested();
+            let never = futures_util::stream::once(async move {
+                stop.await;
+                Ok::<_, Infallible>(Bytes::new())
+            });
+            return (status, Body::from_stream(never)).into_response();
+        }
         let mut resp = error_response(status, message, "mock_error");
         if let Some(secs) = turn.retry_after {
             resp.headers_mut().insert("retry-after", secs.into());

@@ -227,9 +227,13 @@ async fn call_once(
             .and_then(|v| v.to_str().ok())
             .and_then(|s| s.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        // Bounded: an error page of any size costs at most this much.
-        let text = bounded::read(response, 2048)
+        // Bounded: an error page of any size costs at most this much, and a body that stalls
+        // at most the idle time-out (the status alone decides what happens next).
+        let idle = Duration::from_millis(settings.model_idle_timeout_ms);
+        let text = tokio::time::timeout(idle, bounded::read(response, 2048))
             .await
+            .ok()
+            .and_then(Result::ok)
             .map(|b| b.text())
             .unwrap_or_default();
         return Err(ModelError::Status {

@@ -158,6 +158,34 @@ async fn model_429_with_retry_after_is_retried_then_succeeds() {
     assert_eq!(env.llm.requests().len(), 3, "two failures, then the answer");
 }
 
+/// An error status whose body then stalls (a proxy under load) is judged by its status after
+/// `worker.model_idle_timeout_ms`, and retried, instead of holding the call until its total
+/// deadline (which is not retried).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_error_whose_body_stalls_is_retried_after_the_idle_timeout() {
+    let env = TestEnv::with(&[
+        ("worker.model_idle_timeout_ms", "1000"),
+        ("worker.model_total_timeout_ms", "30000"),
+    ])
+    .await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let body = scripted_run(
+        json!([{"content": "recovered", "status": 503, "fail_times": 1, "stall_error_body": true}]),
+        json!([]),
+    );
+    let run = app.start_run(&body).await;
+    let done = app
+        .wait_status(run["id"].as_str().unwrap(), &["completed", "failed"], T)
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        env.llm.requests().len(),
+        2,
+        "the stalled error, then the answer"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_that_keeps_failing_fails_the_run_clearly() {
     let env = TestEnv::with(&[("worker.model_max_retries", "2")]).await;
