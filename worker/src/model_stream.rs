@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use agentfleet_shared::sanitize::strip_nul_in;
 
@@ -15,35 +16,11 @@ pub struct ModelToolCall {
     pub arguments: String,
 }
 
-/// Token usage as the provider reported it (never negative; see [`Usage::from_value`]).
+/// Token usage as the provider reported it (never negative; see [`ChunkUsage`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Usage {
     pub prompt_tokens: i64,
     pub completion_tokens: i64,
-}
-
-impl Usage {
-    /// Reads an OpenAI `usage` object leniently: a hostile or broken provider's figure that is
-    /// negative, fractional, absurdly large or not a number never fails the call. It is read
-    /// as a non-negative `i64` (saturating; anything else counts 0) and clamped further where
-    /// it is recorded. `None` when `usage` is not an object (absent, `null`).
-    pub fn from_value(usage: &serde_json::Value) -> Option<Usage> {
-        let usage = usage.as_object()?;
-        let count = |key: &str| {
-            usage.get(key).map_or(0, |v| {
-                v.as_i64()
-                    .or_else(|| v.as_u64().map(|_| i64::MAX))
-                    // `as` saturates, and NaN becomes 0.
-                    .or_else(|| v.as_f64().map(|f| f as i64))
-                    .unwrap_or(0)
-                    .max(0)
-            })
-        };
-        Some(Usage {
-            prompt_tokens: count("prompt_tokens"),
-            completion_tokens: count("completion_tokens"),
-        })
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -63,13 +40,154 @@ pub enum StreamError {
     Truncated,
 }
 
+/// One `data:` payload. Read without building what is not used: a payload of millions of
+/// empty choices, call pieces or `usage` arrays would otherwise take many times its own size
+/// in memory (an 8 MiB chunk, ~200 MB of `Choice`s).
 #[derive(Deserialize)]
 struct Chunk {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "choices")]
     choices: Vec<Choice>,
-    /// Any JSON: read by [`Usage::from_value`], so an odd value is ignored, not fatal.
+    /// Any JSON: an odd value is ignored, not fatal.
     #[serde(default)]
-    usage: serde_json::Value,
+    usage: ChunkUsage,
+}
+
+/// Choices one payload may carry (a stream asks for one), and tool-call pieces one choice may
+/// (the most calls a response may make, `worker.max_tool_calls_per_response`, is 1024).
+const MAX_CHOICES: usize = 16;
+const MAX_CALL_PIECES: usize = 1024;
+
+fn choices<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Choice>, D::Error> {
+    d.deserialize_seq(AtMost(MAX_CHOICES, std::marker::PhantomData))
+}
+
+fn call_pieces<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ToolCallDelta>, D::Error> {
+    d.deserialize_seq(AtMost(MAX_CALL_PIECES, std::marker::PhantomData))
+}
+
+/// A list of at most `.0` items; a longer one fails the payload as it is read.
+struct AtMost<T>(usize, std::marker::PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for AtMost<T> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "a list of at most {} items", self.0)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element()? {
+            if items.len() == self.0 {
+                return Err(serde::de::Error::custom(format!(
+                    "a list of more than {} items",
+                    self.0
+                )));
+            }
+            items.push(item);
+        }
+        Ok(items)
+    }
+}
+
+/// An OpenAI `usage` object read leniently: a hostile or broken provider's figure that is
+/// negative, fractional, absurdly large or not a number never fails the call. Each count is
+/// read as a non-negative `i64` (saturating; anything else counts 0) and clamped further where
+/// it is recorded. `None` when `usage` is not an object (absent, `null`, anything else, read
+/// without being built).
+#[derive(Default)]
+struct ChunkUsage(Option<Usage>);
+
+impl<'de> Deserialize<'de> for ChunkUsage {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ChunkUsage, D::Error> {
+        d.deserialize_any(Lenient(ChunkUsage, ChunkUsage(None)))
+    }
+}
+
+/// One count of `usage`.
+struct Count(i64);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Count, D::Error> {
+        d.deserialize_any(Lenient(|_| Count(0), Count(0)))
+    }
+}
+
+/// Reads any JSON value: an object as `usage` (through `.0`), a number as a [`Count`], anything
+/// else (consumed, not built) as `.1`.
+struct Lenient<F, V>(F, V);
+
+impl<'de, F: FnOnce(Option<Usage>) -> V, V: FromCount> Visitor<'de> for Lenient<F, V> {
+    type Value = V;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<V, A::Error> {
+        let mut usage = Usage::default();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match key.as_ref() {
+                "prompt_tokens" => usage.prompt_tokens = map.next_value::<Count>()?.0,
+                "completion_tokens" => usage.completion_tokens = map.next_value::<Count>()?.0,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok((self.0)(Some(usage)))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<V, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(self.1)
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<V, E> {
+        Ok(V::from_count(v.max(0)))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<V, E> {
+        Ok(V::from_count(i64::try_from(v).unwrap_or(i64::MAX)))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<V, E> {
+        // `as` saturates, and NaN becomes 0.
+        Ok(V::from_count((v as i64).max(0)))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<V, E> {
+        Ok(self.1)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<V, E> {
+        Ok(self.1)
+    }
+
+    fn visit_unit<E>(self) -> Result<V, E> {
+        Ok(self.1)
+    }
+
+    fn visit_none<E>(self) -> Result<V, E> {
+        Ok(self.1)
+    }
+}
+
+/// What a number read by [`Lenient`] makes: a count, or no `usage`.
+trait FromCount {
+    fn from_count(n: i64) -> Self;
+}
+
+impl FromCount for Count {
+    fn from_count(n: i64) -> Count {
+        Count(n)
+    }
+}
+
+impl FromCount for ChunkUsage {
+    fn from_count(_: i64) -> ChunkUsage {
+        ChunkUsage(None)
+    }
 }
 
 #[derive(Deserialize)]
@@ -84,7 +202,7 @@ struct Choice {
 struct Delta {
     #[serde(default)]
     content: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "call_pieces")]
     tool_calls: Vec<ToolCallDelta>,
 }
 
@@ -152,7 +270,7 @@ impl StreamParser {
         }
         let chunk: Chunk = serde_json::from_str(data)
             .map_err(|e| StreamError::Malformed(format!("{e}: {}", truncate(data, 200))))?;
-        if let Some(u) = Usage::from_value(&chunk.usage) {
+        if let Some(u) = chunk.usage.0 {
             self.usage = Some(u);
         }
         let mut added = String::new();
@@ -254,6 +372,34 @@ mod tests {
             p.feed(&c.to_string()).unwrap();
         }
         p
+    }
+
+    #[test]
+    fn a_payload_of_too_many_choices_or_call_pieces_is_malformed_and_odd_usage_is_skipped() {
+        let mut p = StreamParser::default();
+        let choices = vec![json!({}); MAX_CHOICES + 1];
+        let err = p
+            .feed(&json!({"choices": choices}).to_string())
+            .unwrap_err();
+        assert!(err.to_string().contains("more than 16 items"), "{err}");
+        let pieces = vec![json!({"index": 0}); MAX_CALL_PIECES + 1];
+        let chunk = json!({"choices": [{"delta": {"tool_calls": pieces}}]});
+        assert!(p.feed(&chunk.to_string()).is_err());
+        // A `usage` of any other shape is read past, not kept; the counts of an object are.
+        let mut p = StreamParser::default();
+        let odd = json!({"choices": [], "usage": [[[]], {"a": [1, 2]}, "x"]});
+        p.feed(&odd.to_string()).unwrap();
+        assert_eq!(p.usage, None);
+        let nested = json!({"choices": [], "usage": {"x": {"prompt_tokens": 9},
+                            "prompt_tokens": {"deep": 1}, "completion_tokens": 3.7}});
+        p.feed(&nested.to_string()).unwrap();
+        assert_eq!(
+            p.usage,
+            Some(Usage {
+                prompt_tokens: 0,
+                completion_tokens: 3
+            })
+        );
     }
 
     #[test]
