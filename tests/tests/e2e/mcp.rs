@@ -575,6 +575,20 @@ async fn registrations_are_validated() {
     }
 }
 
+/// Runs an agent whose only tool entry is `tool`; asserts the run fails, before the model, as
+/// `mcp_server_unavailable` with `message`.
+async fn assert_listing_fails(app: &TestApp, tool: Value, message: &str) {
+    let body = scripted_run(json!([{"content": "x"}]), json!([tool]));
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap();
+    let failed = app.wait_status(id, &["failed", "completed"], T).await;
+    assert_eq!(
+        failed["error"]["code"], "mcp_server_unavailable",
+        "{failed}"
+    );
+    assert_eq!(failed["error"]["message"], message);
+}
+
 /// A listing is bounded over all its pages, not only per response: a server that always
 /// answers with a further cursor fails at the page cap (well before the listing's time limit),
 /// and one whose pages each fit `mcp.max_list_bytes` fails once their sum does not.
@@ -606,15 +620,7 @@ async fn a_listing_that_pages_forever_or_outgrows_its_bytes_over_pages_fails_the
                 .to_string(),
         ),
     ] {
-        let body = scripted_run(json!([{"content": "x"}]), json!([tool]));
-        let run = app.start_run(&body).await;
-        let id = run["id"].as_str().unwrap();
-        let failed = app.wait_status(id, &["failed", "completed"], T).await;
-        assert_eq!(
-            failed["error"]["code"], "mcp_server_unavailable",
-            "{failed}"
-        );
-        assert_eq!(failed["error"]["message"], message.as_str());
+        assert_listing_fails(&app, tool, &message).await;
     }
     assert_eq!(env.llm.requests().len(), 0, "the model was not called");
     // The paged listing itself (two tools a page) still gives every tool.
@@ -645,15 +651,7 @@ async fn a_listing_past_its_bounds_or_missing_a_picked_tool_fails_the_run_naming
             "agent.tools[0] (`pick`): the MCP server offers more than 3 tools",
         ),
     ] {
-        let body = scripted_run(json!([{"content": "x"}]), json!([tool]));
-        let run = app.start_run(&body).await;
-        let id = run["id"].as_str().unwrap();
-        let failed = app.wait_status(id, &["failed", "completed"], T).await;
-        assert_eq!(
-            failed["error"]["code"], "mcp_server_unavailable",
-            "{failed}"
-        );
-        assert_eq!(failed["error"]["message"], message);
+        assert_listing_fails(&app, tool, message).await;
     }
     // Within the bounds, a picked tool the server lacks is named.
     let env = env_for(&mcp, &[]).await;
