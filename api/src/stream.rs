@@ -384,6 +384,16 @@ impl<'a> Follower<'a> {
                 .ok()
                 .map(|r| r.status),
         };
+        // A client claiming ids beyond any handed out (a stale or forged `Last-Event-ID`)
+        // would wait past every live event, the terminal one included, for ever: it follows
+        // from the last id handed out instead. A finished run is served its end by
+        // `restore_terminal`; a list that is gone (0) says nothing of the ids.
+        if !status.is_some_and(RunStatus::is_final) {
+            let head = self.state.bus.len(self.run_id).await?;
+            if head > 0 && self.last > head {
+                self.last = head;
+            }
+        }
         self.replay().await?;
         if self.ended {
             return Ok(());

@@ -680,3 +680,25 @@ async fn an_append_whose_answer_was_lost_is_not_appended_twice() {
         .collect();
     assert_eq!(calls, [(1, "call_a".to_owned()), (2, "call_b".to_owned())]);
 }
+
+/// A `Last-Event-ID` beyond any id handed out (stale, forged) on a live run: the stream follows
+/// from the last id handed out and ends with the run, instead of waiting past every event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_event_id_beyond_the_head_of_a_live_run_still_ends_with_the_run() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let body = scripted_run(json!([{"content": "late", "delay_ms": 1500}]), json!([]));
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    app.wait_status(&id, &["running"], T).await;
+    let events = app.events(&id, 999_999_999_999, T).await;
+    let last = events.last().expect("the run's end");
+    assert_eq!(last["type"], "run_completed", "{events:?}");
+    assert!(
+        events
+            .windows(2)
+            .all(|w| w[1]["id"].as_u64() == w[0]["id"].as_u64().map(|i| i + 1)),
+        "gap-free from where it picked up: {events:?}"
+    );
+}
