@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, FromRequestParts, Query, Request};
+use axum::extract::{FromRef, FromRequest, FromRequestParts, Query, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -11,6 +11,8 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use agentfleet_shared::store::StoreError;
+
+use crate::state::AppState;
 
 /// A rendered API error. Route error enums convert into it.
 #[derive(Debug)]
@@ -129,6 +131,7 @@ pub struct JsonBody<T>(pub T);
 impl<S, T> FromRequest<S> for JsonBody<T>
 where
     S: Send + Sync,
+    AppState: FromRef<S>,
     T: DeserializeOwned,
 {
     type Rejection = ApiError;
@@ -153,6 +156,16 @@ where
                 )
             }
         })?;
+        let max_values = AppState::from_ref(state).settings.api.max_json_values;
+        if crate::validate::more_json_values_than(&bytes, max_values) {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!(
+                    "the request body holds more than {max_values} JSON values (api.max_json_values)"
+                ),
+            ));
+        }
         if crate::validate::may_be_unstorable(&bytes)
             && let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes)
         {

@@ -51,6 +51,44 @@ pub fn storable(value: &Value, path: &mut String) -> Result<(), ApiError> {
     }
 }
 
+/// Whether `body` may hold more than `limit` JSON values (object keys counted as values),
+/// counted without parsing: every value but the first follows a `[`, `{`, `,` or `:` outside
+/// a string, so this over-counts (an empty `[]` counts one) and never under-counts. A parse
+/// builds each value as a `serde_json::Value` of 32 bytes and more: `[0,0,…]` is ~16 times its
+/// size in memory, and a body is read untyped before it is read as its type.
+pub fn more_json_values_than(body: &[u8], limit: usize) -> bool {
+    // Each value counted past the first takes a byte: a body this short needs no scan (with
+    // the defaults, none but a batch's).
+    if body.len() < limit {
+        return false;
+    }
+    let mut values = 1usize;
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in body {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' | b',' | b':' => {
+                values += 1;
+                if values > limit {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Whether a JSON text may hold what [`storable`] refuses, so that most bodies need no walk:
 /// JSON can only spell a NUL as the escape `\u0000` (a raw control character is a syntax
 /// error), and a number beyond 1e300 needs an exponent (a digit then `e`) or 300 digits.
@@ -161,6 +199,20 @@ mod tests {
 
     fn nul_at(v: Value) -> Option<String> {
         storable(&v, &mut String::new()).err().map(|e| e.message)
+    }
+
+    #[test]
+    fn json_values_are_counted_outside_strings_and_never_under() {
+        let body = br#"{"a": [1, 2, {"b": "x,y:[{\"z"}], "c": []}"#;
+        // Values and keys: the object, a, the list, 1, 2, the inner object, b, its string,
+        // c, the empty list (counted once more for its `[`): at most 11.
+        assert!(!more_json_values_than(body, 11));
+        assert!(more_json_values_than(body, 9));
+        let zeros = format!("[{}0]", "0,".repeat(5000));
+        assert!(more_json_values_than(zeros.as_bytes(), 5000));
+        assert!(!more_json_values_than(zeros.as_bytes(), 5002));
+        // Shorter than the limit: not scanned, and could not exceed it.
+        assert!(!more_json_values_than(b"[0,0,0]", 8));
     }
 
     #[test]

@@ -213,6 +213,10 @@ pub struct ApiSettings {
     pub max_batch_items: usize,
     /// Request limit of `POST /v1/batches` alone (every other route keeps `max_body_bytes`).
     pub max_batch_body_bytes: usize,
+    /// Most JSON values (object keys counted) a request body may hold, checked before it is
+    /// parsed: a parsed value takes 32 bytes and more, so a body of tiny values (`[0,0,…]`)
+    /// takes ~16 times its size in memory.
+    pub max_json_values: usize,
     /// Runs of a batch created per transaction: each chunk is one short transaction, so a big
     /// batch never holds locks other writers wait for.
     pub batch_chunk_size: usize,
@@ -722,6 +726,7 @@ max_tokens_total = 1000000000
 max_usage_days = 366
 max_batch_items = 10000
 max_batch_body_bytes = 33554432
+max_json_values = 1000000
 batch_chunk_size = 500
 batch_progress_interval_ms = 1000
 batch_lease_ms = 10000
@@ -953,6 +958,9 @@ impl Settings {
         }
         if !(1..=1_000_000).contains(&self.api.max_batch_items) {
             return Err(invalid("api.max_batch_items", "must be within 1..=1000000"));
+        }
+        if self.api.max_json_values < 1000 {
+            return Err(invalid("api.max_json_values", "must be at least 1000"));
         }
         if self.api.max_batch_body_bytes < self.api.max_body_bytes {
             return Err(invalid(

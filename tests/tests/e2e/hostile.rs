@@ -519,3 +519,32 @@ async fn a_response_with_more_tool_calls_than_the_limit_is_malformed_and_nothing
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(env.tools.calls_to("/echo").len(), 3);
 }
+
+/// A request body's JSON values are bounded before it is parsed (`api.max_json_values`): a
+/// batch body of the largest accepted size that is nothing but small numbers
+/// (`{"runs":[0,0,…]}`, 32 MiB) would be ~16 million `serde_json::Value`s, half a gigabyte,
+/// in any untyped read of it. It is refused with 413, and the API stays small.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_of_millions_of_tiny_json_values_is_refused_before_it_is_parsed() {
+    let env = TestEnv::new().await;
+    let (api, base) = env.spawn_api_process(&[]).await;
+    let app = env.app_at(&base, reqwest::Client::new()).await;
+    let mut body = String::from("{\"runs\":[");
+    body.push_str(&"0,".repeat(16_000_000));
+    body.push_str("0]}");
+    let resp = app
+        .http
+        .post(app.url("/v1/batches"))
+        .bearer_auth(&app.api_key)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    let err: Value = resp.json().await.unwrap();
+    let peak = peak_rss(api.pid());
+    assert!(peak < 200 * 1024 * 1024, "API peak RSS {} MiB", peak >> 20);
+    assert_eq!(status, 413, "{err}");
+    assert_eq!(err["error"]["code"], "payload_too_large", "{err}");
+}
