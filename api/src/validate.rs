@@ -55,7 +55,8 @@ pub fn storable(value: &Value, path: &mut String) -> Result<(), ApiError> {
 /// counted without parsing: every value but the first follows a `[`, `{`, `,` or `:` outside
 /// a string, so this over-counts (an empty `[]` counts one) and never under-counts. A parse
 /// builds each value as a `serde_json::Value` of 32 bytes and more: `[0,0,…]` is ~16 times its
-/// size in memory, and a body is read untyped before it is read as its type.
+/// size in memory, and a body may be read untyped besides its typed read (the storable check,
+/// the whole-floats retry of `JsonBody`).
 pub fn more_json_values_than(body: &[u8], limit: usize) -> bool {
     // Each value counted past the first takes a byte: a body this short needs no scan (with
     // the defaults, none but a batch's).
