@@ -5,6 +5,10 @@
 //! falls behind is dropped (its stream ends) rather than silently skipped, and it resumes with
 //! `Last-Event-ID`. When the Redis connection drops, every client is told to resync from the
 //! list, which closes any hole the outage made.
+//!
+//! Thread streams also watch a thread: the hub tells them when one of its runs is queued or
+//! started (the first events of a new run), so an idle thread stream learns of the next run
+//! without asking Postgres on a timer.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use agentfleet_shared::events::Keys;
+use agentfleet_shared::events::{EventType, Keys};
 use agentfleet_shared::infra::{self, Server};
 
 #[derive(Debug, Clone)]
@@ -26,6 +30,8 @@ pub enum HubMessage {
 }
 
 type Clients = HashMap<Uuid, Vec<(u64, mpsc::Sender<HubMessage>)>>;
+/// Per thread, its watchers' wake-up channels (capacity 1: wake-ups coalesce).
+type Watchers = HashMap<Uuid, Vec<(u64, mpsc::Sender<()>)>>;
 
 #[derive(Clone)]
 pub struct Hub {
@@ -34,6 +40,9 @@ pub struct Hub {
 
 struct Inner {
     clients: Mutex<Clients>,
+    threads: Mutex<Watchers>,
+    /// Whether any thread is watched: without watchers no event is parsed for its thread.
+    watched: std::sync::atomic::AtomicBool,
     next_id: std::sync::atomic::AtomicU64,
     connected: std::sync::atomic::AtomicBool,
     buffer: usize,
@@ -65,6 +74,8 @@ impl Hub {
         let hub = Hub {
             inner: Arc::new(Inner {
                 clients: Mutex::new(HashMap::new()),
+                threads: Mutex::new(HashMap::new()),
+                watched: false.into(),
                 next_id: 0.into(),
                 connected: false.into(),
                 buffer,
@@ -113,6 +124,13 @@ impl Hub {
             let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) else {
                 continue;
             };
+            if self
+                .inner
+                .watched
+                .load(std::sync::atomic::Ordering::Acquire)
+            {
+                self.wake_thread_of(payload);
+            }
             self.dispatch(run, HubMessage::Event(Arc::from(payload)));
         }
         Err(redis::RedisError::from((
@@ -173,5 +191,97 @@ impl Hub {
                 let _ = tx.try_send(HubMessage::Resync);
             }
         }
+        drop(clients);
+        // A new run's first events may have been missed too.
+        let threads = self.inner.threads.lock().expect("hub lock");
+        for list in threads.values() {
+            for (_, tx) in list {
+                let _ = tx.try_send(());
+            }
+        }
+    }
+
+    /// Registers interest in `thread`'s new runs until the returned watch is dropped.
+    pub fn watch_thread(&self, thread: Uuid) -> ThreadWatch {
+        let (tx, rx) = mpsc::channel(1);
+        let id = self
+            .inner
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut threads = self.inner.threads.lock().expect("hub lock");
+        threads.entry(thread).or_default().push((id, tx));
+        self.inner
+            .watched
+            .store(true, std::sync::atomic::Ordering::Release);
+        ThreadWatch {
+            rx,
+            hub: self.clone(),
+            thread,
+            id,
+        }
+    }
+
+    /// Wakes the watchers of the event's thread when the event begins a run.
+    fn wake_thread_of(&self, payload: &str) {
+        #[derive(serde::Deserialize)]
+        struct Head {
+            thread_id: Uuid,
+            #[serde(rename = "type")]
+            kind: EventType,
+        }
+        let Ok(head) = serde_json::from_str::<Head>(payload) else {
+            return;
+        };
+        if !matches!(
+            head.kind,
+            EventType::RunQueued | EventType::RunStarted | EventType::StreamRebuilt
+        ) {
+            return;
+        }
+        let threads = self.inner.threads.lock().expect("hub lock");
+        for (_, tx) in threads.get(&head.thread_id).into_iter().flatten() {
+            // Full: a wake-up is already pending, which is all a watcher needs.
+            let _ = tx.try_send(());
+        }
+    }
+}
+
+/// A thread stream's interest in its thread's new runs; dropping it unregisters.
+pub struct ThreadWatch {
+    rx: mpsc::Receiver<()>,
+    hub: Hub,
+    thread: Uuid,
+    id: u64,
+}
+
+impl ThreadWatch {
+    /// Forgets wake-ups received so far: call it before looking at the thread's runs, so that
+    /// any wake-up left afterwards announces a run that look may not have seen.
+    pub fn clear(&mut self) {
+        while self.rx.try_recv().is_ok() {}
+    }
+
+    /// Waits for a run of the thread to be queued or started (or for the hub to reconnect).
+    pub async fn woken(&mut self) {
+        if self.rx.recv().await.is_none() {
+            // The hub never drops a watcher's sender while the watch lives.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for ThreadWatch {
+    fn drop(&mut self) {
+        let mut threads = self.hub.inner.threads.lock().expect("hub lock");
+        if let Some(list) = threads.get_mut(&self.thread) {
+            list.retain(|(id, _)| *id != self.id);
+            if list.is_empty() {
+                threads.remove(&self.thread);
+            }
+        }
+        self.hub
+            .inner
+            .watched
+            .store(!threads.is_empty(), std::sync::atomic::Ordering::Release);
     }
 }

@@ -340,6 +340,10 @@ pub struct EventSettings {
     /// How long a stream waits for the last event of a run Postgres already shows as ended,
     /// before serving that event from Postgres.
     pub final_event_grace_ms: u64,
+    /// How often an idle thread stream looks in Postgres for a new run of its thread anyway. A
+    /// new run is noticed from its `run_queued` (or `run_started`) event at once; this only
+    /// bounds how late one is noticed whose event never reached Redis.
+    pub thread_recheck_ms: u64,
     /// When Redis has lost a run's list, its ids continue this far past the last id recorded
     /// in Postgres, so an id a client saw is never handed out again (docs/events.md).
     pub lost_id_margin: u64,
@@ -773,6 +777,7 @@ keepalive_secs = 15
 sse_retry_ms = 2000
 client_buffer = 1024
 final_event_grace_ms = 2000
+thread_recheck_ms = 10000
 lost_id_margin = 100000
 
 [telemetry]
@@ -1059,6 +1064,12 @@ impl Settings {
         }
         if self.events.client_buffer == 0 {
             return Err(invalid("events.client_buffer", "must be at least 1"));
+        }
+        if !(100..=3_600_000).contains(&self.events.thread_recheck_ms) {
+            return Err(invalid(
+                "events.thread_recheck_ms",
+                "must be within 100..=3600000",
+            ));
         }
         if !matches!(
             self.telemetry.log_format.as_str(),

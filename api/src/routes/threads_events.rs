@@ -1,6 +1,7 @@
 //! `GET /v1/threads/{id}/events`: one connection for a chat UI. Follows the thread's runs one
 //! after another: each run's events through its pauses to its end, then the next run as soon
-//! as it is started. SSE ids are `<run_id>:<event id>`, so `Last-Event-ID` resumes exactly.
+//! as it is queued (the hub wakes the stream on its `run_queued`). SSE ids are
+//! `<run_id>:<event id>`, so `Last-Event-ID` resumes exactly.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -68,7 +69,11 @@ async fn follow_thread(
     mut current: Option<(Uuid, u64)>,
     tx: &mpsc::Sender<Event>,
 ) -> Result<(), FollowError> {
+    // Watch before the first look, so no run queued after it goes unnoticed.
+    let mut watch = state.hub.watch_thread(thread);
+    let recheck = Duration::from_millis(state.settings.events.thread_recheck_ms);
     loop {
+        watch.clear();
         let mut runs = runs::list(
             &state.pool,
             &ListFilter {
@@ -104,9 +109,11 @@ async fn follow_thread(
         if progressed {
             continue;
         }
-        // Wait for the next run of the thread.
+        // Wait for the thread's next run: its `run_queued` wakes us; the recheck only covers an
+        // event that never reached Redis.
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = watch.woken() => {}
+            _ = tokio::time::sleep(recheck) => {}
             _ = tx.closed() => return Err(FollowError::ClientGone),
             _ = state.shutdown.cancelled() => return Err(FollowError::Shutdown),
         }

@@ -370,7 +370,11 @@ async fn a_stream_token_works_for_its_run_only_and_expires() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thread_stream_follows_its_runs_one_after_another() {
     let env = TestEnv::new().await;
-    let app = env.spawn_api().await;
+    // No recheck within the test: only the hub's wake-up on `run_queued` can announce the
+    // second run to the idle stream.
+    let app = env
+        .spawn_api_with(&[("events.thread_recheck_ms", "3600000")])
+        .await;
     let _worker = env.spawn_worker().await;
     let first = app.start_run(&scripted_run(json!([{"tool_calls": [{"name": "ask", "arguments": {"text": "name?"}}]}, {"content": "hi Ada"}]), json!([]))).await;
     let thread = first["thread_id"].as_str().unwrap().to_string();
