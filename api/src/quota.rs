@@ -4,7 +4,8 @@
 //!
 //! **Active runs** are the tenant's runs `queued`, `running`, `waiting_for_input` or
 //! `waiting_for_confirmation`, counted in Postgres (index `runs_active_by_tenant`, counting no
-//! further than the limit) only when the limit is above 0. A create that would take the count
+//! further than the limit) only when the limit is above 0, together with the items of its
+//! batches whose runs are not created yet (each will be a run). A create that would take the count
 //! past the limit is refused with 429 `too_many_active_runs` and `Retry-After: 1`; nothing is
 //! written. The count and the insert are not one transaction, so creates of one tenant that
 //! run at the same moment (on one replica or several) may together overshoot the limit by at

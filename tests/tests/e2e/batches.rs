@@ -567,3 +567,66 @@ async fn a_batch_respects_the_tenants_running_limit() {
     .await;
     assert!((1..=4).contains(&most), "at most 4 at once, saw {most}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_runs_are_not_created_yet_counts_against_max_active_runs() {
+    let mut settings = FAST.to_vec();
+    settings.push(("limits.max_active_runs", "3"));
+    let env = TestEnv::with(&settings).await;
+    let app = env.spawn_api().await;
+    // Hold off run creation: the driver's chunk insert waits for this lock, so the first
+    // batch's items stay items (not yet runs) while the second batch is submitted.
+    let mut hold = env.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE runs IN SHARE MODE")
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+    let (status, first) = submit(&app, &batch_body(3), None).await;
+    assert_eq!(status, 202, "{first}");
+    let first_id = first["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        one(
+            &env,
+            "SELECT count(*) FROM runs WHERE batch_id = $1",
+            &first_id
+        )
+        .await,
+        0,
+        "no run yet: the items alone fill the quota"
+    );
+    let (status, refused) = submit(&app, &batch_body(1), None).await;
+    assert_eq!(status, 429, "3 pending items + 1 is past 3: {refused}");
+    assert_eq!(
+        refused["error"]["code"], "too_many_active_runs",
+        "{refused}"
+    );
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("it has 3, and this request adds 1"),
+        "{refused}"
+    );
+    hold.rollback().await.unwrap();
+    // Once they are runs (queued: no worker), they still count, once each.
+    wait_batch(&app, &first_id, "in_progress", Duration::from_secs(60)).await;
+    let (status, refused) = submit(&app, &batch_body(1), None).await;
+    assert_eq!(status, 429, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("it has 3,"),
+        "{refused}"
+    );
+    assert_eq!(
+        one(
+            &env,
+            "SELECT count(*) FROM batches WHERE id <> $1",
+            &first_id
+        )
+        .await,
+        0,
+        "nothing written for the refused batches"
+    );
+}
