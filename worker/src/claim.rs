@@ -55,9 +55,13 @@ pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<
         // recorded, and the id of `run_failed` is recorded too, with the same message.
         let listed = shared.bus.len(fence.run_id).await.unwrap_or(0);
         let floor = (claimed.run.last_event_id as u64).max(listed);
-        let message =
-            transitions::fail_poisoned(&shared.pool, fence, claimed.run.recoveries, floor + 1)
-                .await?;
+        let message = Box::pin(transitions::fail_poisoned(
+            &shared.pool,
+            fence,
+            claimed.run.recoveries,
+            floor + 1,
+        ))
+        .await?;
         let data = json!({"code": "poison_run", "message": message});
         let event = NewEvent {
             run_id: fence.run_id,
@@ -75,7 +79,12 @@ pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<
             )
             .await;
         if let Ok(appended) = appended {
-            let _ = runs::record_last_event_id(&shared.pool, fence.run_id, appended.id).await;
+            let _ = Box::pin(runs::record_last_event_id(
+                &shared.pool,
+                fence.run_id,
+                appended.id,
+            ))
+            .await;
         }
         metrics::counter!("agentfleet_runs_total", "status" => "failed").increment(1);
         metrics::counter!("agentfleet_poison_runs_total").increment(1);

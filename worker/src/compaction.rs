@@ -74,9 +74,12 @@ pub async fn prompt(
     // Room for at least a minimal history, whatever the system prompt and tools take.
     let limits = limits(ctx, tokenizer, window.saturating_sub(fixed).max(256));
     if !state.summary_loaded {
-        state.summary = messages::latest_summary(&ctx.shared.pool, ctx.run.thread_id)
-            .await?
-            .map(|(covers, text)| Summary { covers, text });
+        state.summary = Box::pin(messages::latest_summary(
+            &ctx.shared.pool,
+            ctx.run.thread_id,
+        ))
+        .await?
+        .map(|(covers, text)| Summary { covers, text });
         state.summary_loaded = true;
     }
     let settings = &ctx.shared.settings.context;
@@ -146,8 +149,13 @@ pub async fn prompt(
                                      "estimated": used.estimated});
         }
         ctx.outcomes_committed().await?;
-        messages::insert_compaction(&ctx.shared.pool, ctx.fence, ctx.run.thread_id, &record)
-            .await?;
+        Box::pin(messages::insert_compaction(
+            &ctx.shared.pool,
+            ctx.fence,
+            ctx.run.thread_id,
+            &record,
+        ))
+        .await?;
         let mut event = record.clone();
         if let Some(obj) = event.as_object_mut() {
             obj.remove("type");

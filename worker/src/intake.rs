@@ -165,8 +165,12 @@ impl Intake {
                     shared.active.insert(run_id, stop.clone());
                     metrics::gauge!("agentfleet_runs_in_flight").increment(1.0);
                     let hold = Duration::from_millis(shared.settings.worker.max_delivery_hold_ms);
-                    let execute =
-                        run::execute(shared.clone(), *claimed, stop, draining).instrument(span);
+                    // Boxed: the run's future is the largest of the worker (about 11 KB);
+                    // inline, this task would hold it more than once and every move of the
+                    // task (its spawn) would copy it.
+                    let execute = Box::pin(
+                        run::execute(shared.clone(), *claimed, stop, draining).instrument(span),
+                    );
                     let early = || async {
                         settle_delivery(&delivery.acker, Settle::Ack).await;
                         unacked.let_go(channel);

@@ -219,7 +219,7 @@ async fn history(ctx: &RunCtx) -> Result<Vec<Value>, RunError> {
     // Read once the results this holding settled are committed: read before, their calls
     // would look unanswered (and be "repaired" as never run).
     ctx.outcomes_committed().await?;
-    let loaded = messages::llm_history(&ctx.shared.pool, ctx.run.thread_id).await?;
+    let loaded = Box::pin(messages::llm_history(&ctx.shared.pool, ctx.run.thread_id)).await?;
     *ctx.history.lock().expect("history lock") = Some(loaded.clone());
     Ok(loaded)
 }
@@ -434,7 +434,7 @@ pub async fn write_late_timings(shared: &crate::shared::Shared) {
     if late.is_empty() {
         return;
     }
-    if let Err(e) = turns::record_timings(&shared.pool, &late).await {
+    if let Err(e) = Box::pin(turns::record_timings(&shared.pool, &late)).await {
         tracing::debug!(error = %e, timings = late.len(), "iteration timings not recorded");
     }
 }
@@ -449,7 +449,7 @@ pub async fn flush_timing(ctx: &RunCtx) {
     let Some(timing) = ctx.take_finished_timing() else {
         return;
     };
-    if let Err(e) = turns::record_timing(&ctx.shared.pool, &timing).await {
+    if let Err(e) = Box::pin(turns::record_timing(&ctx.shared.pool, &timing)).await {
         tracing::debug!(error = %e, "iteration timing not recorded");
     }
 }

@@ -94,7 +94,9 @@ async fn pause(
 ) -> Result<(), RunError> {
     // Read before the transaction: it waits for the holder's appends still in flight.
     let next_id = ctx.emitter.next_id().await;
-    let mut tx = ctx.shared.pool.begin().await.map_err(StoreError::from)?;
+    let mut tx = Box::pin(ctx.shared.pool.begin())
+        .await
+        .map_err(StoreError::from)?;
     lock_fenced(&mut tx, ctx.fence).await?;
     // Under the run's lock: an interrupt committed before it must end the run, not pause it
     // (a paused run would keep the newer message waiting for a human). One committed after

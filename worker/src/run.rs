@@ -1,5 +1,11 @@
 //! Driving one claimed run: announce the attempt, alternate model turns and tool settlement
 //! until the run completes, pauses, fails, is stopped or is handed back on drain.
+//!
+//! Statements on the pool off the hot path (ends other than completion, hand-backs, reloads,
+//! compaction, pauses) are awaited boxed (`Box::pin`): sqlx's pool acquire future is about
+//! 14 KB, and awaited inline it sizes every future above it, the run's and its task's, which
+//! every spawn and move copies whole. The hot path writes through the grouped writers, whose
+//! futures are small.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -234,7 +240,7 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
             }
         }
         Ok(Outcome::Interrupted) | Err(RunError::Interrupted) => {
-            match double_text::interrupt(&ctx.shared.pool, ctx.fence, next_id).await {
+            match Box::pin(double_text::interrupt(&ctx.shared.pool, ctx.fence, next_id)).await {
                 Ok(promoted) => {
                     publish_promoted(ctx, promoted).await;
                     Ok((
@@ -333,9 +339,16 @@ async fn fail(
     msg: String,
     next_id: u64,
 ) -> Result<(EventType, serde_json::Value, &'static str), StoreError> {
-    transitions::fail(&ctx.shared.pool, ctx.fence, code, &msg, next_id).await?;
+    Box::pin(transitions::fail(
+        &ctx.shared.pool,
+        ctx.fence,
+        code,
+        &msg,
+        next_id,
+    ))
+    .await?;
     // Off the hot path: a failed run's end may have promoted a run waiting for its thread.
-    match ctx.shared.pool.acquire().await {
+    match Box::pin(ctx.shared.pool.acquire()).await {
         Ok(mut conn) => {
             let promoted = double_text::runnable_on_thread(&mut conn, ctx.run.thread_id).await;
             drop(conn);
@@ -368,7 +381,13 @@ async fn hand_back_after_failure(ctx: &RunCtx) {
     let run_id = ctx.fence.run_id;
     let settings = &ctx.shared.settings.worker;
     let last_id = ctx.emitter.last_id().await;
-    match transitions::hand_back_after_failure(&ctx.shared.pool, ctx.fence, last_id).await {
+    match Box::pin(transitions::hand_back_after_failure(
+        &ctx.shared.pool,
+        ctx.fence,
+        last_id,
+    ))
+    .await
+    {
         Ok(handbacks) => {
             metrics::counter!("agentfleet_run_handbacks_total").increment(1);
             let doublings = (handbacks - 1).clamp(0, 16) as u32;
@@ -395,7 +414,14 @@ async fn hand_back_after_failure(ctx: &RunCtx) {
 async fn hand_back(ctx: &RunCtx, interrupted: bool) {
     let run_id = ctx.fence.run_id;
     let last_id = ctx.emitter.last_id().await;
-    match transitions::release(&ctx.shared.pool, ctx.fence, interrupted, last_id).await {
+    match Box::pin(transitions::release(
+        &ctx.shared.pool,
+        ctx.fence,
+        interrupted,
+        last_id,
+    ))
+    .await
+    {
         Ok(()) => {
             if let Err(e) = ctx.shared.publisher.publish_run(run_id).await {
                 tracing::warn!(%run_id, error = %e, "re-publish failed; the sweeper will re-enqueue");

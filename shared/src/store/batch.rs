@@ -147,10 +147,15 @@ impl Connections {
         let kept = self.kept.lock().expect("kept connections lock").pop();
         match kept {
             Some(kept) => Ok(kept),
+            // Boxed: sqlx's acquire future is large (about 14 KB); inline, it would make every
+            // group's task that large, copied several times at each spawn.
             None => {
-                let mut conn = self.pool.acquire().await?.detach();
-                sqlx::query(NO_SEQUENTIAL_SCANS).execute(&mut conn).await?;
-                Ok((conn, Instant::now()))
+                Box::pin(async {
+                    let mut conn = self.pool.acquire().await?.detach();
+                    sqlx::query(NO_SEQUENTIAL_SCANS).execute(&mut conn).await?;
+                    Ok((conn, Instant::now()))
+                })
+                .await
             }
         }
     }

@@ -151,7 +151,14 @@ pub async fn settle(
     let is_fresh = fresh.is_some();
     let calls = match fresh {
         Some(rows) => rows,
-        None => tool_calls::of_iteration(&ctx.shared.pool, ctx.fence.run_id, iteration).await?,
+        None => {
+            Box::pin(tool_calls::of_iteration(
+                &ctx.shared.pool,
+                ctx.fence.run_id,
+                iteration,
+            ))
+            .await?
+        }
     };
     if calls.is_empty() {
         return Ok(Settled::Complete);
@@ -184,13 +191,19 @@ pub async fn settle(
         // At most `cap` calls in flight; each records its own outcome as it ends.
         // Collected first: a lazily mapped iterator inside the stream trips the spawned task's
         // `Send` check (higher-ranked lifetimes).
-        let calls: Vec<_> = runnable
-            .into_iter()
-            .map(|c| execute(ctx, iteration, c, is_fresh, behind))
-            .collect();
-        let results: Vec<Result<(), RunError>> =
-            stream::iter(calls).buffer_unordered(cap).collect().await;
-        results.into_iter().collect::<Result<Vec<()>, RunError>>()?;
+        if runnable.len() == 1 {
+            // The usual turn: one call, awaited in place (no stream to build and drain).
+            let call = runnable.into_iter().next().expect("one call");
+            execute(ctx, iteration, call, is_fresh, behind).await?;
+        } else {
+            let calls: Vec<_> = runnable
+                .into_iter()
+                .map(|c| execute(ctx, iteration, c, is_fresh, behind))
+                .collect();
+            let results: Vec<Result<(), RunError>> =
+                stream::iter(calls).buffer_unordered(cap).collect().await;
+            results.into_iter().collect::<Result<Vec<()>, RunError>>()?;
+        }
     }
     match then {
         Then::NextIteration => Ok(Settled::NextIteration),
@@ -405,9 +418,12 @@ async fn execute(
         }
         _ => match spec.parameters.check(&call.raw_arguments) {
             Ok(args) => {
-                let dispatch =
-                    tool_calls::mark_dispatched(&ctx.shared.pool, ctx.fence, &call.tool_call_id)
-                        .await?;
+                let dispatch = Box::pin(tool_calls::mark_dispatched(
+                    &ctx.shared.pool,
+                    ctx.fence,
+                    &call.tool_call_id,
+                ))
+                .await?;
                 (args, dispatch)
             }
             Err(msg) => return fail(msg).await,
@@ -449,8 +465,10 @@ async fn execute(
                 )
                 .await
             }
+            // Boxed: an MCP call's future (session set-up, listing, the call) is several
+            // times an HTTP call's, and inline it would size every tool call's future.
             Target::Mcp { server, tool } => {
-                mcp::call(
+                Box::pin(mcp::call(
                     &ctx.shared.tools_http,
                     &ctx.shared.egress,
                     server,
@@ -460,7 +478,7 @@ async fn execute(
                     &args,
                     timeout,
                     settings.max_tool_result_bytes,
-                )
+                ))
                 .await
             }
             Target::ExpandMessage => {
