@@ -229,13 +229,14 @@ impl Hub {
             #[serde(rename = "type")]
             kind: EventType,
         }
+        // Most events begin no run: told apart by their head, without parsing their data.
+        if !may_begin_a_run(payload) {
+            return;
+        }
         let Ok(head) = serde_json::from_str::<Head>(payload) else {
             return;
         };
-        if !matches!(
-            head.kind,
-            EventType::RunQueued | EventType::RunStarted | EventType::StreamRebuilt
-        ) {
+        if !matches!(head.kind, EventType::RunQueued | EventType::RunStarted) {
             return;
         }
         let threads = self.inner.threads.lock().expect("hub lock");
@@ -244,6 +245,15 @@ impl Hub {
             let _ = tx.try_send(());
         }
     }
+}
+
+/// Whether a stored event may be a run's `run_queued` or `run_started`: its type is in its
+/// head (`{"id":…,"run_id":"…","thread_id":"…","type":"…"`, about 140 bytes), before `data`.
+fn may_begin_a_run(payload: &str) -> bool {
+    const HEAD: usize = 256;
+    const TYPES: [&[u8]; 2] = [b"\"type\":\"run_queued\"", b"\"type\":\"run_started\""];
+    let head = &payload.as_bytes()[..payload.len().min(HEAD)];
+    TYPES.iter().any(|t| head.windows(t.len()).any(|w| w == *t))
 }
 
 /// A thread stream's interest in its thread's new runs; dropping it unregisters.
@@ -283,5 +293,48 @@ impl Drop for ThreadWatch {
             .inner
             .watched
             .store(!threads.is_empty(), std::sync::atomic::Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agentfleet_shared::events::{Envelope, EventType};
+    use serde_json::json;
+    use uuid::Uuid;
+
+    fn stored(kind: EventType, data: serde_json::Value) -> String {
+        // Field order as stored: the append script puts `id` first, then the envelope.
+        let e = Envelope {
+            id: 12_345_678_901,
+            run_id: Uuid::new_v4(),
+            thread_id: Uuid::new_v4(),
+            kind,
+            at: "2026-11-27T00:00:00.000Z".into(),
+            data,
+        };
+        serde_json::to_string(&e).unwrap()
+    }
+
+    #[test]
+    fn only_the_first_events_of_a_run_are_taken_for_a_new_run() {
+        assert!(super::may_begin_a_run(&stored(
+            EventType::RunQueued,
+            json!({"status": "queued"})
+        )));
+        assert!(super::may_begin_a_run(&stored(
+            EventType::RunStarted,
+            json!({"attempt": 1, "worker": "w"})
+        )));
+        // The words in a later event's data past the head are not looked at (nearer, they
+        // pass this filter, and the parse of the whole envelope tells).
+        let long = "x".repeat(300);
+        assert!(!super::may_begin_a_run(&stored(
+            EventType::ToolCompleted,
+            json!({"a": long, "echo": {"type": "run_queued"}})
+        )));
+        assert!(!super::may_begin_a_run(&stored(
+            EventType::MessageDelta,
+            json!({"text": "hi"})
+        )));
     }
 }
