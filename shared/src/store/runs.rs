@@ -174,15 +174,16 @@ pub async fn thread_belongs_to(
 /// The items of the tenant's batches still being created count too (each becomes a run, or an
 /// error, in the same transaction that takes it off `batch_items_pending`, so one snapshot
 /// never counts an item and its run): otherwise batches submitted one after another, before
-/// the first one's runs exist, would each pass the check.
+/// the first one's runs exist, would each pass the check. Those batches are found by the
+/// partial index `batches_creating_by_tenant` (migration 0018).
 pub async fn count_active_upto(pool: &PgPool, tenant: Uuid, cap: i64) -> Result<i64, StoreError> {
     Ok(sqlx::query_scalar(
-        "SELECT (SELECT count(*) FROM (SELECT 1 FROM runs WHERE tenant_id = $1 \
+        "SELECT LEAST($2, (SELECT count(*) FROM (SELECT 1 FROM runs WHERE tenant_id = $1 \
            AND status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation') \
            LIMIT $2) active) \
          + (SELECT count(*) FROM (SELECT 1 FROM batches b \
            JOIN batch_items i ON i.batch_id = b.id AND i.run_id IS NULL AND i.error IS NULL \
-           WHERE b.tenant_id = $1 AND b.status = 'creating' LIMIT $2) pending)",
+           WHERE b.tenant_id = $1 AND b.status = 'creating' LIMIT $2) pending))",
     )
     .bind(tenant)
     .bind(cap)
