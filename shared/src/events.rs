@@ -318,20 +318,34 @@ impl Keys {
         }
     }
     pub fn events(&self, run: Uuid) -> String {
-        format!("{}:run:{run}:events", self.prefix)
+        self.of_run(run, "events")
     }
     pub fn live(&self, run: Uuid) -> String {
-        format!("{}:run:{run}:live", self.prefix)
+        self.of_run(run, "live")
     }
     pub fn control(&self, run: Uuid) -> String {
-        format!("{}:run:{run}:control", self.prefix)
+        self.of_run(run, "control")
     }
     pub fn fence(&self, run: Uuid) -> String {
-        format!("{}:run:{run}:fence", self.prefix)
+        self.of_run(run, "fence")
     }
     /// The id offset of a list rebuilt after a loss (absent: 0).
     pub fn base(&self, run: Uuid) -> String {
-        format!("{}:run:{run}:base", self.prefix)
+        self.of_run(run, "base")
+    }
+    /// `{prefix}:run:{run}:{name}`, built without `format!`: every append names four of these,
+    /// and through the formatting machinery (a `Uuid`'s `Display` included) they cost about
+    /// 2,000 instructions each, 6 % of a worker's instructions per run (callgrind).
+    fn of_run(&self, run: Uuid, name: &str) -> String {
+        let mut id = Uuid::encode_buffer();
+        let id = run.hyphenated().encode_lower(&mut id);
+        let mut key = String::with_capacity(self.prefix.len() + 6 + id.len() + name.len());
+        key.push_str(&self.prefix);
+        key.push_str(":run:");
+        key.push_str(id);
+        key.push(':');
+        key.push_str(name);
+        key
     }
     /// Pattern matching every run's live channel, for the API's single subscription.
     pub fn live_pattern(&self) -> String {
@@ -826,6 +840,20 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn run_keys_are_named_as_documented_and_read_back() {
+        let keys = Keys::new("af_x");
+        let run = Uuid::parse_str("0190A1B2-C3D4-7E5F-8A9B-0C1D2E3F4A5B").unwrap();
+        let id = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b";
+        assert_eq!(keys.events(run), format!("af_x:run:{id}:events"));
+        assert_eq!(keys.live(run), format!("af_x:run:{id}:live"));
+        assert_eq!(keys.control(run), format!("af_x:run:{id}:control"));
+        assert_eq!(keys.fence(run), format!("af_x:run:{id}:fence"));
+        assert_eq!(keys.base(run), format!("af_x:run:{id}:base"));
+        assert_eq!(keys.run_of_channel(&keys.live(run)), Some(run));
+        assert_eq!(keys.run_of_channel(&keys.control(run)), Some(run));
+    }
 
     #[test]
     fn a_budget_pause_is_announced_as_input_required_with_its_figures() {

@@ -50,7 +50,10 @@ pub async fn prompt(
         system
             .as_ref()
             .map_or(0, |s| tokens::message_upper_bound(tokenizer, s))
-            + tokens::upper_bound(tokenizer, &Value::Array(fixed_tools()).to_string())
+            + tokens::upper_bound_of_len(
+                tokenizer,
+                tokens::array_json_len(tools.iter().chain([&builtin::expand_definition()])),
+            )
             + tokens::REPLY_PRIMING
     });
     if window > fixed_upper

@@ -56,10 +56,38 @@ pub fn count_prefix(tokenizer: Tokenizer, text: &str) -> (usize, usize) {
 /// At least the tokens `text` can be under any byte-level tokenizer (one a byte): the fast
 /// check that spares tokenizing a history that fits anyway.
 pub fn upper_bound(tokenizer: Tokenizer, text: &str) -> usize {
+    upper_bound_of_len(tokenizer, text.len())
+}
+
+/// [`upper_bound`] of a text of `len` bytes.
+pub fn upper_bound_of_len(tokenizer: Tokenizer, len: usize) -> usize {
     match tokenizer {
-        Tokenizer::Estimate => text.len().div_ceil(4),
-        _ => text.len(),
+        Tokenizer::Estimate => len.div_ceil(4),
+        _ => len,
     }
+}
+
+/// Bytes of `items` written as one compact JSON array (as `Value::Array(..).to_string()`
+/// gives), counted without building the array or the string.
+pub fn array_json_len<'a>(items: impl IntoIterator<Item = &'a Value>) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let mut n: usize = 0;
+    for item in items {
+        serde_json::to_writer(&mut count, item).expect("a JSON value serializes");
+        n += 1;
+    }
+    // The brackets and the commas between items.
+    count.0 + 2 + n.saturating_sub(1)
 }
 
 /// The text of a chat message's content (a string, or the text parts of a list) and of its
@@ -112,6 +140,21 @@ pub fn tools(tokenizer: Tokenizer, tools: &[Value]) -> usize {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_arrays_json_length_is_counted_as_its_text_would_be() {
+        let items = [
+            json!({"type": "function", "function": {"name": "echo", "description": "é \"q\""}}),
+            json!([1, 2.5, null, "x"]),
+            json!("tail"),
+        ];
+        assert_eq!(
+            array_json_len(&items),
+            Value::Array(items.to_vec()).to_string().len()
+        );
+        assert_eq!(array_json_len(&items[..1]), items[0].to_string().len() + 2);
+        assert_eq!(array_json_len(&[]), "[]".len());
+    }
 
     #[test]
     fn counts_match_the_encodings() {
