@@ -6,12 +6,20 @@
 //! `Last-Event-ID`. When the Redis connection drops, every client is told to resync from the
 //! list, which closes any hole the outage made.
 //!
+//! The subscription is held only while this process serves a stream (a run's or a thread's),
+//! and `events.hub_linger_ms` after the last one closed: every run's every event reaches a
+//! subscribed process, and one serving none (an API taking batches, say) would parse them all
+//! for nothing. A stream that arrives while it is not held registers, the subscription is
+//! made, and the client is told to resync from the list, as after a reconnect: nothing
+//! published in between is missed.
+//!
 //! Thread streams also watch a thread: the hub tells them when one of its runs is queued or
 //! started (the first events of a new run), so an idle thread stream learns of the next run
 //! without asking Postgres on a timer.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
@@ -45,6 +53,8 @@ struct Inner {
     watched: std::sync::atomic::AtomicBool,
     next_id: std::sync::atomic::AtomicU64,
     connected: std::sync::atomic::AtomicBool,
+    /// Told when a stream registers, so an idle hub subscribes.
+    wanted: tokio::sync::Notify,
     buffer: usize,
 }
 
@@ -69,8 +79,15 @@ impl Drop for Subscription {
 }
 
 impl Hub {
-    /// Starts the subscription task; it reconnects until `shutdown`.
-    pub fn start(redis_url: String, keys: Keys, buffer: usize, shutdown: CancellationToken) -> Hub {
+    /// Starts the subscription task: subscribed while streams need it (see the module note),
+    /// reconnecting after a failure, until `shutdown`.
+    pub fn start(
+        redis_url: String,
+        keys: Keys,
+        buffer: usize,
+        linger: Duration,
+        shutdown: CancellationToken,
+    ) -> Hub {
         let hub = Hub {
             inner: Arc::new(Inner {
                 clients: Mutex::new(HashMap::new()),
@@ -78,46 +95,92 @@ impl Hub {
                 watched: false.into(),
                 next_id: 0.into(),
                 connected: false.into(),
+                wanted: tokio::sync::Notify::new(),
                 buffer,
             }),
         };
         let task_hub = hub.clone();
         tokio::spawn(async move {
             let url = redis_url.clone();
-            infra::reconnecting(
-                "the event hub's subscription",
-                Server::Redis,
-                &url,
-                &shutdown,
-                || async {
-                    let result = tokio::select! {
-                        r = task_hub.pump(&redis_url, &keys) => r,
-                        _ = shutdown.cancelled() => return Ok(()),
-                    };
-                    task_hub
-                        .inner
-                        .connected
-                        .store(false, std::sync::atomic::Ordering::SeqCst);
-                    task_hub.broadcast_resync();
-                    Ok(result?)
-                },
-            )
-            .await;
+            while task_hub.until_wanted(&shutdown).await {
+                infra::reconnecting(
+                    "the event hub's subscription",
+                    Server::Redis,
+                    &url,
+                    &shutdown,
+                    || async {
+                        let result = tokio::select! {
+                            r = task_hub.pump(&redis_url, &keys, linger) => r,
+                            _ = shutdown.cancelled() => return Ok(()),
+                        };
+                        task_hub
+                            .inner
+                            .connected
+                            .store(false, std::sync::atomic::Ordering::SeqCst);
+                        // `Ok`: no stream for a while, unsubscribed on purpose.
+                        if result.is_err() {
+                            task_hub.broadcast_resync();
+                        }
+                        Ok(result?)
+                    },
+                )
+                .await;
+            }
         });
         hub
     }
 
-    async fn pump(&self, url: &str, keys: &Keys) -> redis::RedisResult<()> {
+    /// Whether a stream needs the subscription: a run's client or a thread's watcher.
+    fn is_wanted(&self) -> bool {
+        !self.inner.clients.lock().expect("hub lock").is_empty()
+            || !self.inner.threads.lock().expect("hub lock").is_empty()
+    }
+
+    /// Waits until a stream needs the subscription; `false` on shutdown.
+    async fn until_wanted(&self, shutdown: &CancellationToken) -> bool {
+        loop {
+            // Registered before the check: a stream registering after it still wakes us.
+            let notified = self.inner.wanted.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_wanted() {
+                return true;
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = shutdown.cancelled() => return false,
+            }
+        }
+    }
+
+    /// Holds the subscription and fans its messages out; `Ok` once no stream has needed it
+    /// for about `linger` (between one and two).
+    async fn pump(&self, url: &str, keys: &Keys, linger: Duration) -> redis::RedisResult<()> {
         let client = redis::Client::open(url)?;
         let mut pubsub = client.get_async_pubsub().await?;
         pubsub.psubscribe(keys.live_pattern()).await?;
         self.inner
             .connected
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        // Events published while we were away are in the lists: make every client look.
+        // Events published while we were away (or before a stream's subscription was made)
+        // are in the lists: make every client look.
         self.broadcast_resync();
         let mut messages = pubsub.into_on_message();
-        while let Some(msg) = messages.next().await {
+        let mut check = tokio::time::interval_at(tokio::time::Instant::now() + linger, linger);
+        let mut idle = false;
+        loop {
+            let msg = tokio::select! {
+                msg = messages.next() => msg,
+                _ = check.tick() => {
+                    let wanted = self.is_wanted();
+                    if !wanted && idle {
+                        return Ok(());
+                    }
+                    idle = !wanted;
+                    continue;
+                }
+            };
+            let Some(msg) = msg else { break };
             let Some(run) = keys.run_of_channel(msg.get_channel_name()) else {
                 continue;
             };
@@ -158,6 +221,7 @@ impl Hub {
             .entry(run)
             .or_default()
             .push((id, tx));
+        self.inner.wanted.notify_one();
         Subscription {
             rx,
             hub: self.clone(),
@@ -213,6 +277,8 @@ impl Hub {
         self.inner
             .watched
             .store(true, std::sync::atomic::Ordering::Release);
+        drop(threads);
+        self.inner.wanted.notify_one();
         ThreadWatch {
             rx,
             hub: self.clone(),

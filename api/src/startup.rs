@@ -77,6 +77,7 @@ impl Application {
             settings.redis.url.clone(),
             Keys::new(&settings.redis.prefix),
             settings.events.client_buffer,
+            Duration::from_millis(settings.events.hub_linger_ms),
             shutdown.clone(),
         );
         let tokens = crate::stream_token::TokenSigner::new(&settings.api.stream_token_secret);

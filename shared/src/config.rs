@@ -344,6 +344,9 @@ pub struct EventSettings {
     /// new run is noticed from its `run_queued` (or `run_started`) event at once; this only
     /// bounds how late one is noticed whose event never reached Redis.
     pub thread_recheck_ms: u64,
+    /// How long the API keeps its subscription to every run's live events after the last
+    /// stream it served closed (it subscribes again, at once, for the next stream).
+    pub hub_linger_ms: u64,
     /// When Redis has lost a run's list, its ids continue this far past the last id recorded
     /// in Postgres, so an id a client saw is never handed out again (docs/events.md).
     pub lost_id_margin: u64,
@@ -778,6 +781,7 @@ sse_retry_ms = 2000
 client_buffer = 1024
 final_event_grace_ms = 2000
 thread_recheck_ms = 10000
+hub_linger_ms = 30000
 lost_id_margin = 100000
 
 [telemetry]
@@ -1064,6 +1068,12 @@ impl Settings {
         }
         if self.events.client_buffer == 0 {
             return Err(invalid("events.client_buffer", "must be at least 1"));
+        }
+        if !(100..=3_600_000).contains(&self.events.hub_linger_ms) {
+            return Err(invalid(
+                "events.hub_linger_ms",
+                "must be within 100..=3600000",
+            ));
         }
         if !(100..=3_600_000).contains(&self.events.thread_recheck_ms) {
             return Err(invalid(

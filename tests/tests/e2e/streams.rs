@@ -471,6 +471,69 @@ async fn a_thread_stream_follows_its_runs_one_after_another() {
     assert_eq!(rest, expected);
 }
 
+/// An API holds its subscription to every run's live events only while it serves a stream
+/// (then `events.hub_linger_ms` more): without one it parses no event. The next stream makes it
+/// subscribe again and still gets every event once, the live ones included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hub_is_subscribed_only_while_streams_need_it() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api_with(&[("events.hub_linger_ms", "200")]).await;
+    let _worker = env.spawn_worker().await;
+    let subscribed = || async {
+        let ready: Value = app.get("/readyz").await.json().await.unwrap();
+        ready["event_hub"].as_bool().expect("event_hub")
+    };
+    // A run nobody follows: the API never subscribes.
+    let quiet = app
+        .start_run(&scripted_run(json!([{"content": "unseen"}]), json!([])))
+        .await;
+    app.wait_status(quiet["id"].as_str().unwrap(), &["completed"], T)
+        .await;
+    assert!(!subscribed().await, "no stream, no subscription");
+    for round in 0..2 {
+        // Slow chunks: most events are published while the stream is open.
+        let run = app
+            .start_run(&scripted_run(
+                json!([{"content": "one two three four", "chunks": 4, "chunk_delay_ms": 150}]),
+                json!([]),
+            ))
+            .await;
+        let id = run["id"].as_str().unwrap().to_string();
+        let resp = app
+            .http
+            .get(app.url(&format!("/v1/runs/{id}/events")))
+            .bearer_auth(&app.api_key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut stream = resp.bytes_stream().eventsource();
+        let mut got = Vec::new();
+        loop {
+            let (_, ev) = next_event(&mut stream).await;
+            let done = ev["type"] == "run_completed";
+            got.push(ev);
+            if done {
+                break;
+            }
+        }
+        assert_eq!(
+            got,
+            app.events(&id, 0, T).await,
+            "round {round}: every event once"
+        );
+        assert!(
+            subscribed().await,
+            "round {round}: subscribed while streaming"
+        );
+        drop(stream);
+        wait_for("the hub to unsubscribe", T, || async {
+            (!subscribed().await).then_some(())
+        })
+        .await;
+    }
+}
+
 async fn next_event<S, E>(stream: &mut S) -> (String, Value)
 where
     S: futures_util::Stream<Item = Result<eventsource_stream::Event, E>> + Unpin,
