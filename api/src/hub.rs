@@ -55,6 +55,9 @@ struct Inner {
     connected: std::sync::atomic::AtomicBool,
     /// Told when a stream registers, so an idle hub subscribes.
     wanted: tokio::sync::Notify,
+    /// Registrations so far: a stream that came and went between two idle checks still
+    /// counts as use.
+    registrations: std::sync::atomic::AtomicU64,
     buffer: usize,
 }
 
@@ -96,6 +99,7 @@ impl Hub {
                 next_id: 0.into(),
                 connected: false.into(),
                 wanted: tokio::sync::Notify::new(),
+                registrations: 0.into(),
                 buffer,
             }),
         };
@@ -109,6 +113,10 @@ impl Hub {
                     &url,
                     &shutdown,
                     || async {
+                        // After a failure, no retry for streams that have all gone.
+                        if !task_hub.is_wanted() {
+                            return Ok(());
+                        }
                         let result = tokio::select! {
                             r = task_hub.pump(&redis_url, &keys, linger) => r,
                             _ = shutdown.cancelled() => return Ok(()),
@@ -139,6 +147,10 @@ impl Hub {
     /// Waits until a stream needs the subscription; `false` on shutdown.
     async fn until_wanted(&self, shutdown: &CancellationToken) -> bool {
         loop {
+            // Streams still registered at shutdown must not make this loop spin.
+            if shutdown.is_cancelled() {
+                return false;
+            }
             // Registered before the check: a stream registering after it still wakes us.
             let notified = self.inner.wanted.notified();
             tokio::pin!(notified);
@@ -167,16 +179,19 @@ impl Hub {
         self.broadcast_resync();
         let mut messages = pubsub.into_on_message();
         let mut check = tokio::time::interval_at(tokio::time::Instant::now() + linger, linger);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut idle = false;
+        let mut seen = self.registrations();
         loop {
             let msg = tokio::select! {
                 msg = messages.next() => msg,
                 _ = check.tick() => {
-                    let wanted = self.is_wanted();
-                    if !wanted && idle {
+                    let now = self.registrations();
+                    let unused = !self.is_wanted() && now == seen;
+                    if unused && idle {
                         return Ok(());
                     }
-                    idle = !wanted;
+                    (idle, seen) = (unused, now);
                     continue;
                 }
             };
@@ -202,6 +217,13 @@ impl Hub {
         )))
     }
 
+    fn registrations(&self) -> u64 {
+        self.inner
+            .registrations
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether the subscription is held now (it is not while no stream needs it).
     pub fn is_connected(&self) -> bool {
         self.inner
             .connected
@@ -221,6 +243,9 @@ impl Hub {
             .entry(run)
             .or_default()
             .push((id, tx));
+        self.inner
+            .registrations
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.wanted.notify_one();
         Subscription {
             rx,
@@ -278,6 +303,9 @@ impl Hub {
             .watched
             .store(true, std::sync::atomic::Ordering::Release);
         drop(threads);
+        self.inner
+            .registrations
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.wanted.notify_one();
         ThreadWatch {
             rx,
