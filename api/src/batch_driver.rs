@@ -87,7 +87,14 @@ async fn drive(state: &AppState, batch: Uuid, owner: &str) -> Result<(), StoreEr
                 return Ok(());
             }
             "creating" => {
-                let chunk = create_chunk(state, &mut tx, batch, &held).await?;
+                let chunk = match create_chunk(state, &mut tx, batch, &held).await {
+                    Ok(chunk) => chunk,
+                    Err(e) => {
+                        drop(tx); // rolled back
+                        give_up_if_failing(state, batch, owner).await?;
+                        return Err(e);
+                    }
+                };
                 tx.commit().await?;
                 agentfleet_shared::failpoint::hit("batch_after_chunk");
                 metrics::counter!("agentfleet_runs_created_total")
@@ -123,6 +130,35 @@ async fn drive(state: &AppState, batch: Uuid, owner: &str) -> Result<(), StoreEr
     }
 }
 
+/// Counts the chunk that just failed; once `api.batch_max_chunk_failures` have failed in a
+/// row, the items still without a run get an `internal_error` and the batch moves on (its
+/// runs made so far go on; the sweep finishes it when they end).
+async fn give_up_if_failing(state: &AppState, batch: Uuid, owner: &str) -> Result<(), StoreError> {
+    let max = state.settings.api.batch_max_chunk_failures as i32;
+    let Some(failures) = batches::chunk_failed(&state.pool, batch, owner).await? else {
+        return Ok(());
+    };
+    if failures < max {
+        return Ok(());
+    }
+    let mut tx = state.pool.begin().await?;
+    let lease = state.settings.api.batch_lease_ms;
+    if batches::renew(&mut tx, batch, owner, lease)
+        .await?
+        .is_none()
+    {
+        return Ok(());
+    }
+    let error = json!({"code": "internal_error",
+                       "message": "the run could not be created; the batch went on without it"});
+    let failed = batches::fail_pending(&mut tx, batch, &error).await?;
+    batches::mark_created(&mut tx, batch).await?;
+    tx.commit().await?;
+    tracing::error!(%batch, failures, items = failed,
+        "batch creation kept failing; its remaining items were given an error");
+    Ok(())
+}
+
 struct Chunk {
     /// The runs made, in item order.
     created: Vec<RunRow>,
@@ -139,6 +175,11 @@ async fn create_chunk(
     batch: Uuid,
     held: &Held,
 ) -> Result<Chunk, StoreError> {
+    if agentfleet_shared::failpoint::error("batch:chunk") {
+        return Err(StoreError::Db(sqlx::Error::Protocol(
+            "failpoint batch:chunk".into(),
+        )));
+    }
     let limit = state.settings.api.batch_chunk_size as i64;
     let items = batches::pending_items(tx, batch, limit).await?;
     let done = (items.len() as i64) < limit;
@@ -221,6 +262,7 @@ async fn create_chunk(
         created.push((position, row));
     }
     batches::set_outcomes(tx, batch, &positions, &run_ids, &errors).await?;
+    batches::chunk_succeeded(tx, batch).await?;
     if done {
         batches::mark_created(tx, batch).await?;
     }

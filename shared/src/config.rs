@@ -222,6 +222,10 @@ pub struct ApiSettings {
     pub batch_chunk_size: usize,
     /// How often `GET /v1/batches/{id}/events` looks at the counts (one query per stream).
     pub batch_progress_interval_ms: u64,
+    /// Chunks of a batch in creation that may fail in a row before the items still without a
+    /// run get an error (`internal_error`) and the batch moves on: a chunk failing the same
+    /// way every time is not retried for ever.
+    pub batch_max_chunk_failures: u32,
     /// Lease of the replica driving a batch (creating or cancelling its runs), renewed by each
     /// chunk; once expired, another replica's sweep takes the batch over.
     pub batch_lease_ms: u64,
@@ -737,6 +741,7 @@ max_json_values = 1000000
 batch_chunk_size = 500
 batch_progress_interval_ms = 1000
 batch_lease_ms = 10000
+batch_max_chunk_failures = 5
 batch_sweep_interval_ms = 1000
 
 [worker]
@@ -975,6 +980,12 @@ impl Settings {
             return Err(invalid(
                 "api.max_batch_body_bytes",
                 "must be at least api.max_body_bytes",
+            ));
+        }
+        if !(1..=100).contains(&self.api.batch_max_chunk_failures) {
+            return Err(invalid(
+                "api.batch_max_chunk_failures",
+                "must be within 1..=100",
             ));
         }
         if !(1..=10_000).contains(&self.api.batch_chunk_size) {

@@ -365,6 +365,47 @@ pub async fn adopt_runs(
 }
 
 /// Every item has its run: `creating -> in_progress`, the lease given up.
+/// Counts a failed chunk of batch `id` (still driven by `owner`): how many have failed in a
+/// row now. `None`: the lease is no longer `owner`'s.
+pub async fn chunk_failed(pool: &PgPool, id: Uuid, owner: &str) -> Result<Option<i32>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "UPDATE batches SET chunk_failures = chunk_failures + 1
+          WHERE id = $1 AND lease_owner = $2 AND status = 'creating'
+          RETURNING chunk_failures",
+    )
+    .bind(id)
+    .bind(owner)
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// A chunk went through: the failures in a row start again from none.
+pub async fn chunk_succeeded(conn: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
+    sqlx::query("UPDATE batches SET chunk_failures = 0 WHERE id = $1 AND chunk_failures > 0")
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Gives every item of batch `id` still without a run `error` instead (call under
+/// [`renew`]'s lock); how many.
+pub async fn fail_pending(
+    conn: &mut PgConnection,
+    id: Uuid,
+    error: &Value,
+) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "UPDATE batch_items SET error = $2, body = NULL
+          WHERE batch_id = $1 AND run_id IS NULL AND error IS NULL",
+    )
+    .bind(id)
+    .bind(Json(error))
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
+
 pub async fn mark_created(conn: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE batches SET status = 'in_progress', lease_owner = NULL, lease_expires_at = NULL

@@ -630,3 +630,47 @@ async fn a_batch_whose_runs_are_not_created_yet_counts_against_max_active_runs()
         "nothing written for the refused batches"
     );
 }
+
+/// A chunk that fails the same way every time is not retried for ever: after
+/// `api.batch_max_chunk_failures` failures in a row (each take-over tries once more), the items
+/// still without a run get an `internal_error` and the batch finishes; their places in the
+/// tenant's active-runs quota are given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_chunks_keep_failing_gives_its_items_an_error_and_finishes() {
+    let mut settings = FAST.to_vec();
+    settings.push(("api.batch_max_chunk_failures", "3"));
+    settings.push(("limits.max_active_runs", "3"));
+    let env = TestEnv::with(&settings).await;
+    let (_api, base) = env
+        .spawn_api_process(&[("AGENTFLEET_FAILPOINTS", "error:batch:chunk")])
+        .await;
+    let app = env.app_at(&base, reqwest::Client::new()).await;
+    let (status, batch) = submit(&app, &batch_body(3), None).await;
+    assert_eq!(status, 202, "{batch}");
+    let id = batch["id"].as_str().unwrap().to_owned();
+    wait_batch(&app, &id, "completed", Duration::from_secs(60)).await;
+    let lines = results(&app, &id).await;
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    for line in &lines {
+        assert_eq!(line["status"], "failed", "{line}");
+        assert_eq!(line["error"]["code"], "internal_error", "{line}");
+        assert!(line["run_id"].is_null(), "{line}");
+    }
+    assert_eq!(
+        one(
+            &env,
+            "SELECT chunk_failures::int8 FROM batches WHERE id = $1",
+            &id
+        )
+        .await,
+        3,
+        "given up at the third failure in a row"
+    );
+    assert_eq!(
+        one(&env, "SELECT count(*) FROM runs WHERE batch_id = $1", &id).await,
+        0
+    );
+    // Its items hold no place in the quota any more.
+    let (status, again) = submit(&app, &batch_body(3), None).await;
+    assert_eq!(status, 202, "{again}");
+}
