@@ -26,17 +26,29 @@ fn multi_iteration_run(env: &TestEnv) -> Value {
     )
 }
 
+/// Opens the SSE stream at `path` (resuming after `last_event_id` when given), as a client
+/// with the tenant's key would; the stream of its events.
+async fn open_events(
+    app: &TestApp,
+    path: &str,
+    last_event_id: Option<&str>,
+) -> impl futures_util::Stream<
+    Item = Result<eventsource_stream::Event, eventsource_stream::EventStreamError<reqwest::Error>>,
+> + Unpin
++ use<> {
+    let mut req = app.http.get(app.url(path)).bearer_auth(&app.api_key);
+    if let Some(id) = last_event_id {
+        req = req.header("Last-Event-ID", id);
+    }
+    let resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 200, "{path}");
+    resp.bytes_stream().eventsource()
+}
+
 /// Reads exactly one event after `after` (or None when the stream ends first).
 async fn one_event(app: &TestApp, run: &str, after: u64) -> Option<Value> {
-    let resp = app
-        .http
-        .get(app.url(&format!("/v1/runs/{run}/events")))
-        .bearer_auth(&app.api_key)
-        .header("Last-Event-ID", after.to_string())
-        .send()
-        .await
-        .unwrap();
-    let mut stream = resp.bytes_stream().eventsource();
+    let after = after.to_string();
+    let mut stream = open_events(app, &format!("/v1/runs/{run}/events"), Some(&after)).await;
     while let Some(ev) = tokio::time::timeout(T, stream.next())
         .await
         .expect("an event in time")
@@ -380,15 +392,7 @@ async fn a_thread_stream_follows_its_runs_one_after_another() {
     let thread = first["thread_id"].as_str().unwrap().to_string();
     let first_id = first["id"].as_str().unwrap().to_string();
     // One connection for the whole conversation.
-    let resp = app
-        .http
-        .get(app.url(&format!("/v1/threads/{thread}/events")))
-        .bearer_auth(&app.api_key)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let mut stream = resp.bytes_stream().eventsource();
+    let mut stream = open_events(&app, &format!("/v1/threads/{thread}/events"), None).await;
     let mut got: Vec<(String, Value)> = Vec::new();
     loop {
         let (sse_id, ev) = next_event(&mut stream).await;
@@ -447,15 +451,12 @@ async fn a_thread_stream_follows_its_runs_one_after_another() {
     }
     // Resuming the thread stream from the middle of the first run gives the rest.
     let resume_from = &got[3].0;
-    let resp = app
-        .http
-        .get(app.url(&format!("/v1/threads/{thread}/events")))
-        .bearer_auth(&app.api_key)
-        .header("Last-Event-ID", resume_from.as_str())
-        .send()
-        .await
-        .unwrap();
-    let mut stream = resp.bytes_stream().eventsource();
+    let mut stream = open_events(
+        &app,
+        &format!("/v1/threads/{thread}/events"),
+        Some(resume_from),
+    )
+    .await;
     let mut rest = Vec::new();
     while rest.len() < got.len() - 4 {
         let ev = tokio::time::timeout(T, stream.next())
@@ -501,15 +502,7 @@ async fn the_hub_is_subscribed_only_while_streams_need_it() {
             ))
             .await;
         let id = run["id"].as_str().unwrap().to_string();
-        let resp = app
-            .http
-            .get(app.url(&format!("/v1/runs/{id}/events")))
-            .bearer_auth(&app.api_key)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        let mut stream = resp.bytes_stream().eventsource();
+        let mut stream = open_events(&app, &format!("/v1/runs/{id}/events"), None).await;
         let mut got = vec![next_event(&mut stream).await.1];
         // The stream registered, so the hub subscribes (and stays so for a second after the
         // stream ends): its first events may have come from the list before that.
