@@ -72,11 +72,16 @@ pub struct Subscription {
 impl Drop for Subscription {
     fn drop(&mut self) {
         let mut clients = self.hub.inner.clients.lock().expect("hub lock");
-        if let Some(list) = clients.get_mut(&self.run) {
-            list.retain(|(id, _)| *id != self.id);
-            if list.is_empty() {
-                clients.remove(&self.run);
-            }
+        unregister(&mut clients, self.run, self.id);
+    }
+}
+
+/// Removes registration `id` under `key`, and the key with its last registration.
+fn unregister<T>(map: &mut HashMap<Uuid, Vec<(u64, T)>>, key: Uuid, id: u64) {
+    if let Some(list) = map.get_mut(&key) {
+        list.retain(|(each, _)| *each != id);
+        if list.is_empty() {
+            map.remove(&key);
         }
     }
 }
@@ -217,6 +222,14 @@ impl Hub {
         )))
     }
 
+    /// A stream registered: counted as use, and an idle hub subscribes.
+    fn registered(&self) {
+        self.inner
+            .registrations
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.wanted.notify_one();
+    }
+
     fn registrations(&self) -> u64 {
         self.inner
             .registrations
@@ -243,10 +256,7 @@ impl Hub {
             .entry(run)
             .or_default()
             .push((id, tx));
-        self.inner
-            .registrations
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.wanted.notify_one();
+        self.registered();
         Subscription {
             rx,
             hub: self.clone(),
@@ -303,10 +313,7 @@ impl Hub {
             .watched
             .store(true, std::sync::atomic::Ordering::Release);
         drop(threads);
-        self.inner
-            .registrations
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.wanted.notify_one();
+        self.registered();
         ThreadWatch {
             rx,
             hub: self.clone(),
@@ -377,12 +384,7 @@ impl ThreadWatch {
 impl Drop for ThreadWatch {
     fn drop(&mut self) {
         let mut threads = self.hub.inner.threads.lock().expect("hub lock");
-        if let Some(list) = threads.get_mut(&self.thread) {
-            list.retain(|(id, _)| *id != self.id);
-            if list.is_empty() {
-                threads.remove(&self.thread);
-            }
-        }
+        unregister(&mut threads, self.thread, self.id);
         self.hub
             .inner
             .watched
