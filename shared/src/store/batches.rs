@@ -364,7 +364,6 @@ pub async fn adopt_runs(
     Ok(())
 }
 
-/// Every item has its run: `creating -> in_progress`, the lease given up.
 /// Counts a failed chunk of batch `id` (still driven by `owner`): how many have failed in a
 /// row now. `None`: the lease is no longer `owner`'s.
 pub async fn chunk_failed(pool: &PgPool, id: Uuid, owner: &str) -> Result<Option<i32>, StoreError> {
@@ -406,6 +405,7 @@ pub async fn fail_pending(
     .rows_affected())
 }
 
+/// Every item has its run (or its error): `creating -> in_progress`, the lease given up.
 pub async fn mark_created(conn: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE batches SET status = 'in_progress', lease_owner = NULL, lease_expires_at = NULL

@@ -188,14 +188,14 @@ pub async fn settle(
         // Only when the model is called next may the outcomes still be committing when
         // settling returns: a pause or an end right here would write after them at once.
         let behind = matches!(then, Then::NextIteration);
-        // At most `cap` calls in flight; each records its own outcome as it ends.
-        // Collected first: a lazily mapped iterator inside the stream trips the spawned task's
-        // `Send` check (higher-ranked lifetimes).
         if runnable.len() == 1 {
             // The usual turn: one call, awaited in place (no stream to build and drain).
             let call = runnable.into_iter().next().expect("one call");
             execute(ctx, iteration, call, is_fresh, behind).await?;
         } else {
+            // At most `cap` calls in flight; each records its own outcome as it ends.
+            // Collected first: a lazily mapped iterator inside the stream trips the spawned
+            // task's `Send` check (higher-ranked lifetimes).
             let calls: Vec<_> = runnable
                 .into_iter()
                 .map(|c| execute(ctx, iteration, c, is_fresh, behind))
