@@ -283,6 +283,48 @@ mod tests {
         .unwrap()
     }
 
+    /// A thread's runs list (and so `GET /v1/threads/{id}/events` follows them) in the order
+    /// the thread's lock admitted them, not by when their transactions began: a creation whose
+    /// transaction began first but took the lock second lists second (it sorted first, and a
+    /// thread stream following the other run never reached it).
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_thread_lists_its_runs_in_the_order_its_lock_admitted_them(pool: PgPool) {
+        let (tenant, first) = first_run(&pool).await;
+        let thread = Some(first.thread_id);
+        let mut late = pool.begin().await.unwrap();
+        sqlx::query("SELECT 1").execute(&mut *late).await.unwrap();
+        let early = submit(&pool, new_run(tenant, thread, "two"), IfBusy::Enqueue)
+            .await
+            .unwrap()
+            .run;
+        let later = create(
+            &mut late,
+            new_run(tenant, thread, "three"),
+            IfBusy::Enqueue,
+            2,
+        )
+        .await
+        .unwrap()
+        .run;
+        late.commit().await.unwrap();
+        let filter = runs::ListFilter {
+            tenant,
+            status: None,
+            thread_id: thread,
+            batch_id: None,
+            before: None,
+            limit: 10,
+        };
+        let listed: Vec<Uuid> = runs::list(&pool, &filter)
+            .await
+            .unwrap()
+            .iter()
+            .rev()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(listed, [first.id, early.id, later.id]);
+    }
+
     /// The grouped end promotes the oldest waiting run in its own statement and names it; the
     /// waiting runs' messages join the thread only then; the limit of waiting runs holds.
     #[sqlx::test(migrations = "../migrations")]
