@@ -10,7 +10,6 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use agentfleet_shared::store::batches::{self, NewBatch, NewItem};
@@ -70,7 +69,6 @@ pub async fn create_batch(
     // Every run of the request joins the request's trace.
     let traceparent = agentfleet_shared::telemetry::current_traceparent();
     for (i, run) in body.runs.into_iter().enumerate() {
-        let hash = Sha256::digest(serde_json::to_vec(&run).expect("serializes")).to_vec();
         let new = NewRun {
             id: Uuid::now_v7(),
             tenant_id: caller.tenant_id,
@@ -80,8 +78,9 @@ pub async fn create_batch(
                 .max_iterations
                 .unwrap_or(state.settings.worker.default_max_iterations),
             metadata: run.metadata.unwrap_or_else(|| json!({})),
+            // No run of a batch request has a key of its own, so nothing compares a hash.
             idempotency_key: None,
-            request_hash: Some(hash),
+            request_hash: None,
             input: run.input,
             agent: run.agent,
             fair,

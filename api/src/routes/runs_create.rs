@@ -236,13 +236,17 @@ pub async fn submit(
     check_servers(state, tenant, std::iter::once((String::new(), &body.agent)))
         .await
         .map_err(CreateRunError::Invalid)?;
-    let hash = Sha256::digest(serde_json::to_vec(&body).expect("serializes")).to_vec();
+    // Only a repeated Idempotency-Key compares requests: without one the hash (a second
+    // serialisation of the body) would be written and never read.
+    let hash = key
+        .is_some()
+        .then(|| Sha256::digest(serde_json::to_vec(&body).expect("serializes")).to_vec());
     if let Some(k) = &key
         && let Some(existing) = runs::by_idempotency_key(&state.pool, tenant, k)
             .await
             .map_err(anyhow::Error::from)?
     {
-        return same_request(existing, &hash);
+        return same_request(existing, hash.as_deref());
     }
     let max_iterations = body
         .agent
@@ -256,7 +260,7 @@ pub async fn submit(
         max_iterations,
         metadata: body.metadata.unwrap_or_else(|| json!({})),
         idempotency_key: key.clone(),
-        request_hash: Some(hash.clone()),
+        request_hash: hash.clone(),
         input: body.input,
         agent: body.agent,
         fair,
@@ -287,7 +291,7 @@ pub async fn submit(
                 .await
                 .map_err(anyhow::Error::from)?
                 .ok_or_else(|| anyhow::anyhow!("idempotency conflict without a row"))?;
-            return same_request(existing, &hash);
+            return same_request(existing, hash.as_deref());
         }
         Err(e) => return Err(CreateRunError::Unexpected(e.into())),
     };
@@ -352,8 +356,8 @@ async fn after_double_text(state: &AppState, created: &double_text::Created) {
     }
 }
 
-fn same_request(existing: RunRow, hash: &[u8]) -> Result<RunRow, CreateRunError> {
-    if existing.request_hash.as_deref() == Some(hash) {
+fn same_request(existing: RunRow, hash: Option<&[u8]>) -> Result<RunRow, CreateRunError> {
+    if hash.is_some() && existing.request_hash.as_deref() == hash {
         Ok(existing)
     } else {
         Err(CreateRunError::IdempotencyMismatch)
