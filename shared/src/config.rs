@@ -647,6 +647,25 @@ pub struct ModelSettings {
     /// or `xml` (described in the system prompt, written in the answer's text).
     #[serde(default)]
     pub tool_calling: ToolCalling,
+    /// `chat_completions_url`'s answer, parsed at its first call.
+    #[serde(skip)]
+    chat_url: std::sync::OnceLock<Option<url::Url>>,
+}
+
+impl ModelSettings {
+    /// `{base_url}/chat/completions`, parsed once for the life of the settings (reqwest would
+    /// parse the text again on every call). `None` when it does not parse: the caller passes
+    /// the text on and reqwest names the error.
+    pub fn chat_completions_url(&self) -> Option<&url::Url> {
+        self.chat_url
+            .get_or_init(|| url::Url::parse(&self.chat_completions_text()).ok())
+            .as_ref()
+    }
+
+    /// `{base_url}/chat/completions` as text.
+    pub fn chat_completions_text(&self) -> String {
+        format!("{}/chat/completions", self.base_url.trim_end_matches('/'))
+    }
 }
 
 /// The stored form of a compaction header (`events.compact_header`).

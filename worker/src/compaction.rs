@@ -236,7 +236,7 @@ async fn summarise(
             {"role": "user", "content": transcript},
         ],
     });
-    let url = format!("{}/chat/completions", model.base_url.trim_end_matches('/'));
+    let url = model.chat_completions_text();
     let mut request = ctx.shared.http.post(url).json(&body);
     if !model.api_key.is_empty() {
         request = request.bearer_auth(&model.api_key);

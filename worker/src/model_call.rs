@@ -201,11 +201,11 @@ async fn call_once(
         temperature: req.model.temperature,
         tools: &req.tools,
     };
-    let url = format!(
-        "{}/chat/completions",
-        req.model.base_url.trim_end_matches('/')
-    );
-    let mut builder = http.post(url).json(&body);
+    let mut builder = match req.model.chat_completions_url() {
+        Some(url) => http.post(url.clone()),
+        None => http.post(req.model.chat_completions_text()),
+    }
+    .json(&body);
     // W3C trace context of the `model.call` span (nothing when traces are not exported), so a
     // gateway that traces joins the run's trace.
     for (name, value) in agentfleet_shared::telemetry::current_trace_headers() {
