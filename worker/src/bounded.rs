@@ -117,6 +117,10 @@ where
                 .iter()
                 .position(|&b| b == b'\n' || b == b'\r');
             if let Some(at) = end {
+                // A flood of short lines would otherwise keep the decoder's loop (it takes every
+                // line that is ready in one poll) on a runtime thread for as long as they last:
+                // this yields once the task has used its share of the runtime.
+                tokio::task::coop::consume_budget().await;
                 let line = st.buf.split_to(st.scanned + at + 1).freeze();
                 st.scanned = 0;
                 let item = checked(line);
@@ -144,6 +148,57 @@ where
             }
         }
     })
+}
+
+/// Lines (from [`lines`]) made safe for the SSE decoder (`eventsource-stream` 0.2), which the
+/// remote side could otherwise make panic or copy without end:
+/// - a leading byte-order mark is taken off here: the decoder cuts one byte off its three and
+///   panics on the broken character (a line that still starts with one after that is a field
+///   with an unknown name: it becomes a comment, as the decoder would ignore it anyway);
+/// - `id` and `retry` fields become comments: the decoder copies the last `id` at every blank
+///   line, so one huge id and then a flood of blank lines would cost a copy of it per line. The
+///   worker uses neither field. A comment keeps the line's end, so a CR still pairs with the LF
+///   after it.
+pub fn for_sse<S, E>(lines: S) -> impl Stream<Item = Result<Bytes, LimitError<E>>>
+where
+    S: Stream<Item = Result<Bytes, LimitError<E>>>,
+{
+    const BOM: &[u8] = "\u{feff}".as_bytes();
+    // Whether the decoder has seen a non-empty line yet (only its first is checked for a BOM).
+    lines.scan(false, |started, item| {
+        let item = item.map(|mut line| {
+            if !*started {
+                if line.starts_with(BOM) {
+                    line = line.slice(BOM.len()..);
+                }
+                *started = !line.is_empty();
+                if line.starts_with(BOM) {
+                    return comment_like(&line);
+                }
+            }
+            if is_field(&line, b"id") || is_field(&line, b"retry") {
+                comment_like(&line)
+            } else {
+                line
+            }
+        });
+        futures_util::future::ready(Some(item))
+    })
+}
+
+/// Whether the SSE line is field `name` (its name ends at a colon or at the line's end).
+fn is_field(line: &[u8], name: &[u8]) -> bool {
+    line.strip_prefix(name)
+        .is_some_and(|rest| matches!(rest.first(), None | Some(b':' | b'\n' | b'\r')))
+}
+
+/// An empty comment ending as `line` ends.
+fn comment_like(line: &[u8]) -> Bytes {
+    match line.last() {
+        Some(b'\n') => Bytes::from_static(b":\n"),
+        Some(b'\r') => Bytes::from_static(b":\r"),
+        _ => Bytes::from_static(b":"),
+    }
 }
 
 #[cfg(test)]
@@ -190,6 +245,67 @@ mod tests {
         let got = cut(&chunks).await;
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].as_ref().unwrap().len(), 200_001);
+    }
+
+    /// What the SSE decoder makes of `chunks` after [`lines`] and [`for_sse`]: each event's
+    /// data and id.
+    async fn decoded(chunks: &[&[u8]]) -> Vec<(String, String)> {
+        use eventsource_stream::Eventsource;
+        let chunks: Vec<_> = chunks
+            .iter()
+            .map(|c| Ok::<_, LimitError<std::io::Error>>(Bytes::copy_from_slice(c)))
+            .collect();
+        for_sse(lines(futures_util::stream::iter(chunks)))
+            .eventsource()
+            .map(|e| {
+                let e = e.expect("event");
+                (e.data, e.id)
+            })
+            .collect()
+            .await
+    }
+
+    #[tokio::test]
+    async fn a_leading_byte_order_mark_is_taken_off_before_the_decoder_sees_it() {
+        // eventsource-stream 0.2 slices one byte off the three of a BOM and panics.
+        let bom = "\u{feff}";
+        let got = decoded(&[format!("{bom}data: a\n\n").as_bytes()]).await;
+        assert_eq!(got, [("a".to_owned(), String::new())]);
+        // A BOM alone in the first chunk, then a second one: a field of an unknown name.
+        let got = decoded(&[
+            bom.as_bytes(),
+            format!("{bom}data: x\n\ndata: b\n\n").as_bytes(),
+        ])
+        .await;
+        assert_eq!(got, [("b".to_owned(), String::new())]);
+    }
+
+    #[tokio::test]
+    async fn id_and_retry_fields_never_reach_the_decoder() {
+        // A huge id followed by many blank lines: the decoder would copy the id at each.
+        let id = format!("id: {}\n", "a".repeat(100_000));
+        let blanks = "\n".repeat(1000);
+        let got = decoded(&[
+            id.as_bytes(),
+            blanks.as_bytes(),
+            b"retry: 5\r\ndata: a\r\n",
+            b"id:7\r",
+            b"\ndata: b\r\n\r\n",
+        ])
+        .await;
+        // The CR LF after the id still ends one line: `a` and `b` are one event's two lines.
+        assert_eq!(got, [("a\nb".to_owned(), String::new())]);
+        let passed: Vec<Bytes> = for_sse(lines(futures_util::stream::iter([Ok::<
+            _,
+            LimitError<std::io::Error>,
+        >(
+            Bytes::from_static(b"id\nidle: 1\nretry\r\n"),
+        )])))
+        .map(Result::unwrap)
+        .collect()
+        .await;
+        let want: Vec<&[u8]> = vec![b":\n", b"idle: 1\n", b":\r", b"\n"];
+        assert_eq!(passed, want);
     }
 
     #[tokio::test]

@@ -319,8 +319,10 @@ async fn read_stream(
     mut xml: Option<XmlCalls>,
 ) -> Result<ModelResponse, ModelError> {
     // Bounded before the SSE decoder, which buffers until a newline: a stream without one
-    // would otherwise grow without limit; and given to it a line at a time (`bounded::lines`).
-    let events = bounded::lines(bounded::limit(response.bytes_stream(), cap)).eventsource();
+    // would otherwise grow without limit; and given to it a line at a time (`bounded::lines`),
+    // without the fields that could make it panic or copy without end (`bounded::for_sse`).
+    let lines = bounded::lines(bounded::limit(response.bytes_stream(), cap));
+    let events = bounded::for_sse(lines).eventsource();
     tokio::pin!(events);
     let mut parser = StreamParser::new(max_calls);
     let mut coalescer = Coalescer {
