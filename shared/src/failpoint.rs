@@ -3,8 +3,9 @@
 //! crash between two steps that are otherwise microseconds apart. A name written `error:NAME`
 //! makes [`error`] answer true at that point instead, so the caller fails as if its server had
 //! (a database that keeps timing out, say); `delay:NAME@MS` makes [`delay`] answer that many
-//! milliseconds, for the caller to hold its step back (a slow database, say). Never set in
-//! production.
+//! milliseconds, for the caller to hold its step back (a slow database, say); `panic:NAME`
+//! makes [`hit`] panic instead of aborting (a bug in that task: it unwinds, the process lives
+//! on). Never set in production.
 
 use std::sync::OnceLock;
 
@@ -22,11 +23,17 @@ fn enabled() -> &'static [String] {
     })
 }
 
-/// Aborts the process if failpoint `name` is enabled.
+/// Aborts the process if failpoint `name` is enabled; panics if `panic:NAME` is.
 pub fn hit(name: &str) {
     if enabled().iter().any(|p| p == name) {
         eprintln!("failpoint `{name}` reached: aborting");
         std::process::abort();
+    }
+    if enabled()
+        .iter()
+        .any(|p| p.strip_prefix("panic:") == Some(name))
+    {
+        panic!("failpoint `{name}` reached: panicking");
     }
 }
 

@@ -12,11 +12,12 @@
 //! the consumer pauses; it consumes again when a slot frees, with the prefetch set to the free
 //! slots plus the deliveries this channel still holds.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use lapin::Acker;
 use lapin::message::Delivery;
 use lapin::options::{
@@ -168,9 +169,20 @@ impl Intake {
                     // Boxed: the run's future is the largest of the worker (about 11 KB);
                     // inline, this task would hold it more than once and every move of the
                     // task (its spawn) would copy it.
-                    let execute = Box::pin(
-                        run::execute(shared.clone(), *claimed, stop, draining).instrument(span),
-                    );
+                    let run = run::execute(shared.clone(), *claimed, stop, draining);
+                    let execute = Box::pin(async move {
+                        // A panic ends this run's attempt, not the slot's bookkeeping below:
+                        // the run's lease lapses (its heartbeat is dropped with it) and the
+                        // sweeper hands the run to another attempt, counted as a recovery.
+                        if AssertUnwindSafe(run.instrument(span))
+                            .catch_unwind()
+                            .await
+                            .is_err()
+                        {
+                            metrics::counter!("agentfleet_run_panics_total").increment(1);
+                            tracing::error!(%run_id, "the run's task panicked; its lease will lapse and the run be recovered");
+                        }
+                    });
                     let early = || async {
                         settle_delivery(&delivery.acker, Settle::Ack).await;
                         unacked.let_go(channel);

@@ -118,6 +118,7 @@ impl Worker {
                 "agentfleet_recoveries_total",
                 "agentfleet_run_handbacks_total",
                 "agentfleet_claim_failures_total",
+                "agentfleet_run_panics_total",
             ] {
                 metrics::counter!(name).absolute(0);
             }

@@ -98,7 +98,13 @@ pub async fn execute(
         compaction: Default::default(),
         outcomes: Default::default(),
     };
-    let lease = crate::lease::spawn(ctx.shared.clone(), fence, ctx.stop.clone());
+    // Aborted when dropped too: if the run's task panics, its lease must lapse for the sweeper
+    // to hand the run to another attempt (a heartbeat left behind renewed it for ever).
+    let lease = tokio_util::task::AbortOnDropHandle::new(crate::lease::spawn(
+        ctx.shared.clone(),
+        fence,
+        ctx.stop.clone(),
+    ));
     let result = tokio::select! {
         r = drive(&ctx, claimed.recovered, &draining) => r,
         // Every await point of `drive` is abandoned at once when the run must stop.

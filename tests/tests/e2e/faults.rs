@@ -267,6 +267,49 @@ async fn a_run_that_kills_its_worker_every_time_is_failed_and_dead_lettered() {
     check_invariants(&app, &env, &[id]).await;
 }
 
+/// A panic in a run's task (a bug its input reaches) ends that attempt only: the heartbeat
+/// goes with it, so the lease lapses and the run is recovered, counted, and failed as poison
+/// once it has panicked too often; the worker never dies and its slots serve the next run.
+/// (The heartbeat outlived a panicked run and renewed its lease for ever: it stayed `running`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_task_panics_is_recovered_then_failed_and_its_worker_goes_on() {
+    let env = TestEnv::with(&[("worker.max_recoveries", "1")]).await;
+    let app = env.spawn_api().await;
+    let mut worker =
+        env.spawn_worker_process_with_failpoints(&[("worker.concurrency", "1")], "panic:tool:boom");
+    let body = scripted_run(
+        json!([{"tool_calls": [{"name": "boom", "arguments": {}}]}]),
+        json!([http_tool(&env, "boom", "/echo")]),
+    );
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap().to_string();
+    let done = wait_for("the panicking run to fail", Duration::from_secs(60), || {
+        let app = &app;
+        let id = id.clone();
+        async move {
+            let run = app.run(&id).await;
+            (run["status"] == "failed").then_some(run)
+        }
+    })
+    .await;
+    assert_eq!(done["error"]["code"], "poison_run", "{done}");
+    assert!(
+        !worker.has_exited(),
+        "a panic in a run must not end the worker"
+    );
+    // The one slot is free again: an ordinary run on the same worker completes.
+    let next = app
+        .start_run(&scripted_run(
+            json!([{"tool_calls": [{"name": "echo", "arguments": {}}]}, {"content": "done"}]),
+            json!([http_tool(&env, "echo", "/echo")]),
+        ))
+        .await;
+    let next = next["id"].as_str().unwrap().to_string();
+    let finished = app.wait_status(&next, &["completed", "failed"], T).await;
+    assert_eq!(finished["status"], "completed", "{finished}");
+    check_invariants(&app, &env, &[id, next]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_between_iterations_without_spending_an_attempt() {
     let env = TestEnv::new().await;
