@@ -30,6 +30,7 @@
 //! | `truncate` | stream only the first half of the events, with no `finish_reason` and no `[DONE]` |
 //! | `hang_after_chunks` | stream that many events (the role event included), then stay silent with the connection open |
 //! | `flood_bytes` | after the role event, stream that many bytes of one endless `data:` line (no newline), then close |
+//! | `sse_prelude` | raw text sent before the first event, as its own write (a byte-order mark, `id:` or `retry:` fields, blank lines) |
 //! | `usage` | an object: sent verbatim as the response's `usage` (e.g. `{"prompt_tokens": 10, "completion_tokens": 5}`); `false`: no `usage` at all (a provider that reports none). Absent: a deterministic estimate (about 4 characters a token), as a real provider would report |
 //!
 //! Without a script, or past its end, the answer is `echo: <last user text>`.
@@ -342,6 +343,8 @@ struct Turn {
     stall_error_body: bool,
     /// A hostile model: one endless SSE line of this many bytes.
     flood_bytes: Option<u64>,
+    /// Raw text sent before the first event (a byte-order mark, an `id:` field, comments).
+    sse_prelude: Option<String>,
     /// The `usage` to report: an object verbatim, `false` for none, absent for the estimate.
     usage: Option<Value>,
 }
@@ -806,11 +809,14 @@ fn stream_response(
     } else {
         (events.len(), Ending::Done)
     };
-    let frames: Vec<Bytes> = events
+    let mut frames: Vec<Bytes> = events
         .iter()
         .take(limit)
         .map(|event| Bytes::from(format!("data: {event}\n\n")))
         .collect();
+    if let Some(prelude) = &turn.sse_prelude {
+        frames.insert(0, Bytes::from(prelude.clone()));
+    }
     let gap = Duration::from_millis(turn.chunk_delay_ms.unwrap_or(0));
     let stop = state.shutdown_requested();
     if let Some(total) = turn.flood_bytes {

@@ -169,6 +169,33 @@ fn peak_rss(pid: u32) -> u64 {
     kb * 1024
 }
 
+/// A model whose stream starts with a byte-order mark and carries `id:` and `retry:` fields
+/// (a huge id, then blank lines the SSE decoder used to copy it at) is read like any other:
+/// the BOM made eventsource-stream panic, and the run then stayed `running` for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_stream_with_a_byte_order_mark_and_odd_fields_is_read_as_any_other() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker_process(&[]);
+    let prelude = format!(
+        "\u{feff}: hello\nid: {}\n{}retry: 10\r\n\r\n",
+        "7".repeat(100_000),
+        "\n".repeat(2000)
+    );
+    let body = scripted_run(
+        json!([{"sse_prelude": prelude, "tool_calls": [{"name": "echo", "arguments": {"x": 1}}]},
+               {"sse_prelude": "\u{feff}", "content": "done"}]),
+        json!([tool("echo", &env.tools.url("/echo"))]),
+    );
+    let run = app.start_run(&body).await;
+    let id = run["id"].as_str().unwrap();
+    let done = app.wait_status(id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let messages = app.messages(done["thread_id"].as_str().unwrap()).await;
+    let last = messages.last().unwrap();
+    assert_eq!(last["body"]["content"], "done", "{messages:?}");
+}
+
 /// The bound stated in the README's Isolation section.
 const WORKER_PEAK_RSS: u64 = 200 * 1024 * 1024;
 
