@@ -76,6 +76,20 @@ impl Drop for Subscription {
     }
 }
 
+/// Sends `msg` to a client; `false` if it is gone or too slow to take it. A full buffer means
+/// a slow client: the caller drops its sender, so its stream ends (and it resumes from its
+/// `Last-Event-ID`).
+fn delivered(tx: &mpsc::Sender<HubMessage>, msg: HubMessage) -> bool {
+    match tx.try_send(msg) {
+        Ok(()) => true,
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            metrics::counter!("agentfleet_sse_slow_clients_dropped_total").increment(1);
+            false
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => false,
+    }
+}
+
 /// Removes registration `id` under `key`, and the key with its last registration.
 fn unregister<T>(map: &mut HashMap<Uuid, Vec<(u64, T)>>, key: Uuid, id: u64) {
     if let Some(list) = map.get_mut(&key) {
@@ -268,15 +282,7 @@ impl Hub {
     fn dispatch(&self, run: Uuid, msg: HubMessage) {
         let mut clients = self.inner.clients.lock().expect("hub lock");
         if let Some(list) = clients.get_mut(&run) {
-            // A full buffer means a slow client: drop its sender so its stream ends.
-            list.retain(|(_, tx)| match tx.try_send(msg.clone()) {
-                Ok(()) => true,
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    metrics::counter!("agentfleet_sse_slow_clients_dropped_total").increment(1);
-                    false
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => false,
-            });
+            list.retain(|(_, tx)| delivered(tx, msg.clone()));
             if list.is_empty() {
                 clients.remove(&run);
             }
@@ -284,12 +290,14 @@ impl Hub {
     }
 
     fn broadcast_resync(&self) {
-        let clients = self.inner.clients.lock().expect("hub lock");
-        for list in clients.values() {
-            for (_, tx) in list {
-                let _ = tx.try_send(HubMessage::Resync);
-            }
-        }
+        let mut clients = self.inner.clients.lock().expect("hub lock");
+        // A client that cannot take the resync is dropped like one that cannot take an event:
+        // kept, it would never learn that live delivery missed events (its run's last ones,
+        // say), and wait for them for ever; dropped, its stream ends and the client resumes.
+        clients.retain(|_, list| {
+            list.retain(|(_, tx)| delivered(tx, HubMessage::Resync));
+            !list.is_empty()
+        });
         drop(clients);
         // A new run's first events may have been missed too.
         let threads = self.inner.threads.lock().expect("hub lock");
@@ -409,6 +417,40 @@ mod tests {
             data,
         };
         serde_json::to_string(&e).unwrap()
+    }
+
+    /// A client whose buffer is full when a resync comes is dropped (its stream ends and it
+    /// resumes), as for an event: kept, it never learnt that live delivery had missed events.
+    #[tokio::test]
+    async fn a_client_too_slow_for_a_resync_is_dropped_and_the_others_resync() {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let keys = agentfleet_shared::events::Keys::new("hubtest");
+        // Nothing listens there: the subscription never connects, which this test needs not.
+        let hub = super::Hub::start(
+            "redis://127.0.0.1:1".into(),
+            keys,
+            1,
+            std::time::Duration::from_secs(30),
+            shutdown.clone(),
+        );
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut slow = hub.subscribe(a);
+        let mut fine = hub.subscribe(b);
+        hub.dispatch(a, super::HubMessage::Event("e".into()));
+        hub.broadcast_resync();
+        assert!(matches!(
+            slow.rx.recv().await,
+            Some(super::HubMessage::Event(_))
+        ));
+        assert!(
+            slow.rx.recv().await.is_none(),
+            "the slow client's stream ends"
+        );
+        assert!(matches!(
+            fine.rx.recv().await,
+            Some(super::HubMessage::Resync)
+        ));
+        shutdown.cancel();
     }
 
     #[test]
