@@ -69,6 +69,9 @@ pub struct Follower<'a> {
     compacted: Option<(Header, String)>,
     /// The run's thread, once looked up (for deltas that could not be rebuilt).
     thread_id: Option<Uuid>,
+    /// Since when Postgres has known of events the list does not hold: they may still be on
+    /// their way (see [`Follower::rebuild_if_gone`]).
+    short_since: Option<tokio::time::Instant>,
 }
 
 impl<'a> Follower<'a> {
@@ -95,6 +98,7 @@ impl<'a> Follower<'a> {
             lost_until: None,
             compacted: None,
             thread_id: None,
+            short_since: None,
         }
     }
 
@@ -269,8 +273,23 @@ impl<'a> Follower<'a> {
             }))
     }
 
+    /// Whether Postgres shows the run ended while this stream has not seen its terminal event
+    /// (the worker died between its commit and its append, or the append failed).
+    async fn ended_in_postgres(&self) -> Result<bool, FollowError> {
+        let ended = runs::get(&self.state.pool, self.run_id)
+            .await
+            .is_ok_and(|r| r.status.is_final());
+        Ok(ended && !self.saw_terminal().await?)
+    }
+
     /// The list is empty past `last`: if Redis lost (or expired) it while Postgres knows of
     /// later events, serve the coarse rebuild and the run's current pausing or final event.
+    ///
+    /// A worker records the ids its events will get in the commit before it appends them, so
+    /// a list shorter than Postgres says may only be waiting for those appends: the shortfall
+    /// counts as a loss once it has lasted `events.final_event_grace_ms` (`follow` looks
+    /// again then). Rebuilt at once, a client connecting in that moment got `stream_rebuilt`
+    /// under the id the worker's next event then took, and never that event.
     async fn rebuild_if_gone(&mut self) -> Result<(), FollowError> {
         let durable = match runs::get(&self.state.pool, self.run_id).await {
             Ok(run) => run,
@@ -278,8 +297,17 @@ impl<'a> Follower<'a> {
         };
         let last_durable = durable.last_event_id as u64;
         if last_durable <= self.last || self.state.bus.len(self.run_id).await? >= last_durable {
+            self.short_since = None;
             return Ok(());
         }
+        let grace = Duration::from_millis(self.state.settings.events.final_event_grace_ms);
+        let since = *self
+            .short_since
+            .get_or_insert_with(tokio::time::Instant::now);
+        if since.elapsed() < grace {
+            return Ok(());
+        }
+        self.short_since = None;
         if last_durable > self.last + 1 {
             let raw =
                 rebuilt_event(self.state, self.run_id, last_durable - 1, "redis_list_gone").await?;
@@ -403,26 +431,48 @@ impl<'a> Follower<'a> {
         // comes (the worker died in between, or Redis lost it), Postgres has it: the replay
         // then serves it from there (`rebuild_if_gone`). A run that stops after `status` was
         // read announces its end on `sub`, which was taken before.
+        let grace = Duration::from_millis(self.state.settings.events.final_event_grace_ms);
+        let idle = Duration::from_millis(self.state.settings.events.idle_recheck_ms);
         let mut final_deadline = None;
         if status.is_some_and(RunStatus::is_final) {
             self.replay().await?;
             if self.ended || self.saw_terminal().await? {
                 return Ok(());
             }
-            let grace = Duration::from_millis(self.state.settings.events.final_event_grace_ms);
             final_deadline = Some(tokio::time::Instant::now() + grace);
         }
         loop {
-            let deadline = final_deadline
-                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+            // Without a message, look again: at the final event's deadline, when a shortfall's
+            // grace ends, or after `events.idle_recheck_ms` of silence (an end whose event
+            // never reached Redis announces itself nowhere else).
+            let now = tokio::time::Instant::now();
+            let wake = [
+                Some(now + idle),
+                self.short_since.map(|s| s + grace),
+                final_deadline,
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(now + idle);
             let msg = tokio::select! {
                 m = sub.rx.recv() => m,
-                _ = tokio::time::sleep_until(deadline), if final_deadline.is_some() => {
-                    self.replay().await?;
-                    if !self.ended && !self.saw_terminal().await? {
-                        self.restore_terminal().await?;
+                _ = tokio::time::sleep_until(wake) => {
+                    if final_deadline.is_some_and(|d| d <= tokio::time::Instant::now()) {
+                        self.replay().await?;
+                        if !self.ended && !self.saw_terminal().await? {
+                            self.restore_terminal().await?;
+                        }
+                        return Ok(());
                     }
-                    return Ok(());
+                    self.replay().await?;
+                    if self.ended {
+                        return Ok(());
+                    }
+                    if final_deadline.is_none() && self.ended_in_postgres().await? {
+                        final_deadline = Some(tokio::time::Instant::now() + grace);
+                    }
+                    continue;
                 }
                 _ = self.tx.closed() => return Err(FollowError::ClientGone),
                 _ = self.state.shutdown.cancelled() => return Err(FollowError::Shutdown),

@@ -348,6 +348,10 @@ pub struct EventSettings {
     /// new run is noticed from its `run_queued` (or `run_started`) event at once; this only
     /// bounds how late one is noticed whose event never reached Redis.
     pub thread_recheck_ms: u64,
+    /// How often a run's stream with nothing to send looks in Postgres anyway: an end whose
+    /// event never reached Redis (its worker died between the commit and the append) is
+    /// noticed then, and served from Postgres after `final_event_grace_ms`.
+    pub idle_recheck_ms: u64,
     /// How long the API keeps its subscription to every run's live events after the last
     /// stream it served closed (it subscribes again, at once, for the next stream).
     pub hub_linger_ms: u64,
@@ -805,6 +809,7 @@ sse_retry_ms = 2000
 client_buffer = 1024
 final_event_grace_ms = 2000
 thread_recheck_ms = 10000
+idle_recheck_ms = 10000
 hub_linger_ms = 30000
 lost_id_margin = 100000
 
@@ -1102,6 +1107,12 @@ impl Settings {
         if !(100..=3_600_000).contains(&self.events.hub_linger_ms) {
             return Err(invalid(
                 "events.hub_linger_ms",
+                "must be within 100..=3600000",
+            ));
+        }
+        if !(100..=3_600_000).contains(&self.events.idle_recheck_ms) {
+            return Err(invalid(
+                "events.idle_recheck_ms",
                 "must be within 100..=3600000",
             ));
         }

@@ -306,6 +306,149 @@ async fn a_final_event_missing_from_the_list_is_served_from_postgres() {
     assert_eq!(tail[0]["id"], last["id"], "the id clients would have seen");
 }
 
+/// A worker records the ids of its next events in the commit before it appends them: a
+/// client connecting in between finds the list shorter than Postgres says. Those events are
+/// waited for and served as they are, not replaced by a `stream_rebuilt` under the id one of
+/// them then takes (which the stream did at once, so that id named two different events).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_still_on_their_way_when_a_client_connects_are_waited_for_not_rebuilt() {
+    let env = TestEnv::with(&[
+        ("events.final_event_grace_ms", "600000"),
+        ("events.keepalive_secs", "1"),
+        // Pushed back without a publish below: the stream reads them at its next look.
+        ("events.idle_recheck_ms", "500"),
+    ])
+    .await;
+    let app = env.spawn_api().await;
+    let (id, original) = completed_run(&env, &app).await;
+    let n = original.len();
+    let tail: Vec<&str> = original[n - 2..]
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(tail, ["message_completed", "run_completed"]);
+    // Its last two appends still on their way: out of the list until the client is following.
+    let key = format!("{}:run:{id}:events", env.prefix);
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let popped: Vec<String> = redis::cmd("RPOP")
+        .arg(&key)
+        .arg(2)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let before = original[n - 3]["id"].as_u64().unwrap().to_string();
+    let resp = app
+        .http
+        .get(app.url(&format!("/v1/runs/{id}/events")))
+        .bearer_auth(&app.api_key)
+        .header("Last-Event-ID", &before)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.bytes_stream();
+    // The first keep-alive comes after the follower's first look at the list (a second in):
+    // nothing may have been sent before it.
+    let mut head = Vec::new();
+    while !String::from_utf8_lossy(&head).contains(": keep-alive") {
+        let chunk = tokio::time::timeout(T, body.next())
+            .await
+            .expect("a keep-alive in time")
+            .expect("the stream goes on")
+            .unwrap();
+        head.extend_from_slice(&chunk);
+    }
+    assert!(
+        !String::from_utf8_lossy(&head).contains("data:"),
+        "nothing is served before the events arrive: {}",
+        String::from_utf8_lossy(&head)
+    );
+    for raw in popped.iter().rev() {
+        let _: i64 = redis::cmd("RPUSH")
+            .arg(&key)
+            .arg(raw)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let mut events = body.eventsource();
+    let mut got = Vec::new();
+    while let Some(ev) = tokio::time::timeout(T, events.next())
+        .await
+        .expect("the events in time")
+    {
+        let ev = ev.unwrap();
+        if !ev.data.is_empty() {
+            got.push(serde_json::from_str::<Value>(&ev.data).unwrap());
+        }
+    }
+    assert_eq!(
+        got,
+        original[n - 2..],
+        "the events as the worker appended them"
+    );
+}
+
+/// A run that ends in Postgres while its event never reaches Redis (its worker died between
+/// the commit and the append) still ends a stream already following it: after
+/// `events.idle_recheck_ms` of silence the stream looks in Postgres, and after the grace
+/// serves the end from there, with the id the worker recorded. It waited for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_end_that_never_reached_redis_still_ends_a_stream_following_the_run() {
+    let env = TestEnv::with(&[
+        ("events.final_event_grace_ms", "300"),
+        ("events.idle_recheck_ms", "300"),
+    ])
+    .await;
+    let app = env.spawn_api().await;
+    let worker = env.spawn_worker().await;
+    let run = app
+        .start_run(&scripted_run(
+            json!([{"tool_calls": [{"name": "ask", "arguments": {"text": "name?"}}]}]),
+            json!([]),
+        ))
+        .await;
+    let id = run["id"].as_str().unwrap().to_string();
+    app.wait_status(&id, &["waiting_for_input"], T).await;
+    worker.shutdown().await;
+    let events = app.events(&id, 0, T).await;
+    let pause = events.last().unwrap().clone();
+    assert_eq!(pause["type"], "input_required");
+    let pause_id = pause["id"].as_u64().unwrap();
+    // The client waits at the pause for what comes next.
+    let mut stream = open_events(
+        &app,
+        &format!("/v1/runs/{id}/events"),
+        Some(&pause_id.to_string()),
+    )
+    .await;
+    // The run fails in Postgres, its event recorded but never appended.
+    sqlx::query(
+        "UPDATE runs SET status = 'failed', pending = NULL, finished_at = now(),
+                         error = '{\"code\": \"x\", \"message\": \"gone\"}',
+                         last_event_id = last_event_id + 1
+         WHERE id = $1::uuid",
+    )
+    .bind(&id)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let end = loop {
+        let ev = tokio::time::timeout(T, stream.next())
+            .await
+            .expect("the end in time")
+            .expect("an event before the stream ends")
+            .unwrap();
+        if !ev.data.is_empty() {
+            break serde_json::from_str::<Value>(&ev.data).unwrap();
+        }
+    };
+    assert_eq!(end["type"], "run_failed", "{end}");
+    assert_eq!(end["id"], pause_id + 1, "the id the worker recorded");
+    assert_eq!(end["data"]["code"], "x");
+}
+
 /// The grace above is only for an event still on its way: a client that already has the
 /// terminal event gets its stream closed at once (here the grace is ten minutes, far past the
 /// deadline of `events`).
