@@ -349,8 +349,13 @@ impl<'a> Follower<'a> {
     /// twice; the second copy carries a higher id and the same content.
     async fn restore_terminal(&mut self) -> Result<(), FollowError> {
         let run = runs::get(&self.state.pool, self.run_id).await?;
-        if run.last_event_id as u64 == self.last {
-            return Ok(()); // the client holds the terminal event's id: it has seen the end
+        let listed = self.state.bus.len(self.run_id).await?;
+        // The client holds the terminal event's id and the list, gone, cannot tell otherwise:
+        // it has seen the end. While the list holds that id (not a terminal event: the caller
+        // checked), the end's event was never appended: an API whose `run_cancelled` append
+        // failed had no id to record, so the recorded id is still the client's.
+        if run.last_event_id as u64 == self.last && listed < self.last {
+            return Ok(());
         }
         let (kind, data) = match run.status {
             RunStatus::Completed => (EventType::RunCompleted, json!({"iteration": run.iteration})),
@@ -364,7 +369,6 @@ impl<'a> Follower<'a> {
             RunStatus::Cancelled => (EventType::RunCancelled, json!({})),
             _ => return Ok(()),
         };
-        let listed = self.state.bus.len(self.run_id).await?;
         let floor = Floor::Recorded((run.last_event_id as u64).max(listed).saturating_sub(1));
         let event = NewEvent {
             run_id: self.run_id,

@@ -396,6 +396,41 @@ async fn events_still_on_their_way_when_a_client_connects_are_waited_for_not_reb
 /// serves the end from there, with the id the worker recorded. It waited for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_end_that_never_reached_redis_still_ends_a_stream_following_the_run() {
+    // The worker records the id of the end's event in the same commit.
+    let end = end_without_its_event(
+        "status = 'failed', pending = NULL, finished_at = now(), last_event_id = last_event_id + 1,
+         error = '{\"code\": \"x\", \"message\": \"gone\"}'",
+    )
+    .await;
+    assert_eq!(end.kind, "run_failed", "{:?}", end.event);
+    assert_eq!(
+        end.event["id"],
+        end.pause_id + 1,
+        "the id the worker recorded"
+    );
+    assert_eq!(end.event["data"]["code"], "x");
+}
+
+/// The same for a cancel whose `run_cancelled` append failed: the API records that event's
+/// id only after the append, so Postgres still shows the client's own id. The stream served
+/// nothing and closed (on every reconnect too); it now appends the end it never had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_whose_event_was_never_appended_still_ends_the_stream() {
+    let end =
+        end_without_its_event("status = 'cancelled', pending = NULL, finished_at = now()").await;
+    assert_eq!(end.kind, "run_cancelled", "{:?}", end.event);
+    assert_eq!(end.event["id"], end.pause_id + 1, "the next id");
+}
+
+struct EndSeen {
+    pause_id: u64,
+    kind: String,
+    event: Value,
+}
+
+/// A run paused for input, a client waiting at its pause, then `set` applied to the run in
+/// Postgres with no event appended: the event the client gets next (it must get one).
+async fn end_without_its_event(set: &str) -> EndSeen {
     let env = TestEnv::with(&[
         ("events.final_event_grace_ms", "300"),
         ("events.idle_recheck_ms", "300"),
@@ -416,25 +451,20 @@ async fn an_end_that_never_reached_redis_still_ends_a_stream_following_the_run()
     let pause = events.last().unwrap().clone();
     assert_eq!(pause["type"], "input_required");
     let pause_id = pause["id"].as_u64().unwrap();
-    // The client waits at the pause for what comes next.
     let mut stream = open_events(
         &app,
         &format!("/v1/runs/{id}/events"),
         Some(&pause_id.to_string()),
     )
     .await;
-    // The run fails in Postgres, its event recorded but never appended.
-    sqlx::query(
-        "UPDATE runs SET status = 'failed', pending = NULL, finished_at = now(),
-                         error = '{\"code\": \"x\", \"message\": \"gone\"}',
-                         last_event_id = last_event_id + 1
-         WHERE id = $1::uuid",
-    )
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE runs SET {set} WHERE id = $1::uuid"
+    )))
     .bind(&id)
     .execute(&env.pool)
     .await
     .unwrap();
-    let end = loop {
+    let event = loop {
         let ev = tokio::time::timeout(T, stream.next())
             .await
             .expect("the end in time")
@@ -444,9 +474,11 @@ async fn an_end_that_never_reached_redis_still_ends_a_stream_following_the_run()
             break serde_json::from_str::<Value>(&ev.data).unwrap();
         }
     };
-    assert_eq!(end["type"], "run_failed", "{end}");
-    assert_eq!(end["id"], pause_id + 1, "the id the worker recorded");
-    assert_eq!(end["data"]["code"], "x");
+    EndSeen {
+        pause_id,
+        kind: event["type"].as_str().unwrap_or_default().to_owned(),
+        event,
+    }
 }
 
 /// The grace above is only for an event still on its way: a client that already has the
