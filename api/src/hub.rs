@@ -13,6 +13,11 @@
 //! made, and the client is told to resync from the list, as after a reconnect: nothing
 //! published in between is missed.
 //!
+//! A subscriber only listens, so a connection that died without a reset (a NAT's timeout, a
+//! failover behind a proxy) would look open for ever while every stream waits: the hub sends
+//! a PING every `events.hub_ping_ms` and, without an answer in `redis.response_timeout_ms`,
+//! reconnects (and every client resyncs).
+//!
 //! Thread streams also watch a thread: the hub tells them when one of its runs is queued or
 //! started (the first events of a new run), so an idle thread stream learns of the next run
 //! without asking Postgres on a timer.
@@ -90,6 +95,20 @@ fn delivered(tx: &mpsc::Sender<HubMessage>, msg: HubMessage) -> bool {
     }
 }
 
+/// `call`, failed as an I/O error (the connection counts as dead) if it takes longer than
+/// `limit`.
+async fn within<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+        Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "no answer in time from the subscription's connection",
+        )))
+    })
+}
+
 /// Removes registration `id` under `key`, and the key with its last registration.
 fn unregister<T>(map: &mut HashMap<Uuid, Vec<(u64, T)>>, key: Uuid, id: u64) {
     if let Some(list) = map.get_mut(&key) {
@@ -100,16 +119,25 @@ fn unregister<T>(map: &mut HashMap<Uuid, Vec<(u64, T)>>, key: Uuid, id: u64) {
     }
 }
 
+/// How the hub holds its subscription (`events.*`, `redis.*`).
+#[derive(Debug, Clone)]
+pub struct HubSettings {
+    pub redis_url: String,
+    /// Messages buffered per client before it is dropped as too slow.
+    pub buffer: usize,
+    /// How long the subscription outlives the last stream.
+    pub linger: Duration,
+    /// How often the connection is checked with a PING.
+    pub ping_every: Duration,
+    /// How long a PING's answer may take before the connection counts as dead.
+    pub answer_within: Duration,
+}
+
 impl Hub {
     /// Starts the subscription task: subscribed while streams need it (see the module note),
     /// reconnecting after a failure, until `shutdown`.
-    pub fn start(
-        redis_url: String,
-        keys: Keys,
-        buffer: usize,
-        linger: Duration,
-        shutdown: CancellationToken,
-    ) -> Hub {
+    pub fn start(settings: HubSettings, keys: Keys, shutdown: CancellationToken) -> Hub {
+        let buffer = settings.buffer;
         let hub = Hub {
             inner: Arc::new(Inner {
                 clients: Mutex::new(HashMap::new()),
@@ -124,7 +152,7 @@ impl Hub {
         };
         let task_hub = hub.clone();
         tokio::spawn(async move {
-            let url = redis_url.clone();
+            let url = settings.redis_url.clone();
             while task_hub.until_wanted(&shutdown).await {
                 infra::reconnecting(
                     "the event hub's subscription",
@@ -137,7 +165,7 @@ impl Hub {
                             return Ok(());
                         }
                         let result = tokio::select! {
-                            r = task_hub.pump(&redis_url, &keys, linger) => r,
+                            r = task_hub.pump(&settings, &keys) => r,
                             _ = shutdown.cancelled() => return Ok(()),
                         };
                         task_hub
@@ -186,17 +214,27 @@ impl Hub {
 
     /// Holds the subscription and fans its messages out; `Ok` once no stream has needed it
     /// for about `linger` (between one and two).
-    async fn pump(&self, url: &str, keys: &Keys, linger: Duration) -> redis::RedisResult<()> {
-        let client = redis::Client::open(url)?;
-        let mut pubsub = client.get_async_pubsub().await?;
-        pubsub.psubscribe(keys.live_pattern()).await?;
+    async fn pump(&self, settings: &HubSettings, keys: &Keys) -> redis::RedisResult<()> {
+        let linger = settings.linger;
+        let client = redis::Client::open(settings.redis_url.as_str())?;
+        let mut pubsub = within(settings.answer_within, client.get_async_pubsub()).await?;
+        within(
+            settings.answer_within,
+            pubsub.psubscribe(keys.live_pattern()),
+        )
+        .await?;
+        let (mut sink, mut messages) = pubsub.split();
         self.inner
             .connected
             .store(true, std::sync::atomic::Ordering::SeqCst);
         // Events published while we were away (or before a stream's subscription was made)
         // are in the lists: make every client look.
         self.broadcast_resync();
-        let mut messages = pubsub.into_on_message();
+        let mut ping = tokio::time::interval_at(
+            tokio::time::Instant::now() + settings.ping_every,
+            settings.ping_every,
+        );
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut check = tokio::time::interval_at(tokio::time::Instant::now() + linger, linger);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut idle = false;
@@ -204,6 +242,12 @@ impl Hub {
         loop {
             let msg = tokio::select! {
                 msg = messages.next() => msg,
+                _ = ping.tick() => {
+                    // Messages keep arriving while the answer is awaited (the sink and the
+                    // stream are apart), so a busy subscription loses nothing to the check.
+                    within(settings.answer_within, sink.ping::<redis::Value>()).await?;
+                    continue;
+                }
                 _ = check.tick() => {
                     let now = self.registrations();
                     let unused = !self.is_wanted() && now == seen;
@@ -426,13 +470,14 @@ mod tests {
         let shutdown = tokio_util::sync::CancellationToken::new();
         let keys = agentfleet_shared::events::Keys::new("hubtest");
         // Nothing listens there: the subscription never connects, which this test needs not.
-        let hub = super::Hub::start(
-            "redis://127.0.0.1:1".into(),
-            keys,
-            1,
-            std::time::Duration::from_secs(30),
-            shutdown.clone(),
-        );
+        let settings = super::HubSettings {
+            redis_url: "redis://127.0.0.1:1".into(),
+            buffer: 1,
+            linger: std::time::Duration::from_secs(30),
+            ping_every: std::time::Duration::from_secs(5),
+            answer_within: std::time::Duration::from_secs(1),
+        };
+        let hub = super::Hub::start(settings, keys, shutdown.clone());
         let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
         let mut slow = hub.subscribe(a);
         let mut fine = hub.subscribe(b);

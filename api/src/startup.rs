@@ -22,7 +22,7 @@ use agentfleet_shared::store::transitions::NewRun;
 use agentfleet_shared::store::{create_many, dispatch};
 use agentfleet_shared::{db, telemetry};
 
-use crate::hub::Hub;
+use crate::hub::{Hub, HubSettings};
 use crate::routes;
 use crate::state::{AppState, AppStateInner};
 
@@ -74,10 +74,20 @@ impl Application {
         .with_timeout(settings.amqp.timeout());
         let shutdown = CancellationToken::new();
         let hub = Hub::start(
-            settings.redis.url.clone(),
+            HubSettings {
+                redis_url: settings.redis.url.clone(),
+                buffer: settings.events.client_buffer,
+                linger: Duration::from_millis(settings.events.hub_linger_ms),
+                ping_every: Duration::from_millis(settings.events.hub_ping_ms),
+                // A connect and a PING's answer: one connect attempt, one command's answer.
+                answer_within: Duration::from_millis(
+                    settings
+                        .redis
+                        .connect_timeout_ms
+                        .max(settings.redis.response_timeout_ms),
+                ),
+            },
             Keys::new(&settings.redis.prefix),
-            settings.events.client_buffer,
-            Duration::from_millis(settings.events.hub_linger_ms),
             shutdown.clone(),
         );
         let tokens = crate::stream_token::TokenSigner::new(&settings.api.stream_token_secret);

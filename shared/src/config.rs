@@ -355,6 +355,11 @@ pub struct EventSettings {
     /// How long the API keeps its subscription to every run's live events after the last
     /// stream it served closed (it subscribes again, at once, for the next stream).
     pub hub_linger_ms: u64,
+    /// How often that subscription checks its connection with a PING: without an answer in
+    /// time (`redis.connect_timeout_ms`, or `redis.response_timeout_ms` if longer) the API
+    /// reconnects and every stream resyncs. A subscriber only listens: a connection that died
+    /// without a reset would otherwise look open for ever.
+    pub hub_ping_ms: u64,
     /// When Redis has lost a run's list, its ids continue this far past the last id recorded
     /// in Postgres, so an id a client saw is never handed out again (docs/events.md).
     pub lost_id_margin: u64,
@@ -810,6 +815,7 @@ client_buffer = 1024
 final_event_grace_ms = 2000
 thread_recheck_ms = 10000
 idle_recheck_ms = 10000
+hub_ping_ms = 5000
 hub_linger_ms = 30000
 lost_id_margin = 100000
 
@@ -1107,6 +1113,12 @@ impl Settings {
         if !(100..=3_600_000).contains(&self.events.hub_linger_ms) {
             return Err(invalid(
                 "events.hub_linger_ms",
+                "must be within 100..=3600000",
+            ));
+        }
+        if !(100..=3_600_000).contains(&self.events.hub_ping_ms) {
+            return Err(invalid(
+                "events.hub_ping_ms",
                 "must be within 100..=3600000",
             ));
         }

@@ -647,6 +647,94 @@ async fn a_thread_stream_follows_its_runs_one_after_another() {
     assert_eq!(rest, expected);
 }
 
+/// The hub's connection stops answering without being reset (a network path that drops
+/// packets, a failover behind a proxy): its PING goes unanswered, it reconnects, and the
+/// stream waiting on it goes on once the path is back. A subscriber only listens: before the
+/// PING, that connection looked open for ever and no live event reached any stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_whose_connection_went_silent_is_made_again() {
+    let env = TestEnv::new().await;
+    let upstream = redis_url()
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
+    let proxy = agentfleet_tests::stall_proxy::StallProxy::start(&upstream).await;
+    let through = format!("redis://{}", proxy.address);
+    let app = env
+        .spawn_api_with(&[
+            ("redis.url", through.as_str()),
+            ("events.hub_ping_ms", "300"),
+            // Only the PING may notice the silence here.
+            ("events.idle_recheck_ms", "3600000"),
+        ])
+        .await;
+    let _worker = env.spawn_worker().await;
+    let run = app
+        .start_run(&scripted_run(
+            json!([{"tool_calls": [{"name": "ask", "arguments": {"text": "name?"}}]},
+                   {"content": "hi Ada"}]),
+            json!([]),
+        ))
+        .await;
+    let id = run["id"].as_str().unwrap().to_string();
+    app.wait_status(&id, &["waiting_for_input"], T).await;
+    let pause = app.events(&id, 0, T).await.last().unwrap().clone();
+    assert_eq!(pause["type"], "input_required");
+    let mut stream = open_events(
+        &app,
+        &format!("/v1/runs/{id}/events"),
+        Some(&pause["id"].to_string()),
+    )
+    .await;
+    let subscribed = || async {
+        let ready: Value = app.get("/readyz").await.json().await.unwrap();
+        ready["event_hub"].as_bool().expect("event_hub")
+    };
+    wait_for("the hub subscribed", T, || async {
+        subscribed().await.then_some(())
+    })
+    .await;
+    let before = proxy.accepted();
+    proxy.hold();
+    // The unanswered PING makes the hub connect again (through the same, still silent path).
+    wait_for("the hub reconnecting", T, || async {
+        (proxy.accepted() > before).then_some(())
+    })
+    .await;
+    proxy.release();
+    wait_for("the hub subscribed again", T, || async {
+        subscribed().await.then_some(())
+    })
+    .await;
+    assert_eq!(
+        app.post(&format!("/v1/runs/{id}/resume"), &json!({"input": "Ada"}))
+            .await
+            .status(),
+        202
+    );
+    let mut kinds = Vec::new();
+    while let Some(ev) = tokio::time::timeout(T, stream.next())
+        .await
+        .expect("the run's events in time")
+    {
+        let ev = ev.unwrap();
+        if !ev.data.is_empty() {
+            let ev: Value = serde_json::from_str(&ev.data).unwrap();
+            kinds.push(ev["type"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(
+        kinds.first().map(String::as_str),
+        Some("run_resumed"),
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("run_completed"),
+        "{kinds:?}"
+    );
+}
+
 /// An API holds its subscription to every run's live events only while it serves a stream
 /// (then `events.hub_linger_ms` more): without one it parses no event. The next stream makes it
 /// subscribe again and still gets every event once, the live ones included.
