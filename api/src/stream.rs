@@ -293,7 +293,14 @@ impl<'a> Follower<'a> {
     async fn rebuild_if_gone(&mut self) -> Result<(), FollowError> {
         let durable = match runs::get(&self.state.pool, self.run_id).await {
             Ok(run) => run,
-            Err(_) => return Ok(()),
+            Err(_) => {
+                // Postgres cannot say now: a shortfall already seen is looked at again a grace
+                // later, not at once (`follow` wakes for it).
+                if self.short_since.is_some() {
+                    self.short_since = Some(tokio::time::Instant::now());
+                }
+                return Ok(());
+            }
         };
         let last_durable = durable.last_event_id as u64;
         if last_durable <= self.last || self.state.bus.len(self.run_id).await? >= last_durable {

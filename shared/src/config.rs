@@ -1110,29 +1110,15 @@ impl Settings {
         if self.events.client_buffer == 0 {
             return Err(invalid("events.client_buffer", "must be at least 1"));
         }
-        if !(100..=3_600_000).contains(&self.events.hub_linger_ms) {
-            return Err(invalid(
-                "events.hub_linger_ms",
-                "must be within 100..=3600000",
-            ));
-        }
-        if !(100..=3_600_000).contains(&self.events.hub_ping_ms) {
-            return Err(invalid(
-                "events.hub_ping_ms",
-                "must be within 100..=3600000",
-            ));
-        }
-        if !(100..=3_600_000).contains(&self.events.idle_recheck_ms) {
-            return Err(invalid(
-                "events.idle_recheck_ms",
-                "must be within 100..=3600000",
-            ));
-        }
-        if !(100..=3_600_000).contains(&self.events.thread_recheck_ms) {
-            return Err(invalid(
-                "events.thread_recheck_ms",
-                "must be within 100..=3600000",
-            ));
+        for (name, ms) in [
+            ("events.hub_linger_ms", self.events.hub_linger_ms),
+            ("events.hub_ping_ms", self.events.hub_ping_ms),
+            ("events.idle_recheck_ms", self.events.idle_recheck_ms),
+            ("events.thread_recheck_ms", self.events.thread_recheck_ms),
+        ] {
+            if !(100..=3_600_000).contains(&ms) {
+                return Err(invalid(name, "must be within 100..=3600000"));
+            }
         }
         if !matches!(
             self.telemetry.log_format.as_str(),

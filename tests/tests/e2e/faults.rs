@@ -283,15 +283,9 @@ async fn a_run_whose_task_panics_is_recovered_then_failed_and_its_worker_goes_on
     );
     let run = app.start_run(&body).await;
     let id = run["id"].as_str().unwrap().to_string();
-    let done = wait_for("the panicking run to fail", Duration::from_secs(60), || {
-        let app = &app;
-        let id = id.clone();
-        async move {
-            let run = app.run(&id).await;
-            (run["status"] == "failed").then_some(run)
-        }
-    })
-    .await;
+    let done = app
+        .wait_status(&id, &["completed", "failed"], Duration::from_secs(60))
+        .await;
     assert_eq!(done["error"]["code"], "poison_run", "{done}");
     assert!(
         !worker.has_exited(),

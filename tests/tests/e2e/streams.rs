@@ -464,16 +464,7 @@ async fn end_without_its_event(set: &str) -> EndSeen {
     .execute(&env.pool)
     .await
     .unwrap();
-    let event = loop {
-        let ev = tokio::time::timeout(T, stream.next())
-            .await
-            .expect("the end in time")
-            .expect("an event before the stream ends")
-            .unwrap();
-        if !ev.data.is_empty() {
-            break serde_json::from_str::<Value>(&ev.data).unwrap();
-        }
-    };
+    let (_, event) = next_event(&mut stream).await;
     EndSeen {
         pause_id,
         kind: event["type"].as_str().unwrap_or_default().to_owned(),
