@@ -15,7 +15,7 @@
 //!
 //! A subscriber only listens, so a connection that died without a reset (a NAT's timeout, a
 //! failover behind a proxy) would look open for ever while every stream waits: the hub sends
-//! a PING every `events.hub_ping_ms` and, without an answer in `redis.response_timeout_ms`,
+//! a PING every `events.hub_ping_ms` and, without an answer before the next one is due,
 //! reconnects (and every client resyncs).
 //!
 //! Thread streams also watch a thread: the hub tells them when one of its runs is queued or
@@ -127,29 +127,18 @@ pub struct HubSettings {
     pub buffer: usize,
     /// How long the subscription outlives the last stream.
     pub linger: Duration,
-    /// How often the connection is checked with a PING.
+    /// How often the connection is checked with a PING; an answer not in by the next one
+    /// counts the connection as dead (a slow answer, a fork's pause, is not one).
     pub ping_every: Duration,
-    /// How long a PING's answer may take before the connection counts as dead.
-    pub answer_within: Duration,
+    /// How long the connect and the PSUBSCRIBE may take.
+    pub connect_within: Duration,
 }
 
 impl Hub {
     /// Starts the subscription task: subscribed while streams need it (see the module note),
     /// reconnecting after a failure, until `shutdown`.
     pub fn start(settings: HubSettings, keys: Keys, shutdown: CancellationToken) -> Hub {
-        let buffer = settings.buffer;
-        let hub = Hub {
-            inner: Arc::new(Inner {
-                clients: Mutex::new(HashMap::new()),
-                threads: Mutex::new(HashMap::new()),
-                watched: false.into(),
-                next_id: 0.into(),
-                connected: false.into(),
-                wanted: tokio::sync::Notify::new(),
-                registrations: 0.into(),
-                buffer,
-            }),
-        };
+        let hub = Hub::new(settings.buffer);
         let task_hub = hub.clone();
         tokio::spawn(async move {
             let url = settings.redis_url.clone();
@@ -185,6 +174,22 @@ impl Hub {
         hub
     }
 
+    /// A hub with no subscription task (`start` adds it).
+    fn new(buffer: usize) -> Hub {
+        Hub {
+            inner: Arc::new(Inner {
+                clients: Mutex::new(HashMap::new()),
+                threads: Mutex::new(HashMap::new()),
+                watched: false.into(),
+                next_id: 0.into(),
+                connected: false.into(),
+                wanted: tokio::sync::Notify::new(),
+                registrations: 0.into(),
+                buffer,
+            }),
+        }
+    }
+
     /// Whether a stream needs the subscription: a run's client or a thread's watcher.
     fn is_wanted(&self) -> bool {
         !self.inner.clients.lock().expect("hub lock").is_empty()
@@ -217,9 +222,9 @@ impl Hub {
     async fn pump(&self, settings: &HubSettings, keys: &Keys) -> redis::RedisResult<()> {
         let linger = settings.linger;
         let client = redis::Client::open(settings.redis_url.as_str())?;
-        let mut pubsub = within(settings.answer_within, client.get_async_pubsub()).await?;
+        let mut pubsub = within(settings.connect_within, client.get_async_pubsub()).await?;
         within(
-            settings.answer_within,
+            settings.connect_within,
             pubsub.psubscribe(keys.live_pattern()),
         )
         .await?;
@@ -230,11 +235,21 @@ impl Hub {
         // Events published while we were away (or before a stream's subscription was made)
         // are in the lists: make every client look.
         self.broadcast_resync();
-        let mut ping = tokio::time::interval_at(
-            tokio::time::Instant::now() + settings.ping_every,
-            settings.ping_every,
-        );
-        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The PINGs go out from a task of their own, so that waiting for an answer never holds
+        // up the messages; it says when one went unanswered, and goes with this call.
+        let every = settings.ping_every;
+        let (dead_tx, mut dead) = tokio::sync::oneshot::channel::<()>();
+        let _pinger = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if within(every, sink.ping::<redis::Value>()).await.is_err() {
+                    let _ = dead_tx.send(());
+                    return;
+                }
+            }
+        }));
         let mut check = tokio::time::interval_at(tokio::time::Instant::now() + linger, linger);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut idle = false;
@@ -242,11 +257,11 @@ impl Hub {
         loop {
             let msg = tokio::select! {
                 msg = messages.next() => msg,
-                _ = ping.tick() => {
-                    // Messages keep arriving while the answer is awaited (the sink and the
-                    // stream are apart), so a busy subscription loses nothing to the check.
-                    within(settings.answer_within, sink.ping::<redis::Value>()).await?;
-                    continue;
+                _ = &mut dead => {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "the subscription's connection did not answer a PING in time",
+                    )));
                 }
                 _ = check.tick() => {
                     let now = self.registrations();
@@ -467,17 +482,8 @@ mod tests {
     /// resumes), as for an event: kept, it never learnt that live delivery had missed events.
     #[tokio::test]
     async fn a_client_too_slow_for_a_resync_is_dropped_and_the_others_resync() {
-        let shutdown = tokio_util::sync::CancellationToken::new();
-        let keys = agentfleet_shared::events::Keys::new("hubtest");
-        // Nothing listens there: the subscription never connects, which this test needs not.
-        let settings = super::HubSettings {
-            redis_url: "redis://127.0.0.1:1".into(),
-            buffer: 1,
-            linger: std::time::Duration::from_secs(30),
-            ping_every: std::time::Duration::from_secs(5),
-            answer_within: std::time::Duration::from_secs(1),
-        };
-        let hub = super::Hub::start(settings, keys, shutdown.clone());
+        // No subscription task: the only resync is the one sent here.
+        let hub = super::Hub::new(1);
         let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
         let mut slow = hub.subscribe(a);
         let mut fine = hub.subscribe(b);
@@ -495,7 +501,6 @@ mod tests {
             fine.rx.recv().await,
             Some(super::HubMessage::Resync)
         ));
-        shutdown.cancel();
     }
 
     #[test]

@@ -79,8 +79,8 @@ impl Application {
                 buffer: settings.events.client_buffer,
                 linger: Duration::from_millis(settings.events.hub_linger_ms),
                 ping_every: Duration::from_millis(settings.events.hub_ping_ms),
-                // A connect and a PING's answer: one connect attempt, one command's answer.
-                answer_within: Duration::from_millis(
+                // A connect attempt, then the PSUBSCRIBE's answer.
+                connect_within: Duration::from_millis(
                     settings
                         .redis
                         .connect_timeout_ms

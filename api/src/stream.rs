@@ -72,6 +72,8 @@ pub struct Follower<'a> {
     /// Since when Postgres has known of events the list does not hold: they may still be on
     /// their way (see [`Follower::rebuild_if_gone`]).
     short_since: Option<tokio::time::Instant>,
+    /// The run's status as the last replay that found nothing new read it from Postgres.
+    seen_status: Option<RunStatus>,
 }
 
 impl<'a> Follower<'a> {
@@ -99,6 +101,7 @@ impl<'a> Follower<'a> {
             compacted: None,
             thread_id: None,
             short_since: None,
+            seen_status: None,
         }
     }
 
@@ -112,6 +115,8 @@ impl<'a> Follower<'a> {
             .await
             .map_err(|_| FollowError::ClientGone)?;
         self.last = id;
+        // A shortfall seen before is measured again from the next one: events came.
+        self.short_since = None;
         let kind = serde_json::from_value::<EventType>(Value::String(kind.to_owned())).ok();
         self.ended =
             kind.is_some_and(|k| k.is_terminal() || (self.mode == Mode::Run && k.ends_stream()));
@@ -161,6 +166,7 @@ impl<'a> Follower<'a> {
     }
 
     pub async fn replay(&mut self) -> Result<(), FollowError> {
+        self.seen_status = None;
         let items = self.state.bus.read_after(self.run_id, self.last).await?;
         if items.is_empty() {
             return self.rebuild_if_gone().await;
@@ -274,12 +280,17 @@ impl<'a> Follower<'a> {
     }
 
     /// Whether Postgres shows the run ended while this stream has not seen its terminal event
-    /// (the worker died between its commit and its append, or the append failed).
-    async fn ended_in_postgres(&self) -> Result<bool, FollowError> {
-        let ended = runs::get(&self.state.pool, self.run_id)
-            .await
-            .is_ok_and(|r| r.status.is_final());
-        Ok(ended && !self.saw_terminal().await?)
+    /// (the worker died between its commit and its append, or the append failed). Asked right
+    /// after a replay: the status that replay read, if it read one, is the answer.
+    async fn ended_in_postgres(&mut self) -> Result<bool, FollowError> {
+        let status = match self.seen_status.take() {
+            Some(status) => Some(status),
+            None => runs::get(&self.state.pool, self.run_id)
+                .await
+                .ok()
+                .map(|r| r.status),
+        };
+        Ok(status.is_some_and(RunStatus::is_final) && !self.saw_terminal().await?)
     }
 
     /// The list is empty past `last`: if Redis lost (or expired) it while Postgres knows of
@@ -302,6 +313,7 @@ impl<'a> Follower<'a> {
                 return Ok(());
             }
         };
+        self.seen_status = Some(durable.status);
         let last_durable = durable.last_event_id as u64;
         if last_durable <= self.last || self.state.bus.len(self.run_id).await? >= last_durable {
             self.short_since = None;
@@ -443,7 +455,10 @@ impl<'a> Follower<'a> {
         // then serves it from there (`rebuild_if_gone`). A run that stops after `status` was
         // read announces its end on `sub`, which was taken before.
         let grace = Duration::from_millis(self.state.settings.events.final_event_grace_ms);
-        let idle = Duration::from_millis(self.state.settings.events.idle_recheck_ms);
+        // Up to a tenth more, by run: streams that (re)connected together look apart.
+        let idle_ms = self.state.settings.events.idle_recheck_ms;
+        let idle =
+            Duration::from_millis(idle_ms + idle_ms * (self.run_id.as_u128() % 100) as u64 / 1000);
         let mut final_deadline = None;
         if status.is_some_and(RunStatus::is_final) {
             self.replay().await?;

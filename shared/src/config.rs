@@ -355,10 +355,10 @@ pub struct EventSettings {
     /// How long the API keeps its subscription to every run's live events after the last
     /// stream it served closed (it subscribes again, at once, for the next stream).
     pub hub_linger_ms: u64,
-    /// How often that subscription checks its connection with a PING: without an answer in
-    /// time (`redis.connect_timeout_ms`, or `redis.response_timeout_ms` if longer) the API
-    /// reconnects and every stream resyncs. A subscriber only listens: a connection that died
-    /// without a reset would otherwise look open for ever.
+    /// How often that subscription checks its connection with a PING: without an answer
+    /// before the next one is due the API reconnects and every stream resyncs. A subscriber
+    /// only listens: a connection that died without a reset would otherwise look open for
+    /// ever.
     pub hub_ping_ms: u64,
     /// When Redis has lost a run's list, its ids continue this far past the last id recorded
     /// in Postgres, so an id a client saw is never handed out again (docs/events.md).
