@@ -13,7 +13,7 @@ use futures_util::Stream;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use agentfleet_shared::store::runs::{self, ListFilter};
+use agentfleet_shared::store::runs;
 
 use crate::auth::Caller;
 use crate::error::ApiError;
@@ -62,6 +62,9 @@ pub async fn thread_events(
     Ok(response)
 }
 
+/// Runs listed at a time; past a page, the stream lists again from where it got to.
+const PAGE: i64 = 100;
+
 async fn follow_thread(
     state: &AppState,
     tenant: Uuid,
@@ -74,24 +77,9 @@ async fn follow_thread(
     let recheck = Duration::from_millis(state.settings.events.thread_recheck_ms);
     loop {
         watch.clear();
-        let mut runs = runs::list(
-            &state.pool,
-            &ListFilter {
-                tenant,
-                status: None,
-                thread_id: Some(thread),
-                batch_id: None,
-                before: None,
-                limit: 10_000,
-            },
-        )
-        .await?;
-        runs.reverse(); // oldest first
-        let from = match current {
-            Some((run, _)) => runs.iter().position(|r| r.id == run).unwrap_or(0),
-            None => 0,
-        };
-        let pending: Vec<Uuid> = runs[from..].iter().map(|r| r.id).collect();
+        // From the run the stream is at: a long thread costs a page, not its whole history.
+        let from = current.map(|(run, _)| run);
+        let pending = runs::thread_runs_from(&state.pool, tenant, thread, from, PAGE).await?;
         let mut progressed = false;
         for run in pending {
             let after = current

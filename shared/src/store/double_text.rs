@@ -325,6 +325,34 @@ mod tests {
         assert_eq!(listed, [first.id, early.id, later.id]);
     }
 
+    /// A thread stream's next page: from a run on (itself included), oldest first; from the
+    /// start for no run or another thread's; at most the limit.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_thread_pages_its_runs_from_the_one_a_stream_is_at(pool: PgPool) {
+        let (tenant, first) = first_run(&pool).await;
+        let thread = first.thread_id;
+        let mut ids = vec![first.id];
+        for input in ["two", "three"] {
+            let run = submit(&pool, new_run(tenant, Some(thread), input), IfBusy::Enqueue)
+                .await
+                .unwrap()
+                .run;
+            ids.push(run.id);
+        }
+        let (_, elsewhere) = first_run(&pool).await;
+        let page =
+            |from: Option<Uuid>, limit| runs::thread_runs_from(&pool, tenant, thread, from, limit);
+        assert_eq!(page(None, 10).await.unwrap(), ids);
+        assert_eq!(page(Some(ids[1]), 10).await.unwrap(), ids[1..]);
+        assert_eq!(page(Some(ids[2]), 10).await.unwrap(), ids[2..]);
+        assert_eq!(page(Some(elsewhere.id), 10).await.unwrap(), ids);
+        assert_eq!(page(None, 2).await.unwrap(), ids[..2]);
+        // Another tenant's key sees none of them.
+        let other = tenants::create(&pool, "u").await.unwrap().tenant_id;
+        let theirs = runs::thread_runs_from(&pool, other, thread, None, 10);
+        assert!(theirs.await.unwrap().is_empty());
+    }
+
     /// The grouped end promotes the oldest waiting run in its own statement and names it; the
     /// waiting runs' messages join the thread only then; the limit of waiting runs holds.
     #[sqlx::test(migrations = "../migrations")]

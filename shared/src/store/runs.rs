@@ -86,6 +86,33 @@ pub async fn by_idempotency_key(
     .await?)
 }
 
+/// A thread's runs from `from` on (`from` itself included), oldest first, at most `limit`:
+/// what a thread stream follows next. From the thread's first run when `from` is `None` or
+/// not a run of this thread. One page from where the stream is, through `runs_thread_created`,
+/// however long the thread.
+pub async fn thread_runs_from(
+    pool: &PgPool,
+    tenant: Uuid,
+    thread: Uuid,
+    from: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<Uuid>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT r.id FROM runs r
+         LEFT JOIN runs f ON f.id = $3 AND f.thread_id = $2
+         WHERE r.tenant_id = $1 AND r.thread_id = $2
+           AND (f.id IS NULL OR (r.created_at, r.id) >= (f.created_at, f.id))
+         ORDER BY r.created_at, r.id
+         LIMIT $4",
+    )
+    .bind(tenant)
+    .bind(thread)
+    .bind(from)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
 pub struct ListFilter {
     pub tenant: Uuid,
     pub status: Option<RunStatus>,
