@@ -19,6 +19,7 @@ pub mod routes;
 pub mod startup;
 pub mod state;
 pub mod stream;
+pub mod stream_slots;
 pub mod stream_token;
 pub mod suspension;
 pub mod validate;

@@ -117,6 +117,7 @@ impl Application {
         let mcp_key = settings.mcp.key().context("mcp.encryption_key")?;
         let state = AppState::new(AppStateInner {
             mcp_key,
+            streams: Default::default(),
             creates,
             dispatches,
             tokens,

@@ -54,4 +54,6 @@ pub struct AppStateInner {
     /// Seals registered MCP servers' header values (`mcp.encryption_key`); none: headers are
     /// refused.
     pub mcp_key: Option<[u8; 32]>,
+    /// Event streams open per tenant (`api.max_streams_per_tenant`).
+    pub streams: Arc<crate::stream_slots::StreamSlots>,
 }

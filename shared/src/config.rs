@@ -170,6 +170,8 @@ pub struct ApiSettings {
     pub max_batch_runs: usize,
     /// Runs that may wait for one busy thread (`if_busy = enqueue | interrupt`).
     pub max_queued_per_thread: i64,
+    /// Event streams (of runs, threads, batches) one tenant may hold open on one API process.
+    pub max_streams_per_tenant: usize,
     /// Single run creations (on a new thread, without an idempotency key) written together
     /// when they arrive at once: groups in flight at once, and most runs in one group
     /// (`store::batch`).
@@ -744,6 +746,7 @@ max_body_bytes = 1048576
 max_input_bytes = 262144
 max_batch_runs = 1000
 max_queued_per_thread = 10
+max_streams_per_tenant = 1000
 create_groups_in_flight = 1
 max_create_group = 64
 max_tools_per_agent = 64
@@ -1094,6 +1097,12 @@ impl Settings {
         }
         if !(1..=1_000_000).contains(&self.api.count_window) {
             return Err(invalid("api.count_window", "must be within 1..=1000000"));
+        }
+        if !(1..=1_000_000).contains(&self.api.max_streams_per_tenant) {
+            return Err(invalid(
+                "api.max_streams_per_tenant",
+                "must be within 1..=1000000",
+            ));
         }
         if !(1..=1000).contains(&self.api.max_queued_per_thread) {
             return Err(invalid(

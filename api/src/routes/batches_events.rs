@@ -32,7 +32,7 @@ pub async fn batch_events(
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let row = crate::routes::batches_get::load(&state, caller.tenant_id, id).await?;
     let first = crate::routes::batches_get::view_of(&state, row).await?;
-    let (tx, rx) = channel(&state);
+    let (tx, rx) = channel(&state, caller.tenant_id)?;
     let response = sse(rx, &state);
     tokio::spawn(async move {
         follow(&state, caller.tenant_id, id, first, &tx).await;

@@ -12,6 +12,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
 use serde::Deserialize;
 use tokio::sync::mpsc;
+use uuid::Uuid;
 
 use agentfleet_shared::store::{StoreError, runs};
 
@@ -20,6 +21,7 @@ use crate::error::{ApiError, QueryParams};
 use crate::routes::PathId;
 use crate::state::AppState;
 use crate::stream::{Follower, Mode};
+use crate::stream_slots::StreamSlot;
 use crate::validate;
 
 #[derive(Deserialize)]
@@ -62,7 +64,7 @@ pub async fn run_events(
         Err(StoreError::NotFound) => return Err(ApiError::not_found("run")),
         Err(e) => return Err(ApiError::unexpected(e)),
     };
-    let (tx, rx) = channel(&state);
+    let (tx, rx) = channel(&state, tenant)?;
     let response = sse(rx, &state);
     tokio::spawn(async move {
         let mut follower = Follower::new(&state, &tx, run_id, after, Mode::Run);
@@ -84,22 +86,35 @@ pub fn last_event_id(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 /// The per-client channel, starting with the reconnection hint.
-pub fn channel(state: &AppState) -> (mpsc::Sender<Event>, mpsc::Receiver<Event>) {
+pub fn channel(state: &AppState, tenant: Uuid) -> Result<(mpsc::Sender<Event>, Opened), ApiError> {
+    let slot = state
+        .streams
+        .take(tenant, state.settings.api.max_streams_per_tenant)?;
     let (tx, rx) = mpsc::channel::<Event>(64);
     let retry = Duration::from_millis(state.settings.events.sse_retry_ms);
     let _ = tx.try_send(Event::default().retry(retry).comment("stream"));
     metrics::counter!("agentfleet_sse_streams_total").increment(1);
-    (tx, rx)
+    Ok((tx, Opened { rx, slot }))
+}
+
+/// A stream's receiving end and its tenant's place (`api.max_streams_per_tenant`), held by
+/// the response body: the place is free again when the client leaves or the stream ends.
+pub struct Opened {
+    rx: mpsc::Receiver<Event>,
+    slot: StreamSlot,
 }
 
 /// The SSE response over a client's channel, with the keep-alive comment at the configured
 /// interval (proxies close idle connections).
 pub fn sse(
-    rx: mpsc::Receiver<Event>,
+    opened: Opened,
     state: &AppState,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>> + use<>> {
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|ev| (Ok::<_, Infallible>(ev), rx))
+    let Opened { rx, slot } = opened;
+    let stream = futures_util::stream::unfold((rx, slot), |(mut rx, slot)| async move {
+        rx.recv()
+            .await
+            .map(|ev| (Ok::<_, Infallible>(ev), (rx, slot)))
     });
     let every = Duration::from_secs(state.settings.events.keepalive_secs.max(1));
     Sse::new(stream).keep_alive(KeepAlive::new().interval(every).text("keep-alive"))

@@ -52,7 +52,7 @@ pub async fn thread_events(
             })?)
         }
     };
-    let (tx, rx) = channel(&state);
+    let (tx, rx) = channel(&state, caller.tenant_id)?;
     let response = sse(rx, &state);
     tokio::spawn(async move {
         if let Err(e) = follow_thread(&state, caller.tenant_id, thread, start, &tx).await {

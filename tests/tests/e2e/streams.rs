@@ -726,6 +726,52 @@ async fn a_subscription_whose_connection_went_silent_is_made_again() {
     );
 }
 
+/// A tenant holds at most `api.max_streams_per_tenant` event streams open on one API process
+/// (each is a task, a buffer and an idle look in Postgres): one more is 429
+/// `too_many_streams`, and a place frees when a client leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_may_hold_only_so_many_streams_open() {
+    let env = TestEnv::new().await;
+    let app = env
+        .spawn_api_with(&[
+            ("api.max_streams_per_tenant", "2"),
+            // A client gone is noticed at the next write at the latest.
+            ("events.keepalive_secs", "1"),
+        ])
+        .await;
+    let worker = env.spawn_worker().await;
+    let run = app
+        .start_run(&scripted_run(
+            json!([{"tool_calls": [{"name": "ask", "arguments": {"text": "name?"}}]}]),
+            json!([]),
+        ))
+        .await;
+    let id = run["id"].as_str().unwrap().to_string();
+    app.wait_status(&id, &["waiting_for_input"], T).await;
+    worker.shutdown().await;
+    let pause = app.events(&id, 0, T).await.last().unwrap()["id"].to_string();
+    // Streams waiting at the pause stay open.
+    let path = format!("/v1/runs/{id}/events");
+    let first = open_events(&app, &path, Some(&pause)).await;
+    let _second = open_events(&app, &path, Some(&pause)).await;
+    let open = || {
+        app.http
+            .get(app.url(&path))
+            .bearer_auth(&app.api_key)
+            .header("Last-Event-ID", &pause)
+            .send()
+    };
+    let refused = open().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let err: Value = refused.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "too_many_streams", "{err}");
+    drop(first);
+    wait_for("a place freed by the client that left", T, || async {
+        (open().await.unwrap().status() == 200).then_some(())
+    })
+    .await;
+}
+
 /// An API holds its subscription to every run's live events only while it serves a stream
 /// (then `events.hub_linger_ms` more): without one it parses no event. The next stream makes it
 /// subscribe again and still gets every event once, the live ones included.
