@@ -654,7 +654,8 @@ async fn a_subscription_whose_connection_went_silent_is_made_again() {
     let app = env
         .spawn_api_with(&[
             ("redis.url", through.as_str()),
-            ("events.hub_ping_ms", "300"),
+            // A second: time for a PONG on a loaded machine, so only the held path fails one.
+            ("events.hub_ping_ms", "1000"),
             // Only the PING may notice the silence here.
             ("events.idle_recheck_ms", "3600000"),
         ])
