@@ -428,15 +428,9 @@ struct EndSeen {
     event: Value,
 }
 
-/// A run paused for input, a client waiting at its pause, then `set` applied to the run in
-/// Postgres with no event appended: the event the client gets next (it must get one).
-async fn end_without_its_event(set: &str) -> EndSeen {
-    let env = TestEnv::with(&[
-        ("events.final_event_grace_ms", "300"),
-        ("events.idle_recheck_ms", "300"),
-    ])
-    .await;
-    let app = env.spawn_api().await;
+/// A run paused for input whose worker has gone (nothing else happens to it unless the test
+/// does it): its id and the id of its `input_required`.
+async fn paused_run(env: &TestEnv, app: &TestApp) -> (String, u64) {
     let worker = env.spawn_worker().await;
     let run = app
         .start_run(&scripted_run(
@@ -447,10 +441,21 @@ async fn end_without_its_event(set: &str) -> EndSeen {
     let id = run["id"].as_str().unwrap().to_string();
     app.wait_status(&id, &["waiting_for_input"], T).await;
     worker.shutdown().await;
-    let events = app.events(&id, 0, T).await;
-    let pause = events.last().unwrap().clone();
+    let pause = app.events(&id, 0, T).await.last().unwrap().clone();
     assert_eq!(pause["type"], "input_required");
-    let pause_id = pause["id"].as_u64().unwrap();
+    (id, pause["id"].as_u64().unwrap())
+}
+
+/// A run paused for input, a client waiting at its pause, then `set` applied to the run in
+/// Postgres with no event appended: the event the client gets next (it must get one).
+async fn end_without_its_event(set: &str) -> EndSeen {
+    let env = TestEnv::with(&[
+        ("events.final_event_grace_ms", "300"),
+        ("events.idle_recheck_ms", "300"),
+    ])
+    .await;
+    let app = env.spawn_api().await;
+    let (id, pause_id) = paused_run(&env, &app).await;
     let mut stream = open_events(
         &app,
         &format!("/v1/runs/{id}/events"),
@@ -740,17 +745,8 @@ async fn a_tenant_may_hold_only_so_many_streams_open() {
             ("events.keepalive_secs", "1"),
         ])
         .await;
-    let worker = env.spawn_worker().await;
-    let run = app
-        .start_run(&scripted_run(
-            json!([{"tool_calls": [{"name": "ask", "arguments": {"text": "name?"}}]}]),
-            json!([]),
-        ))
-        .await;
-    let id = run["id"].as_str().unwrap().to_string();
-    app.wait_status(&id, &["waiting_for_input"], T).await;
-    worker.shutdown().await;
-    let pause = app.events(&id, 0, T).await.last().unwrap()["id"].to_string();
+    let (id, pause) = paused_run(&env, &app).await;
+    let pause = pause.to_string();
     // Streams waiting at the pause stay open.
     let path = format!("/v1/runs/{id}/events");
     let first = open_events(&app, &path, Some(&pause)).await;
