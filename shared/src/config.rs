@@ -277,6 +277,11 @@ pub struct WorkerSettings {
     /// Tool calls one model response may make (native and XML together); more make the
     /// response malformed (each would be a row, a dispatch and a result).
     pub max_tool_calls_per_response: usize,
+    /// Checks one call's arguments may take against its tool's parameter schema (subschemas
+    /// applied to values, every branch counted; `tool_schema::cost`); dearer arguments are
+    /// refused unvalidated, and the model is told so. Bounds the time a stranger's schema and
+    /// the model's arguments can hold a worker's thread.
+    pub max_argument_checks: u64,
     /// Address of the worker's health and metrics server; empty disables it.
     pub metrics_listen: String,
     pub model_connect_timeout_ms: u64,
@@ -793,6 +798,7 @@ max_tool_result_bytes = 65536
 max_parallel_tool_calls = 8
 max_model_response_bytes = 8388608
 max_tool_calls_per_response = 128
+max_argument_checks = 50000
 metrics_listen = ""
 model_connect_timeout_ms = 5000
 model_first_byte_timeout_ms = 60000
@@ -1078,6 +1084,12 @@ impl Settings {
             return Err(invalid(
                 "worker.max_tool_calls_per_response",
                 "must be within 1..=1024",
+            ));
+        }
+        if !(1_000..=10_000_000).contains(&self.worker.max_argument_checks) {
+            return Err(invalid(
+                "worker.max_argument_checks",
+                "must be within 1000..=10000000",
             ));
         }
         if self.worker.max_recoveries < 0 {

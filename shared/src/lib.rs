@@ -17,3 +17,4 @@ pub mod seal;
 pub mod signals;
 pub mod store;
 pub mod telemetry;
+pub mod tool_schema;

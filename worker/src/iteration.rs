@@ -284,7 +284,7 @@ async fn persist(
             .collect();
     }
     let mut rows = new_rows(ctx, iteration, response);
-    tools::settle::mark_dispatchable(ctx, &mut rows);
+    tools::settle::mark_dispatchable(ctx, &mut rows).await;
     let tool_calls = rows
         .iter()
         .map(|row| {

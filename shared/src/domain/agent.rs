@@ -219,11 +219,8 @@ impl AgentSpec {
             if !tool.parameters.is_object() {
                 return Err(err(field("parameters"), "must be a JSON Schema object"));
             }
-            if let Err(e) = jsonschema::validator_for(&tool.parameters) {
-                return Err(err(
-                    field("parameters"),
-                    format!("invalid JSON Schema: {e}"),
-                ));
+            if let Err(e) = crate::tool_schema::compile(&tool.parameters) {
+                return Err(err(field("parameters"), e));
             }
             match tool.kind {
                 ToolKind::Http => {
@@ -395,6 +392,18 @@ mod tests {
         assert_eq!(
             s.validate(|_| true, 8).unwrap_err().field,
             "agent.tools[0].parameters"
+        );
+        // A reference the argument check could not follow (see `tool_schema`).
+        let s = spec(
+            json!({"model": "m", "tools": [{"name": "t", "kind": "http", "url": "http://x",
+            "parameters": {"type": "object", "properties": {"a": {"$ref": "https://x/s.json"}}}}]}),
+        );
+        let e = s.validate(|_| true, 8).unwrap_err();
+        assert_eq!(e.field, "agent.tools[0].parameters");
+        assert!(
+            e.message.contains("`$ref` at /properties/a"),
+            "{}",
+            e.message
         );
         let s =
             spec(json!({"model": "m", "tools": [{"name": "t", "kind": "http", "url": "http://"}]}));

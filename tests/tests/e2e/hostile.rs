@@ -575,3 +575,59 @@ async fn a_body_of_millions_of_tiny_json_values_is_refused_before_it_is_parsed()
     assert_eq!(status, 413, "{err}");
     assert_eq!(err["error"]["code"], "payload_too_large", "{err}");
 }
+
+/// A tool's parameter schema and the model's arguments are both a stranger's, and a JSON
+/// Schema validator has no budget: a schema whose `$ref` loops back on itself made the
+/// validator library (0.33) allocate without end while compiling it, at submission, and a
+/// chain of `anyOf`s of two references each doubles the validator's work at every level, so
+/// 40 levels (~3 KB) would hold a worker's thread for days on a one-word argument. Now the
+/// submission is answered at once, the calls are refused before they are validated (the model
+/// reads why), nothing is dispatched, and the run goes on to complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemas_that_loop_or_double_cost_a_bounded_check_and_the_run_goes_on() {
+    let env = TestEnv::with(&[("worker.max_argument_checks", "50000")]).await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let looping = json!({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"});
+    let mut defs = serde_json::Map::new();
+    for i in 0..40 {
+        let next = format!("#/$defs/a{}", i + 1);
+        defs.insert(
+            format!("a{i}"),
+            json!({"anyOf": [{"$ref": next}, {"$ref": next}]}),
+        );
+    }
+    defs.insert("a40".into(), json!({"type": "null"}));
+    let doubling = json!({"type": "object", "$defs": defs,
+                          "properties": {"q": {"$ref": "#/$defs/a0"}}});
+    let mut looping_tool = tool("looping", &env.tools.url("/echo"));
+    looping_tool["parameters"] = looping;
+    let mut doubling_tool = tool("doubling", &env.tools.url("/echo"));
+    doubling_tool["parameters"] = doubling;
+    let body = scripted_run(
+        json!([{"tool_calls": [{"name": "looping", "arguments": {"word": "hi"}},
+                               {"name": "doubling", "arguments": {"q": "x"}}]},
+               {"content": "done"}]),
+        json!([looping_tool, doubling_tool]),
+    );
+    let run = tokio::time::timeout(Duration::from_secs(10), app.start_run(&body))
+        .await
+        .expect("the submission is answered at once");
+    let id = run["id"].as_str().unwrap();
+    let done = app.wait_status(id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let events = app.events(id, 0, T).await;
+    let mut refused = completions(&events);
+    refused.sort_by(|a, b| a.0.cmp(&b.0));
+    let names: Vec<&str> = refused.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["doubling", "looping"], "{events:?}");
+    for (name, data) in &refused {
+        assert_eq!(data["ok"], false, "{name}: {data}");
+        let error = data["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("would take more than 50000 checks"),
+            "{name}: {data}"
+        );
+    }
+    assert!(env.tools.calls_to("/echo").is_empty(), "nothing dispatched");
+}

@@ -8,16 +8,24 @@ pub mod http;
 pub mod mcp;
 pub mod settle;
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 
 /// A tool's parameter schema with its validator, compiled at the first call that needs it and
-/// then kept with the catalog (once per holding, not once per call).
+/// then kept with the catalog (once per holding, not once per call). The schema is a
+/// stranger's (a tenant's agent, an MCP server): it is compiled by
+/// [`agentfleet_shared::tool_schema::compile`], and each call's arguments are priced against
+/// it before they are validated.
 pub struct Parameters {
     schema: Value,
-    compiled: OnceLock<Result<jsonschema::Validator, String>>,
+    compiled: OnceLock<Result<Arc<jsonschema::Validator>, String>>,
 }
+
+/// Checks up to this many are validated on the runtime's thread (well under a millisecond
+/// for ordinary arguments); dearer ones on a blocking thread, so that a stranger's schema
+/// never holds up the other runs of the worker while it is checked.
+const CHECKS_INLINE: u64 = 2_000;
 
 impl Parameters {
     pub fn new(schema: Value) -> Parameters {
@@ -31,23 +39,38 @@ impl Parameters {
         &self.schema
     }
 
-    /// Parses and validates a call's arguments. The error text is what the model will see.
-    pub fn check(&self, raw: &str) -> Result<Value, String> {
+    /// Parses and validates a call's arguments, refusing them unvalidated when checking them
+    /// could take more than `max_checks` checks (`worker.max_argument_checks`; see
+    /// [`agentfleet_shared::tool_schema::cost`]). The error text is what the model will see.
+    pub async fn check(&self, raw: &str, max_checks: u64) -> Result<Value, String> {
         let args = parse(raw)?;
-        let validator = self.compiled.get_or_init(|| compile(&self.schema));
-        validate(args, validator.as_ref()?)
+        let validator = self
+            .compiled
+            .get_or_init(|| compile(&self.schema).map(Arc::new))
+            .as_ref()
+            .map_err(Clone::clone)?;
+        let checks = agentfleet_shared::tool_schema::cost(&self.schema, &args, max_checks)
+            .map_err(|e| e.to_string())?;
+        if checks <= CHECKS_INLINE {
+            return validate(args, validator);
+        }
+        let validator = validator.clone();
+        tokio::task::spawn_blocking(move || validate(args, &validator))
+            .await
+            .map_err(|_| "the arguments could not be checked".to_owned())?
     }
 }
 
-/// Parses and validates a call's arguments against `schema`, compiled for this call only.
+/// Parses and validates a call's arguments against `schema`, compiled for this call only: for
+/// the built-in tools' own schemas, which are small and never branch, so no budget is needed.
 pub fn check_arguments(raw: &str, schema: &Value) -> Result<Value, String> {
     let args = parse(raw)?;
     validate(args, &compile(schema)?)
 }
 
 fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
-    jsonschema::validator_for(schema)
-        .map_err(|e| format!("the tool's parameter schema is invalid: {e}"))
+    agentfleet_shared::tool_schema::compile(schema)
+        .map_err(|e| format!("the tool's parameter schema is not usable: {e}"))
 }
 
 fn parse(raw: &str) -> Result<Value, String> {
@@ -64,7 +87,7 @@ fn validate(args: Value, validator: &jsonschema::Validator) -> Result<Value, Str
         .iter_errors(&args)
         .take(5)
         .map(|e| {
-            let path = e.instance_path.to_string();
+            let path = e.instance_path().to_string();
             if path.is_empty() {
                 e.to_string()
             } else {
@@ -111,8 +134,8 @@ mod tests {
 
     /// A tool's parameters check as a one-off check would, with the validator compiled at
     /// the first check and kept; a bad schema is named, after bad JSON.
-    #[test]
-    fn a_tools_parameters_are_compiled_at_the_first_check_and_kept() {
+    #[tokio::test]
+    async fn a_tools_parameters_are_compiled_at_the_first_check_and_kept() {
         let schema =
             json!({"type": "object", "properties": {"a": {"type": "number"}}, "required": ["a"]});
         let parameters = Parameters::new(schema.clone());
@@ -125,14 +148,70 @@ mod tests {
             r#"{"a": "\u0000"}"#,
         ] {
             assert_eq!(
-                parameters.check(raw),
+                parameters.check(raw, 1_000).await,
                 check_arguments(raw, &schema),
                 "{raw}"
             );
         }
         assert!(matches!(parameters.compiled.get(), Some(Ok(_))));
         let bad = Parameters::new(json!({"type": 12}));
-        assert!(bad.check("{}").unwrap_err().contains("schema is invalid"));
-        assert!(bad.check("{not").unwrap_err().contains("not valid JSON"));
+        assert!(
+            bad.check("{}", 1_000)
+                .await
+                .unwrap_err()
+                .contains("invalid JSON Schema")
+        );
+        assert!(
+            bad.check("{not", 1_000)
+                .await
+                .unwrap_err()
+                .contains("not valid JSON")
+        );
+    }
+
+    /// Parameters whose `q` is a chain of `levels` `anyOf`s of two references each, ending in
+    /// `leaf`: 2^levels applications of `leaf` to `q`.
+    fn doubling(levels: usize, leaf: Value) -> Parameters {
+        let mut defs = serde_json::Map::new();
+        for i in 0..levels {
+            let next = format!("#/$defs/a{}", i + 1);
+            defs.insert(
+                format!("a{i}"),
+                json!({"anyOf": [{"$ref": next}, {"$ref": next}]}),
+            );
+        }
+        defs.insert(format!("a{levels}"), leaf);
+        Parameters::new(json!({"type": "object", "$defs": defs,
+            "properties": {"q": {"$ref": "#/$defs/a0"}}}))
+    }
+
+    /// Arguments whose check would pass the budget are refused before the validator runs:
+    /// with this schema the validator would take hours on a one-word argument.
+    #[tokio::test]
+    async fn arguments_too_dear_to_check_are_refused_unchecked() {
+        let parameters = doubling(40, json!({"type": "null"}));
+        let started = std::time::Instant::now();
+        let err = parameters.check(r#"{"q": "x"}"#, 10_000).await.unwrap_err();
+        assert!(err.contains("more than 10000 checks"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        // Arguments that never reach the branches cost a few checks and are validated.
+        assert_eq!(parameters.check("{}", 10_000).await, Ok(json!({})));
+        // Dearer than the inline share but within the budget: validated on a blocking thread,
+        // with the same answer (ten levels are ~2^12 checks of one value, over the share).
+        let parameters = doubling(10, json!({"type": "string"}));
+        let dear = r#"{"q": [1]}"#;
+        let checks = agentfleet_shared::tool_schema::cost(
+            parameters.schema(),
+            &serde_json::from_str(dear).unwrap(),
+            u64::MAX,
+        )
+        .unwrap();
+        assert!(checks > CHECKS_INLINE, "{checks}");
+        let err = parameters.check(dear, 10_000).await.unwrap_err();
+        assert!(err.contains("/q"), "{err}");
+        assert_eq!(
+            parameters.check(r#"{"q": "a"}"#, 10_000).await,
+            Ok(json!({"q": "a"}))
+        );
     }
 }

@@ -117,19 +117,20 @@ fn plan(calls: &[ToolCallRow]) -> Plan<'_> {
 /// the first of the run's cap of calls in flight ([`parallel_cap`]) leave at once: the others
 /// stay `pending` until a slot frees and they are dispatched on their own, so no call is shown
 /// (or taken over) as running before it left.
-pub fn mark_dispatchable(ctx: &RunCtx, rows: &mut [ToolCallRow]) {
+pub async fn mark_dispatchable(ctx: &RunCtx, rows: &mut [ToolCallRow]) {
     let Step::Run { calls, .. } = plan(rows).step else {
         return;
     };
-    let ready: Vec<(usize, serde_json::Value)> = calls
-        .iter()
-        .take(parallel_cap(ctx))
-        .filter_map(|c| {
-            let spec = ctx.catalog.get()?.get(&c.name)?;
-            let args = spec.parameters.check(&c.raw_arguments).ok()?;
-            Some((c.position as usize, args))
-        })
-        .collect();
+    let mut ready: Vec<(usize, serde_json::Value)> = Vec::new();
+    for c in calls.iter().take(parallel_cap(ctx)) {
+        let Some(spec) = ctx.catalog.get().and_then(|catalog| catalog.get(&c.name)) else {
+            continue;
+        };
+        let max_checks = ctx.shared.settings.worker.max_argument_checks;
+        if let Ok(args) = spec.parameters.check(&c.raw_arguments, max_checks).await {
+            ready.push((c.position as usize, args));
+        }
+    }
     let now = chrono::Utc::now();
     for (position, args) in ready {
         let row = &mut rows[position];
@@ -416,7 +417,14 @@ async fn execute(
         Some(checked) if fresh && call.status == ToolCallStatus::Running => {
             (checked.0.clone(), call.dispatch_count)
         }
-        _ => match spec.parameters.check(&call.raw_arguments) {
+        _ => match spec
+            .parameters
+            .check(
+                &call.raw_arguments,
+                ctx.shared.settings.worker.max_argument_checks,
+            )
+            .await
+        {
             Ok(args) => {
                 let dispatch = Box::pin(tool_calls::mark_dispatched(
                     &ctx.shared.pool,
