@@ -178,6 +178,9 @@ pub struct ApiSettings {
     pub create_groups_in_flight: usize,
     pub max_create_group: usize,
     pub max_tools_per_agent: usize,
+    /// Patterns (`pattern`, `patternProperties` keys) all of an agent's tool schemas may hold
+    /// together: each costs the API 0.1–1 ms to compile when the run is submitted.
+    pub max_schema_patterns: usize,
     pub max_metadata_bytes: usize,
     pub default_page_size: u32,
     pub max_page_size: u32,
@@ -279,8 +282,8 @@ pub struct WorkerSettings {
     pub max_tool_calls_per_response: usize,
     /// Checks one call's arguments may take against its tool's parameter schema (subschemas
     /// applied to values, every branch counted; `tool_schema::cost`); dearer arguments are
-    /// refused unvalidated, and the model is told so. Bounds the time a stranger's schema and
-    /// the model's arguments can hold a worker's thread.
+    /// refused unvalidated, and the model is told so. Bounds the work a stranger's schema and
+    /// the model's arguments can make a worker do.
     pub max_argument_checks: u64,
     /// Address of the worker's health and metrics server; empty disables it.
     pub metrics_listen: String,
@@ -437,6 +440,9 @@ pub struct McpSettings {
     pub max_tools_per_server: usize,
     /// Largest input schema of one MCP tool (serialized JSON); a larger one fails the listing.
     pub max_schema_bytes: usize,
+    /// Patterns (`pattern`, `patternProperties` keys) one MCP tool's input schema may hold; a
+    /// call to a tool with more is refused (compiling each costs the worker 0.1–1 ms).
+    pub max_schema_patterns: usize,
     /// Largest listing response read from a server, and the most a whole listing (every
     /// page's names, descriptions and schemas) may hold.
     pub max_list_bytes: usize,
@@ -494,6 +500,7 @@ impl McpSettings {
             ("mcp.list_timeout_ms", self.list_timeout_ms),
             ("mcp.max_tools_per_server", self.max_tools_per_server as u64),
             ("mcp.max_schema_bytes", self.max_schema_bytes as u64),
+            ("mcp.max_schema_patterns", self.max_schema_patterns as u64),
             ("mcp.max_list_bytes", self.max_list_bytes as u64),
             (
                 "mcp.max_servers_per_tenant",
@@ -755,6 +762,7 @@ max_streams_per_tenant = 1000
 create_groups_in_flight = 1
 max_create_group = 64
 max_tools_per_agent = 64
+max_schema_patterns = 256
 max_metadata_bytes = 16384
 default_page_size = 50
 max_page_size = 500
@@ -884,6 +892,7 @@ tools_ttl_ms = 60000
 list_timeout_ms = 10000
 max_tools_per_server = 128
 max_schema_bytes = 65536
+max_schema_patterns = 64
 max_list_bytes = 4194304
 max_servers_per_tenant = 20
 max_headers = 8
@@ -1109,6 +1118,12 @@ impl Settings {
         }
         if !(1..=1_000_000).contains(&self.api.count_window) {
             return Err(invalid("api.count_window", "must be within 1..=1000000"));
+        }
+        if self.api.max_schema_patterns > 100_000 {
+            return Err(invalid(
+                "api.max_schema_patterns",
+                "must be within 0..=100000",
+            ));
         }
         if !(1..=1_000_000).contains(&self.api.max_streams_per_tenant) {
             return Err(invalid(

@@ -158,6 +158,7 @@ pub fn validate(state: &AppState, body: &CreateRun, field_prefix: &str) -> Resul
         .validate(
             |m| state.settings.models.contains_key(m),
             api.max_tools_per_agent,
+            api.max_schema_patterns,
         )
         .map_err(|AgentSpecError { field, message }| ApiError::invalid(&f(&field), message))?;
     if body

@@ -78,7 +78,7 @@ pub fn expand_offered() -> Offered {
     Offered {
         name: EXPAND_MESSAGE.into(),
         description: EXPAND_DESCRIPTION.into(),
-        parameters: Parameters::new(expand_parameters()),
+        parameters: Parameters::new(expand_parameters(), usize::MAX),
         risk: Risk::Low,
         timeout_ms: None,
         target: Target::ExpandMessage,

@@ -92,7 +92,7 @@ pub async fn build(
                 tools.push(Offered {
                     name: spec.name.clone(),
                     description: spec.description.clone(),
-                    parameters: Parameters::new(spec.parameters.clone()),
+                    parameters: Parameters::new(spec.parameters.clone(), usize::MAX),
                     risk: spec.risk,
                     timeout_ms: spec.timeout_ms,
                     target: Target::Http {
@@ -105,6 +105,7 @@ pub async fn build(
                     |why: String| Unavailable(format!("agent.tools[{i}] (`{}`): {why}", spec.name));
                 let server = Arc::new(server_of(shared, tenant, spec).await.map_err(&fail)?);
                 let settings = &shared.settings.mcp;
+                let max_patterns = settings.max_schema_patterns;
                 let limits = mcp::Limits {
                     timeout: Duration::from_millis(settings.list_timeout_ms),
                     max_response_bytes: settings.max_list_bytes,
@@ -131,7 +132,7 @@ pub async fn build(
                     tools.push(Offered {
                         name,
                         description: tool.description.clone(),
-                        parameters: Parameters::new(tool.schema.clone()),
+                        parameters: Parameters::new(tool.schema.clone(), max_patterns),
                         risk: spec.risk,
                         timeout_ms: spec.timeout_ms,
                         target: Target::Mcp {
