@@ -179,7 +179,7 @@ pub struct ApiSettings {
     pub max_create_group: usize,
     pub max_tools_per_agent: usize,
     /// Patterns (`pattern`, `patternProperties` keys) all of an agent's tool schemas may hold
-    /// together: each costs the API 0.1–1 ms to compile when the run is submitted.
+    /// together: each costs the API 0.1–10 ms to compile when the run is submitted.
     pub max_schema_patterns: usize,
     pub max_metadata_bytes: usize,
     pub default_page_size: u32,
@@ -441,7 +441,7 @@ pub struct McpSettings {
     /// Largest input schema of one MCP tool (serialized JSON); a larger one fails the listing.
     pub max_schema_bytes: usize,
     /// Patterns (`pattern`, `patternProperties` keys) one MCP tool's input schema may hold; a
-    /// call to a tool with more is refused (compiling each costs the worker 0.1–1 ms).
+    /// call to a tool with more is refused (compiling each costs the worker 0.1–10 ms).
     pub max_schema_patterns: usize,
     /// Largest listing response read from a server, and the most a whole listing (every
     /// page's names, descriptions and schemas) may hold.
@@ -1095,10 +1095,10 @@ impl Settings {
                 "must be within 1..=1024",
             ));
         }
-        if !(1_000..=10_000_000).contains(&self.worker.max_argument_checks) {
+        if !(1_000..=1_000_000).contains(&self.worker.max_argument_checks) {
             return Err(invalid(
                 "worker.max_argument_checks",
-                "must be within 1000..=10000000",
+                "must be within 1000..=1000000",
             ));
         }
         if self.worker.max_recoveries < 0 {

@@ -25,7 +25,7 @@ pub const PATTERN_SIZE_LIMIT: usize = 1 << 20;
 
 /// Compiles a tool's parameter schema as the worker checks arguments against it: no remote
 /// references (none are resolved), at most `max_patterns` patterns (compiling one takes
-/// 0.1–1 ms), each on the linear-time `regex` engine (no look-around or back-references: a
+/// 0.1–10 ms), each on the `regex` engine (no look-around or back-references: a
 /// backtracking engine's limit counts backtracks, not time, and jsonschema re-runs a whole
 /// validation for each match that hit it), and only the constructs [`cost`] can price. The
 /// error is a sentence naming what is wrong and where.
@@ -38,6 +38,9 @@ pub fn compile(schema: &Value, max_patterns: usize) -> Result<jsonschema::Valida
         ));
     }
     jsonschema::options()
+        // Read as draft 2020-12 whatever its `$schema` says: no draft-4 `id` moving the base,
+        // `format` and `content…` annotations only (never a parse of the value per check).
+        .with_draft(jsonschema::Draft::Draft202012)
         .with_pattern_options(jsonschema::PatternOptions::regex().size_limit(PATTERN_SIZE_LIMIT))
         .build(schema)
         .map_err(|e| format!("invalid JSON Schema: {e}"))
@@ -50,16 +53,12 @@ pub fn compile(schema: &Value, max_patterns: usize) -> Result<jsonschema::Valida
 /// the same). Returns the patterns the schema holds (each `pattern`, each key of a
 /// `patternProperties`). Iterative, and a node's path is spelled only for an error.
 pub fn check_supported(schema: &Value) -> Result<usize, String> {
-    if let Some(draft) = schema.get("$schema").and_then(Value::as_str)
-        && (draft.contains("draft-03") || draft.contains("draft-04"))
-    {
-        return Err(format!(
-            "`$schema` {draft} is not supported (draft 6 or later)"
-        ));
-    }
     // Each node: its value and its place in `steps` (parent, key); the root is `usize::MAX`.
     let mut steps: Vec<(usize, Step<'_>)> = Vec::new();
     let mut stack: Vec<(&Value, usize)> = vec![(schema, usize::MAX)];
+    // A `$ref` may point anywhere, under a keyword this walk does not know too: its target is
+    // visited as a schema of its own, once.
+    let mut visited: std::collections::HashSet<*const Value> = std::collections::HashSet::new();
     let mut patterns = 0;
     let path = |steps: &[(usize, Step<'_>)], mut at: usize| {
         let mut parts = Vec::new();
@@ -68,6 +67,7 @@ pub fn check_supported(schema: &Value) -> Result<usize, String> {
             parts.push(match step {
                 Step::Key(key) => escape(key),
                 Step::Index(i) => i.to_string(),
+                Step::Target(pointer) => pointer.trim_start_matches('/').to_owned(),
             });
             at = parent;
         }
@@ -79,9 +79,26 @@ pub fn check_supported(schema: &Value) -> Result<usize, String> {
     };
     while let Some((node, at)) = stack.pop() {
         let Value::Object(map) = node else { continue };
-        patterns += usize::from(map.get("pattern").is_some_and(Value::is_string));
+        if !visited.insert(node as *const Value) {
+            continue;
+        }
+        if let Some(Value::String(pattern)) = map.get("pattern") {
+            patterns += 1;
+            if let Err(e) = pattern_size(pattern) {
+                return Err(format!("`pattern` at {}: {e}", path(&steps, at)));
+            }
+        }
         if let Some(Value::Object(keys)) = map.get("patternProperties") {
             patterns += keys.len();
+            if let Some(e) = keys.keys().find_map(|k| pattern_size(k).err()) {
+                return Err(format!("`patternProperties` at {}: {e}", path(&steps, at)));
+            }
+        }
+        if at != usize::MAX && map.contains_key("$schema") {
+            return Err(format!(
+                "`$schema` is supported at the root only, not at {}",
+                path(&steps, at)
+            ));
         }
         // `unevaluated…` make jsonschema's compiling exponential in nested branches (an
         // `if`/`then`/`else` chain of 10 took 27 s to compile) and its validating too.
@@ -106,22 +123,26 @@ pub fn check_supported(schema: &Value) -> Result<usize, String> {
         }
         if let Some(reference) = map.get("$ref") {
             // An escaped `/` or `~` would split the pointer differently depending on whether
-            // it is decoded before or after splitting: refused, so both readings agree.
-            let resolves = reference
+            // it is decoded before or after splitting, and a `~` not followed by `0` or `1` is
+            // read differently by serde_json and by jsonschema: refused, so both readings
+            // agree.
+            let target = reference
                 .as_str()
                 .filter(|r| *r == "#" || r.starts_with("#/"))
                 .filter(|r| {
                     let lower = r.to_ascii_lowercase();
-                    !lower.contains("%2f") && !lower.contains("%7e")
+                    !lower.contains("%2f") && !lower.contains("%7e") && tildes_escape(r)
                 })
-                .is_some_and(|r| resolve(schema, r).is_some());
-            if !resolves {
+                .and_then(|r| resolve(schema, r).map(|target| (r, target)));
+            let Some((pointer, target)) = target else {
                 return Err(format!(
                     "`$ref` at {} must be a local JSON pointer (\"#\" or \"#/...\") to a place \
                      in the schema",
                     path(&steps, at)
                 ));
-            }
+            };
+            steps.push((usize::MAX, Step::Target(&pointer[1..])));
+            stack.push((target, steps.len() - 1));
         }
         for (key, value) in map {
             match key.as_str() {
@@ -169,11 +190,58 @@ pub fn check_supported(schema: &Value) -> Result<usize, String> {
     Ok(patterns)
 }
 
-/// One step of a path into a schema.
+/// One step of a path into a schema; a reference's target is spelled by its pointer.
 #[derive(Clone, Copy)]
 enum Step<'a> {
     Key(&'a str),
     Index(usize),
+    Target(&'a str),
+}
+
+/// Every `~` of a pointer starts `~0` or `~1`.
+fn tildes_escape(pointer: &str) -> bool {
+    pointer
+        .match_indices('~')
+        .all(|(i, _)| matches!(pointer.as_bytes().get(i + 1), Some(b'0' | b'1')))
+}
+
+/// Most states a pattern may be estimated to compile to ([`pattern_size`]).
+const MAX_PATTERN_STATES: u64 = 100_000;
+
+/// A rough upper bound of the states a pattern compiles to: its length times every counted
+/// repetition (`{n}`, `{n,m}`, `{n,}`) multiplied together, nested or not. The `regex` engine
+/// matches in about states × text at worst (when its lazy DFA gives up), so [`cost`] charges
+/// a match by it, and a pattern estimated past [`MAX_PATTERN_STATES`] is refused.
+fn pattern_size(pattern: &str) -> Result<u64, String> {
+    let mut size = pattern.len().max(1) as u64;
+    let bytes = pattern.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' {
+            i += 2;
+            continue;
+        }
+        if bytes[i] == b'{' {
+            let digits: String = pattern[i + 1..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == ',')
+                .collect();
+            let count = digits
+                .split(',')
+                .filter_map(|n| n.parse::<u64>().ok())
+                .max()
+                .unwrap_or(1);
+            size = size.saturating_mul(count.max(1));
+        }
+        i += 1;
+    }
+    if size > MAX_PATTERN_STATES {
+        return Err(format!(
+            "too large to match in linear time (its length times its counted repetitions is \
+             over {MAX_PATTERN_STATES})"
+        ));
+    }
+    Ok(size)
 }
 
 /// Why arguments were refused unvalidated (see [`cost`]).
@@ -215,7 +283,7 @@ pub const MAX_DEPTH: u32 = 512;
 /// takes them all), plus what costs by size (patterns by the length of pattern and text,
 /// `required`, `enum`, `uniqueItems`, a reference's length). Never recursive, and every step
 /// is charged, so the walk ends within `budget` steps whatever the schema. A `$ref` that
-/// does not resolve here was refused by [`check_supported`].
+/// does not resolve here (refused by [`check_supported`]) is priced as the whole budget.
 ///
 /// It prices [`jsonschema::Validator::is_valid`]: error reports cost more (every branch's
 /// errors are collected, an `anyOf` of one branch is run twice), so the worker collects them
@@ -305,9 +373,14 @@ impl<'a> Walk<'a> {
         }
         if let Some(reference) = s.get("$ref").and_then(Value::as_str) {
             self.charge(1 + reference.len() as u64 / 64)?;
-            if let Some(target) = resolve(self.root, reference) {
-                self.push(target, value, depth)?;
-            }
+            // `check_supported` refused a reference that does not resolve; one that does
+            // not here is priced as the whole budget rather than as nothing.
+            let Some(target) = resolve(self.root, reference) else {
+                return Err(OverBudget::Checks {
+                    budget: self.budget,
+                });
+            };
+            self.push(target, value, depth)?;
         }
         if let Instance::Value(Value::Object(_)) = value {
             for key in ["dependentSchemas", "dependencies"] {
@@ -381,7 +454,9 @@ impl<'a> Walk<'a> {
             }
         }
         if s.get("uniqueItems") == Some(&Value::Bool(true)) {
-            self.charge(items.len() as u64)?;
+            // Hashed, but nested arrays can be made to collide: priced as pairwise.
+            let n = items.len() as u64;
+            self.charge(n + n.saturating_mul(n) / 64)?;
         }
         Ok(())
     }
@@ -390,14 +465,19 @@ impl<'a> Walk<'a> {
         if let Some(pattern) = s.get("pattern").and_then(Value::as_str) {
             self.charge(pattern_cost(pattern, text))?;
         }
+        if s.contains_key("minLength") || s.contains_key("maxLength") {
+            self.charge(text.len() as u64 / 64)?;
+        }
         Ok(())
     }
 }
 
-/// One match of `pattern` against `text` on the linear-time `regex` engine: about the text's
-/// length (a lazy DFA), the pattern's length too in the worst case.
+/// One match of `pattern` against `text` on the `regex` engine: states × text at worst
+/// ([`pattern_size`]; a pattern `check_supported` let through is within its bound), plus the
+/// scan of the pattern that estimates it.
 fn pattern_cost(pattern: &str, text: &str) -> u64 {
-    1 + (pattern.len() + text.len()) as u64 / 64
+    let states = pattern_size(pattern).unwrap_or(MAX_PATTERN_STATES);
+    1 + pattern.len() as u64 / 64 + states.saturating_mul(text.len() as u64) / 4096
 }
 
 /// A local reference (`#` or a JSON pointer after `#`) in `root`.
@@ -508,7 +588,8 @@ mod tests {
     #[test]
     fn patterns_cost_by_length_and_backtracking_ones_are_refused() {
         let long = "a".repeat(64 * 1024);
-        let schema = json!({"type": "array", "items": {"type": "string", "pattern": "^a+$"}});
+        let schema =
+            json!({"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,100}$"}});
         let args = Value::Array(vec![json!(long); 100]);
         assert_eq!(
             cost(&schema, &args, 50_000),
@@ -516,6 +597,9 @@ mod tests {
         );
         let short = Value::Array(vec![json!("aaaa"); 100]);
         assert!(cost(&schema, &short, 50_000).unwrap() < 500);
+        // A pattern whose states times text could be vast is refused outright.
+        let err = compile(&json!({"pattern": "[ab]*a[ab]{20000}"}), 1).unwrap_err();
+        assert!(err.contains("too large to match in linear time"), "{err}");
         // Look-around and back-references need a backtracking engine: refused.
         for pattern in ["^(a+)+\\1$", "^(?=a)a+$"] {
             let err = compile(&json!({"type": "string", "pattern": pattern}), 1).unwrap_err();
@@ -589,8 +673,22 @@ mod tests {
                 "`$ref` at /properties/q",
             ),
             (
-                json!({"$schema": "http://json-schema.org/draft-04/schema#"}),
-                "draft-04/schema# is not supported",
+                json!({"$defs": {"~/": {}, "~~1": {}}, "$ref": "#/$defs/~~1"}),
+                "`$ref` at the root",
+            ),
+            (
+                json!({"properties": {"q": {"$schema": "http://json-schema.org/draft-04/schema#",
+                                            "id": "urn:x"}}}),
+                "`$schema` is supported at the root only, not at /properties/q",
+            ),
+            // A reference's target is checked wherever it sits, under an unknown keyword too.
+            (
+                json!({"$ref": "#/x", "x": {"unevaluatedProperties": false}}),
+                "`unevaluatedProperties` at /x",
+            ),
+            (
+                json!({"properties": {"q": {"$ref": "#/x/0"}}, "x": [{"$ref": "#/x/01"}]}),
+                "`$ref` at /x/0",
             ),
         ] {
             let err = compile(&schema, 8).unwrap_err();
@@ -611,6 +709,10 @@ mod tests {
             "a": {"type": "string", "pattern": "^a$"},
             "b": {"patternProperties": {"^x": {"pattern": "y"}, "^z": true}}}});
         assert_eq!(check_supported(&schema), Ok(4));
+        // Patterns behind a reference count once, wherever they sit.
+        let hidden = json!({"properties": {"a": {"$ref": "#/x"}, "b": {"$ref": "#/x"}},
+                            "x": {"pattern": "^a$"}});
+        assert_eq!(check_supported(&hidden), Ok(1));
         assert!(compile(&schema, 4).is_ok());
         let err = compile(&schema, 3).unwrap_err();
         assert!(err.contains("holds 4 patterns"), "{err}");
