@@ -12,7 +12,7 @@
 //! nest deeper than a thread's stack allows, are refused without being validated. The walk
 //! follows local JSON-pointer references only, so [`check_supported`] refuses what would
 //! move them elsewhere (`$id` below the root, anchors, dynamic and recursive references,
-//! other documents, drafts 3 and 4) and what jsonschema compiles in exponential time
+//! other documents, a nested `$schema`, `$vocabulary`) and what jsonschema compiles in exponential time
 //! (`unevaluatedProperties`, `unevaluatedItems`). Tool schemas of OpenAI-compatible models use
 //! `#/$defs/...` and `#` references and none of the rest.
 
@@ -49,9 +49,12 @@ pub fn compile(schema: &Value, max_patterns: usize) -> Result<jsonschema::Valida
 /// Refuses what the argument check cannot follow: a `$ref` that is not a local JSON pointer
 /// (`#` or `#/...`) resolving within the schema as [`cost`] resolves it (so no two readings
 /// of a pointer differ), `$dynamicRef`, `$recursiveRef`, anchors, `$id` below the root (it
-/// would move the base that `#/...` resolves against) and drafts 3 and 4 (whose `id` does
-/// the same). Returns the patterns the schema holds (each `pattern`, each key of a
-/// `patternProperties`). Iterative, and a node's path is spelled only for an error.
+/// would move the base that `#/...` resolves against), `$schema` below the root (it would
+/// switch the draft), `$vocabulary` (it could turn `format` into an assertion) and
+/// `unevaluated…`; every reference's target is held to the same rules wherever it sits.
+/// Returns the patterns the schema holds (each `pattern`, each key of a
+/// `patternProperties`), each estimated by [`pattern_size`]. Iterative, and a node's path is
+/// spelled only for an error.
 pub fn check_supported(schema: &Value) -> Result<usize, String> {
     // Each node: its value and its place in `steps` (parent, key); the root is `usize::MAX`.
     let mut steps: Vec<(usize, Step<'_>)> = Vec::new();
@@ -110,6 +113,7 @@ pub fn check_supported(schema: &Value) -> Result<usize, String> {
             "$recursiveAnchor",
             "unevaluatedProperties",
             "unevaluatedItems",
+            "$vocabulary",
         ] {
             if map.contains_key(key) {
                 return Err(format!("`{key}` at {} is not supported", path(&steps, at)));
@@ -208,12 +212,21 @@ fn tildes_escape(pointer: &str) -> bool {
 /// Most states a pattern may be estimated to compile to ([`pattern_size`]).
 const MAX_PATTERN_STATES: u64 = 100_000;
 
-/// A rough upper bound of the states a pattern compiles to: its length times every counted
-/// repetition (`{n}`, `{n,m}`, `{n,}`) multiplied together, nested or not. The `regex` engine
-/// matches in about states × text at worst (when its lazy DFA gives up), so [`cost`] charges
-/// a match by it, and a pattern estimated past [`MAX_PATTERN_STATES`] is refused.
+/// A rough estimate of the states a pattern compiles to: its length (an atom matching most of
+/// Unicode as 100) times every counted repetition (`{n}`, `{n,m}`, `{n,}`) multiplied
+/// together, nested or not. The `regex` engine matches in up to states × text steps of a few
+/// ns (when its lazy DFA gives up), so [`cost`] charges a match by it, and a pattern
+/// estimated past [`MAX_PATTERN_STATES`] is refused.
 fn pattern_size(pattern: &str) -> Result<u64, String> {
-    let mut size = pattern.len().max(1) as u64;
+    // Atoms that match most of Unicode compile to many states each (`\w` and `\d` are read
+    // as ASCII by jsonschema): each counts as 100 bytes of pattern.
+    let wide = ["\\p", "\\P", "\\W", "\\D", "\\S", ".", "[^"]
+        .iter()
+        .map(|atom| pattern.matches(atom).count() as u64)
+        .sum::<u64>();
+    let mut size = (pattern.len() as u64)
+        .saturating_add(wide.saturating_mul(100))
+        .max(1);
     let bytes = pattern.as_bytes();
     let mut i = 0;
     while i < bytes.len() {
@@ -472,12 +485,14 @@ impl<'a> Walk<'a> {
     }
 }
 
-/// One match of `pattern` against `text` on the `regex` engine: states × text at worst
-/// ([`pattern_size`]; a pattern `check_supported` let through is within its bound), plus the
-/// scan of the pattern that estimates it.
+/// One match of `pattern` against `text` on the `regex` engine: states × text steps at worst
+/// ([`pattern_size`]), a few ns each when the lazy DFA gives up (a review's estimate from the
+/// engine's design), so a check (~1–2 µs) per 256; plus the scan of the pattern that
+/// estimates it. The estimate is coarse both ways: a counted pattern on short strings costs
+/// tens of checks a match.
 fn pattern_cost(pattern: &str, text: &str) -> u64 {
     let states = pattern_size(pattern).unwrap_or(MAX_PATTERN_STATES);
-    1 + pattern.len() as u64 / 64 + states.saturating_mul(text.len() as u64) / 4096
+    1 + pattern.len() as u64 / 64 + states.saturating_mul(text.len() as u64) / 256
 }
 
 /// A local reference (`#` or a JSON pointer after `#`) in `root`.
@@ -499,8 +514,11 @@ fn percent_decode(s: &str) -> Option<String> {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
+            let hex = bytes.get(i + 1..i + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
             i += 3;
         } else {
             out.push(bytes[i]);
@@ -596,7 +614,11 @@ mod tests {
             Err(OverBudget::Checks { budget: 50_000 })
         );
         let short = Value::Array(vec![json!("aaaa"); 100]);
-        assert!(cost(&schema, &short, 50_000).unwrap() < 500);
+        assert!(cost(&schema, &short, 50_000).unwrap() < 3_000);
+        // Atoms that match most of Unicode weigh as 100 bytes each.
+        let err = compile(&json!({"pattern": "(\\p{L}){1000}"}), 1).unwrap_err();
+        assert!(err.contains("too large to match in linear time"), "{err}");
+        assert!(compile(&json!({"pattern": "(\\w){1000}"}), 1).is_ok());
         // A pattern whose states times text could be vast is refused outright.
         let err = compile(&json!({"pattern": "[ab]*a[ab]{20000}"}), 1).unwrap_err();
         assert!(err.contains("too large to match in linear time"), "{err}");
@@ -658,6 +680,10 @@ mod tests {
             (
                 json!({"allOf": [{"unevaluatedProperties": false}]}),
                 "`unevaluatedProperties` at /allOf/0",
+            ),
+            (
+                json!({"$id": "urn:m", "$schema": "urn:m", "$vocabulary": {}}),
+                "`$vocabulary` at the root",
             ),
             // Readings of a pointer that jsonschema's resolver and ours could differ on.
             (
@@ -731,6 +757,11 @@ mod tests {
             Some(&json!({"type": "string"}))
         );
         assert_eq!(resolve(&root, "#/$defs/a%2"), None);
+        assert_eq!(
+            resolve(&root, "#/$defs/a%+1"),
+            None,
+            "two hex digits, no sign"
+        );
         assert_eq!(resolve(&root, "#"), Some(&root));
     }
 }
