@@ -23,6 +23,9 @@ use serde_json::{Map, Value};
 /// taking a thread for a second.
 pub const PATTERN_SIZE_LIMIT: usize = 1 << 20;
 
+/// Longest part of jsonschema's own message a compile error keeps.
+const MAX_ERROR_BYTES: usize = 300;
+
 /// Compiles a tool's parameter schema as the worker checks arguments against it: no remote
 /// references (none are resolved), at most `max_patterns` patterns (compiling one takes
 /// 0.1–10 ms), each on the `regex` engine (no look-around or back-references: a
@@ -43,7 +46,19 @@ pub fn compile(schema: &Value, max_patterns: usize) -> Result<jsonschema::Valida
         .with_draft(jsonschema::Draft::Draft202012)
         .with_pattern_options(jsonschema::PatternOptions::regex().size_limit(PATTERN_SIZE_LIMIT))
         .build(schema)
-        .map_err(|e| format!("invalid JSON Schema: {e}"))
+        .map_err(|e| {
+            // jsonschema's message quotes the offending part, which may be most of the schema.
+            let mut text = e.to_string();
+            if text.len() > MAX_ERROR_BYTES {
+                let mut cut = MAX_ERROR_BYTES;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                text.truncate(cut);
+                text.push('…');
+            }
+            format!("invalid JSON Schema: {text}")
+        })
 }
 
 /// Refuses what the argument check cannot follow: a `$ref` that is not a local JSON pointer
@@ -623,6 +638,13 @@ mod tests {
         let err = compile(&json!({"pattern": "[ab]*a[ab]{20000}"}), 1).unwrap_err();
         assert!(err.contains("too large to match in linear time"), "{err}");
         // Look-around and back-references need a backtracking engine: refused.
+        let long = format!("(?=a){}", "[ab]".repeat(10_000));
+        let err = compile(&json!({"pattern": long}), 1).unwrap_err();
+        assert!(
+            err.len() < 400,
+            "the message quotes at most a part: {}",
+            err.len()
+        );
         for pattern in ["^(a+)+\\1$", "^(?=a)a+$"] {
             let err = compile(&json!({"type": "string", "pattern": pattern}), 1).unwrap_err();
             assert!(err.contains("invalid JSON Schema"), "{pattern}: {err}");
