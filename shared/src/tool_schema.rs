@@ -40,6 +40,12 @@ pub fn compile(schema: &Value, max_patterns: usize) -> Result<jsonschema::Valida
              {max_patterns} are allowed"
         ));
     }
+    build(schema)
+}
+
+/// Compiles a schema [`check_supported`] has accepted (and whose patterns the caller has
+/// counted): [`compile`] less the walk, for a caller that walked it already.
+pub fn build(schema: &Value) -> Result<jsonschema::Validator, String> {
     jsonschema::options()
         // Read as draft 2020-12 whatever its `$schema` says: no draft-4 `id` moving the base,
         // `format` and `content…` annotations only (never a parse of the value per check).

@@ -233,7 +233,7 @@ impl AgentSpec {
                     ),
                 ));
             }
-            if let Err(e) = crate::tool_schema::compile(&tool.parameters, usize::MAX) {
+            if let Err(e) = crate::tool_schema::build(&tool.parameters) {
                 return Err(err(field("parameters"), e));
             }
             match tool.kind {
