@@ -178,9 +178,13 @@ pub struct ApiSettings {
     pub create_groups_in_flight: usize,
     pub max_create_group: usize,
     pub max_tools_per_agent: usize,
-    /// Patterns (`pattern`, `patternProperties` keys) all of an agent's tool schemas may hold
-    /// together: each costs the API 0.1–10 ms to compile when the run is submitted.
+    /// Patterns (`pattern`, `patternProperties` keys) the distinct tool schemas of one request
+    /// (a run's agent, or all of a batch's agents) may hold together: the API compiles each
+    /// when the run is submitted (0.1 ms and ~25 KiB at least, a worker the same again).
     pub max_schema_patterns: usize,
+    /// States those patterns may be estimated to compile to together
+    /// (`tool_schema::pattern_states`; up to ~0.6 µs and ~80 bytes each to compile).
+    pub max_schema_pattern_states: u64,
     pub max_metadata_bytes: usize,
     pub default_page_size: u32,
     pub max_page_size: u32,
@@ -237,6 +241,16 @@ pub struct ApiSettings {
     /// How often each replica sweeps unfinished batches: takes over batches whose lease
     /// expired, and finishes batches whose runs have all ended.
     pub batch_sweep_interval_ms: u64,
+}
+
+impl ApiSettings {
+    /// What the distinct tool schemas of one request may hold together.
+    pub fn schema_limits(&self) -> crate::tool_schema::Limits {
+        crate::tool_schema::Limits {
+            max_patterns: self.max_schema_patterns,
+            max_states: self.max_schema_pattern_states,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -441,8 +455,11 @@ pub struct McpSettings {
     /// Largest input schema of one MCP tool (serialized JSON); a larger one fails the listing.
     pub max_schema_bytes: usize,
     /// Patterns (`pattern`, `patternProperties` keys) one MCP tool's input schema may hold; a
-    /// call to a tool with more is refused (compiling each costs the worker 0.1–10 ms).
+    /// call to a tool with more is refused (the worker compiles each at the tool's first call).
     pub max_schema_patterns: usize,
+    /// States those patterns may be estimated to compile to together
+    /// (`tool_schema::pattern_states`).
+    pub max_schema_pattern_states: u64,
     /// Largest listing response read from a server, and the most a whole listing (every
     /// page's names, descriptions and schemas) may hold.
     pub max_list_bytes: usize,
@@ -478,6 +495,14 @@ impl ContextSettings {
 }
 
 impl McpSettings {
+    /// What one MCP tool's input schema may hold.
+    pub fn schema_limits(&self) -> crate::tool_schema::Limits {
+        crate::tool_schema::Limits {
+            max_patterns: self.max_schema_patterns,
+            max_states: self.max_schema_pattern_states,
+        }
+    }
+
     /// The sealing key, when one is configured.
     pub fn key(&self) -> Result<Option<[u8; 32]>, ConfigError> {
         use base64::Engine;
@@ -501,6 +526,10 @@ impl McpSettings {
             ("mcp.max_tools_per_server", self.max_tools_per_server as u64),
             ("mcp.max_schema_bytes", self.max_schema_bytes as u64),
             ("mcp.max_schema_patterns", self.max_schema_patterns as u64),
+            (
+                "mcp.max_schema_pattern_states",
+                self.max_schema_pattern_states,
+            ),
             ("mcp.max_list_bytes", self.max_list_bytes as u64),
             (
                 "mcp.max_servers_per_tenant",
@@ -763,6 +792,7 @@ create_groups_in_flight = 1
 max_create_group = 64
 max_tools_per_agent = 64
 max_schema_patterns = 256
+max_schema_pattern_states = 100000
 max_metadata_bytes = 16384
 default_page_size = 50
 max_page_size = 500
@@ -893,6 +923,7 @@ list_timeout_ms = 10000
 max_tools_per_server = 128
 max_schema_bytes = 65536
 max_schema_patterns = 64
+max_schema_pattern_states = 20000
 max_list_bytes = 4194304
 max_servers_per_tenant = 20
 max_headers = 8
@@ -1123,6 +1154,12 @@ impl Settings {
             return Err(invalid(
                 "api.max_schema_patterns",
                 "must be within 0..=100000",
+            ));
+        }
+        if self.api.max_schema_pattern_states > 10_000_000 {
+            return Err(invalid(
+                "api.max_schema_pattern_states",
+                "must be within 0..=10000000",
             ));
         }
         if !(1..=1_000_000).contains(&self.api.max_streams_per_tenant) {

@@ -26,21 +26,160 @@ pub const PATTERN_SIZE_LIMIT: usize = 1 << 20;
 /// Longest part of jsonschema's own message a compile error keeps.
 const MAX_ERROR_BYTES: usize = 300;
 
-/// Compiles a tool's parameter schema as the worker checks arguments against it: no remote
-/// references (none are resolved), at most `max_patterns` patterns (compiling one takes
-/// 0.1–10 ms), each on the `regex` engine (no look-around or back-references: a
-/// backtracking engine's limit counts backtracks, not time, and jsonschema re-runs a whole
-/// validation for each match that hit it), and only the constructs [`cost`] can price. The
-/// error is a sentence naming what is wrong and where.
-pub fn compile(schema: &Value, max_patterns: usize) -> Result<jsonschema::Validator, String> {
-    let patterns = check_supported(schema)?;
-    if patterns > max_patterns {
-        return Err(format!(
-            "the schema holds {patterns} patterns (`pattern` and `patternProperties`); at most \
-             {max_patterns} are allowed"
-        ));
+/// How much of a schema's patterns is allowed: compiling a pattern costs time and memory
+/// in proportion to the states it compiles to (measured with jsonschema 0.61: about 0.5 µs
+/// and 40–80 bytes a state; 256 distinct patterns of ~20,000 states each took 2.5 s and
+/// 400 MiB), so both their number and their estimated states are bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_patterns: usize,
+    /// [`Patterns::states`] of every pattern together.
+    pub max_states: u64,
+}
+
+impl Limits {
+    /// For schemas whose patterns were bounded elsewhere (an agent's, at submission).
+    pub const NONE: Limits = Limits {
+        max_patterns: usize::MAX,
+        max_states: u64::MAX,
+    };
+}
+
+/// A schema's patterns (each `pattern`, each key of a `patternProperties`, counted once
+/// wherever references reach them) and the states they are estimated to compile to
+/// ([`pattern_states`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Patterns {
+    pub count: usize,
+    pub states: u64,
+}
+
+impl Patterns {
+    pub fn add(&mut self, other: Patterns) {
+        self.count = self.count.saturating_add(other.count);
+        self.states = self.states.saturating_add(other.states);
     }
+
+    /// `what` names where the patterns are in the refusal ("the schema", "the agent's tool
+    /// schemas together").
+    pub fn within(&self, limits: &Limits, what: &str) -> Result<(), String> {
+        if self.count > limits.max_patterns {
+            return Err(format!(
+                "{} patterns (`pattern` and `patternProperties` keys) in {what}; at most {} are \
+                 allowed",
+                self.count, limits.max_patterns
+            ));
+        }
+        if self.states > limits.max_states {
+            return Err(format!(
+                "patterns estimated to compile to {} states in {what}; at most {} are allowed \
+                 (counted repetitions such as `{{1000}}` multiply what they repeat)",
+                self.states, limits.max_states
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether compiling may take long enough to belong on a blocking thread (a schema
+    /// without patterns compiles in microseconds).
+    pub fn compile_is_slow(&self) -> bool {
+        self.count > 0
+    }
+}
+
+/// Compiles a tool's parameter schema as the worker checks arguments against it: no remote
+/// references (none are resolved), patterns within `limits`, each on the `regex` engine (no
+/// look-around or back-references: a backtracking engine's limit counts backtracks, not
+/// time, and jsonschema re-runs a whole validation for each match that hit it), and only the
+/// constructs [`cost`] can price. The error is a sentence naming what is wrong and where.
+pub fn compile(schema: &Value, limits: &Limits) -> Result<jsonschema::Validator, String> {
+    check_supported(schema)?.within(limits, "the schema")?;
     build(schema)
+}
+
+/// The tool schemas of one request (a run's agent, or every agent of a batch): each distinct
+/// schema is walked and compiled once, and their patterns are held to one [`Limits`]
+/// together, so a request costs the API at most that much compiling however many runs it
+/// holds (a batch of 10,000 agents, each with its own patterns, compiled each before).
+pub struct RequestSchemas<'a> {
+    limits: Limits,
+    /// Whose patterns the limit counts, for its refusal ("the agent's tool schemas").
+    what: &'static str,
+    seen: std::collections::HashSet<[u8; 32]>,
+    patterns: Patterns,
+    /// Each distinct schema with the field of its first use.
+    distinct: Vec<(String, &'a Value)>,
+}
+
+/// A refused schema: the field it was given in (`agent.tools[0].parameters`) and why.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SchemaError {
+    pub field: String,
+    pub message: String,
+}
+
+impl<'a> RequestSchemas<'a> {
+    pub fn new(limits: Limits, what: &'static str) -> RequestSchemas<'a> {
+        RequestSchemas {
+            limits,
+            what,
+            seen: std::collections::HashSet::new(),
+            patterns: Patterns::default(),
+            distinct: Vec::new(),
+        }
+    }
+
+    /// Walks `schema` unless the request gave the same one before ([`check_supported`]) and
+    /// counts its patterns against the limits.
+    pub fn add(&mut self, field: String, schema: &'a Value) -> Result<(), SchemaError> {
+        use sha2::{Digest, Sha256};
+        let digest: [u8; 32] =
+            Sha256::digest(serde_json::to_vec(schema).expect("a Value serializes")).into();
+        if !self.seen.insert(digest) {
+            return Ok(());
+        }
+        let refuse = |message| SchemaError {
+            field: field.clone(),
+            message,
+        };
+        self.patterns.add(check_supported(schema).map_err(refuse)?);
+        self.patterns
+            .within(&self.limits, self.what)
+            .map_err(refuse)?;
+        self.distinct.push((field, schema));
+        Ok(())
+    }
+
+    /// Compiles every distinct schema; the first that does not compile is refused. Schemas
+    /// with patterns are compiled on a blocking thread (up to [`Limits::max_states`] states
+    /// take tens of milliseconds), the rest here (microseconds each).
+    pub async fn compile(self) -> Result<(), SchemaError> {
+        if !self.patterns.compile_is_slow() {
+            return compile_each(self.distinct.iter().map(|(f, s)| (f.as_str(), *s)));
+        }
+        let owned: Vec<(String, Value)> = self
+            .distinct
+            .into_iter()
+            .map(|(field, schema)| (field, schema.clone()))
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            compile_each(owned.iter().map(|(f, s)| (f.as_str(), s)))
+        })
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    }
+}
+
+fn compile_each<'s>(
+    schemas: impl Iterator<Item = (&'s str, &'s Value)>,
+) -> Result<(), SchemaError> {
+    for (field, schema) in schemas {
+        build(schema).map_err(|message| SchemaError {
+            field: field.to_owned(),
+            message,
+        })?;
+    }
+    Ok(())
 }
 
 /// Compiles a schema [`check_supported`] has accepted (and whose patterns the caller has
@@ -73,17 +212,16 @@ pub fn build(schema: &Value) -> Result<jsonschema::Validator, String> {
 /// would move the base that `#/...` resolves against), `$schema` below the root (it would
 /// switch the draft), `$vocabulary` (it could turn `format` into an assertion) and
 /// `unevaluated…`; every reference's target is held to the same rules wherever it sits.
-/// Returns the patterns the schema holds (each `pattern`, each key of a
-/// `patternProperties`), each estimated by [`pattern_size`]. Iterative, and a node's path is
-/// spelled only for an error.
-pub fn check_supported(schema: &Value) -> Result<usize, String> {
+/// Returns the patterns the schema holds, each estimated by [`pattern_states`] (refused past
+/// [`MAX_PATTERN_STATES`]). Iterative, and a node's path is spelled only for an error.
+pub fn check_supported(schema: &Value) -> Result<Patterns, String> {
     // Each node: its value and its place in `steps` (parent, key); the root is `usize::MAX`.
     let mut steps: Vec<(usize, Step<'_>)> = Vec::new();
     let mut stack: Vec<(&Value, usize)> = vec![(schema, usize::MAX)];
     // A `$ref` may point anywhere, under a keyword this walk does not know too: its target is
     // visited as a schema of its own, once.
     let mut visited: std::collections::HashSet<*const Value> = std::collections::HashSet::new();
-    let mut patterns = 0;
+    let mut patterns = Patterns::default();
     let path = |steps: &[(usize, Step<'_>)], mut at: usize| {
         let mut parts = Vec::new();
         while at != usize::MAX {
@@ -107,15 +245,15 @@ pub fn check_supported(schema: &Value) -> Result<usize, String> {
             continue;
         }
         if let Some(Value::String(pattern)) = map.get("pattern") {
-            patterns += 1;
-            if let Err(e) = pattern_size(pattern) {
-                return Err(format!("`pattern` at {}: {e}", path(&steps, at)));
-            }
+            let states = pattern_states(pattern)
+                .map_err(|e| format!("`pattern` at {}: {e}", path(&steps, at)))?;
+            patterns.add(Patterns { count: 1, states });
         }
         if let Some(Value::Object(keys)) = map.get("patternProperties") {
-            patterns += keys.len();
-            if let Some(e) = keys.keys().find_map(|k| pattern_size(k).err()) {
-                return Err(format!("`patternProperties` at {}: {e}", path(&steps, at)));
+            for key in keys.keys() {
+                let states = pattern_states(key)
+                    .map_err(|e| format!("`patternProperties` at {}: {e}", path(&steps, at)))?;
+                patterns.add(Patterns { count: 1, states });
             }
         }
         if at != usize::MAX && map.contains_key("$schema") {
@@ -230,52 +368,74 @@ fn tildes_escape(pointer: &str) -> bool {
         .all(|(i, _)| matches!(pointer.as_bytes().get(i + 1), Some(b'0' | b'1')))
 }
 
-/// Most states a pattern may be estimated to compile to ([`pattern_size`]).
-const MAX_PATTERN_STATES: u64 = 100_000;
+/// Most states one pattern may be estimated to compile to ([`pattern_states`]): about
+/// 5 MiB and 40 ms to compile; a match may take states × text steps.
+pub const MAX_PATTERN_STATES: u64 = 100_000;
 
-/// A rough estimate of the states a pattern compiles to: its length (an atom matching most of
-/// Unicode as 100) times every counted repetition (`{n}`, `{n,m}`, `{n,}`) multiplied
-/// together, nested or not. The `regex` engine matches in up to states × text steps of a few
-/// ns (when its lazy DFA gives up), so [`cost`] charges a match by it, and a pattern
-/// estimated past [`MAX_PATTERN_STATES`] is refused.
-fn pattern_size(pattern: &str) -> Result<u64, String> {
-    // Atoms that match most of Unicode compile to many states each (`\w` and `\d` are read
-    // as ASCII by jsonschema): each counts as 100 bytes of pattern.
-    let wide = ["\\p", "\\P", "\\W", "\\D", "\\S", ".", "[^"]
-        .iter()
-        .map(|atom| pattern.matches(atom).count() as u64)
-        .sum::<u64>();
-    let mut size = (pattern.len() as u64)
-        .saturating_add(wide.saturating_mul(100))
-        .max(1);
-    let bytes = pattern.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' {
-            i += 2;
-            continue;
-        }
-        if bytes[i] == b'{' {
-            let digits: String = pattern[i + 1..]
-                .chars()
-                .take_while(|c| c.is_ascii_digit() || *c == ',')
-                .collect();
-            let count = digits
-                .split(',')
-                .filter_map(|n| n.parse::<u64>().ok())
-                .max()
-                .unwrap_or(1);
-            size = size.saturating_mul(count.max(1));
-        }
-        i += 1;
-    }
-    if size > MAX_PATTERN_STATES {
+/// Nesting a pattern may have (groups, repetitions, alternations within one another); the
+/// estimate recurses once per level.
+const PATTERN_NEST_LIMIT: u32 = 100;
+
+/// An estimate of the states a pattern compiles to, read from the pattern as the `regex`
+/// engine will read it (jsonschema's ECMA-262 translation, then `regex-syntax`): a literal
+/// byte or a byte range is a state, a Unicode class as many as its ranges take in UTF-8
+/// (`.` about twenty, `\p{L}` thousands), a counted repetition multiplies what it repeats by
+/// its bound, nested or in sequence. Refused past [`MAX_PATTERN_STATES`], and when the
+/// engine could not compile it (look-around, back-references, bad syntax).
+pub fn pattern_states(pattern: &str) -> Result<u64, String> {
+    let unreadable = || {
+        "is not a regular expression the `regex` engine accepts (look-around and \
+         back-references are not supported)"
+            .to_owned()
+    };
+    let translated = jsonschema_regex::to_rust_regex(pattern).map_err(|()| unreadable())?;
+    let hir = regex_syntax::ParserBuilder::new()
+        .nest_limit(PATTERN_NEST_LIMIT)
+        .build()
+        .parse(&translated)
+        .map_err(|_| unreadable())?;
+    let states = hir_states(&hir);
+    if states > MAX_PATTERN_STATES {
         return Err(format!(
-            "too large to match in linear time (its length times its counted repetitions is \
-             over {MAX_PATTERN_STATES})"
+            "is estimated to compile to {states} states; at most {MAX_PATTERN_STATES} are \
+             allowed (counted repetitions such as `{{1000}}` multiply what they repeat)"
         ));
     }
-    Ok(size)
+    Ok(states)
+}
+
+/// Recursive, at most [`PATTERN_NEST_LIMIT`] deep (the parser refused deeper).
+fn hir_states(hir: &regex_syntax::hir::Hir) -> u64 {
+    use regex_syntax::hir::{Class, HirKind};
+    match hir.kind() {
+        HirKind::Empty | HirKind::Look(_) => 1,
+        HirKind::Literal(literal) => literal.0.len() as u64,
+        HirKind::Class(Class::Bytes(class)) => class.ranges().len() as u64,
+        HirKind::Class(Class::Unicode(class)) => class
+            .ranges()
+            .iter()
+            .flat_map(|r| regex_syntax::utf8::Utf8Sequences::new(r.start(), r.end()))
+            .map(|sequence| sequence.len() as u64)
+            .sum::<u64>()
+            .max(1),
+        HirKind::Repetition(repetition) => {
+            // `{n,m}` compiles m copies, `{n,}` n copies and a loop.
+            let copies = match repetition.max {
+                Some(max) => u64::from(max.max(1)),
+                None => u64::from(repetition.min) + 1,
+            };
+            hir_states(&repetition.sub)
+                .saturating_mul(copies)
+                .saturating_add(1)
+        }
+        HirKind::Capture(capture) => hir_states(&capture.sub).saturating_add(2),
+        HirKind::Concat(subs) => subs
+            .iter()
+            .fold(0u64, |n, sub| n.saturating_add(hir_states(sub))),
+        HirKind::Alternation(subs) => subs.iter().fold(subs.len() as u64, |n, sub| {
+            n.saturating_add(hir_states(sub))
+        }),
+    }
 }
 
 /// Why arguments were refused unvalidated (see [`cost`]).
@@ -330,6 +490,7 @@ pub fn cost(schema: &Value, instance: &Value, budget: u64) -> Result<u64, OverBu
         budget,
         spent: 0,
         stack: Vec::new(),
+        states: std::collections::HashMap::new(),
     };
     walk.push(schema, Instance::Value(instance), 0)?;
     while let Some((node, value, depth)) = walk.stack.pop() {
@@ -362,6 +523,8 @@ struct Walk<'a> {
     budget: u64,
     spent: u64,
     stack: Vec<(&'a Value, Instance<'a>, u32)>,
+    /// Each pattern's [`pattern_states`], estimated once per walk.
+    states: std::collections::HashMap<&'a str, u64>,
 }
 
 impl<'a> Walk<'a> {
@@ -448,7 +611,8 @@ impl<'a> Walk<'a> {
         if let Some(Value::Object(patterns)) = s.get("patternProperties") {
             for (pattern, sub) in patterns {
                 for (name, member) in object {
-                    self.charge(pattern_cost(pattern, name))?;
+                    let price = self.pattern_cost(pattern, name);
+                    self.charge(price)?;
                     self.push(sub, Instance::Value(member), depth)?;
                 }
             }
@@ -495,25 +659,29 @@ impl<'a> Walk<'a> {
         Ok(())
     }
 
-    fn string(&mut self, s: &Map<String, Value>, text: &str) -> Result<(), OverBudget> {
+    /// One match of `pattern` against `text` on the `regex` engine: states × text steps at
+    /// worst ([`pattern_states`]), a few ns each when the lazy DFA gives up (a review's
+    /// estimate from the engine's design), so a check (~1–2 µs) per 256; plus a scan of the
+    /// pattern. The estimate is coarse both ways: a counted pattern on short strings costs
+    /// tens of checks a match.
+    fn pattern_cost(&mut self, pattern: &'a str, text: &str) -> u64 {
+        let states = *self
+            .states
+            .entry(pattern)
+            .or_insert_with(|| pattern_states(pattern).unwrap_or(MAX_PATTERN_STATES));
+        1 + pattern.len() as u64 / 64 + states.saturating_mul(text.len() as u64) / 256
+    }
+
+    fn string(&mut self, s: &'a Map<String, Value>, text: &str) -> Result<(), OverBudget> {
         if let Some(pattern) = s.get("pattern").and_then(Value::as_str) {
-            self.charge(pattern_cost(pattern, text))?;
+            let price = self.pattern_cost(pattern, text);
+            self.charge(price)?;
         }
         if s.contains_key("minLength") || s.contains_key("maxLength") {
             self.charge(text.len() as u64 / 64)?;
         }
         Ok(())
     }
-}
-
-/// One match of `pattern` against `text` on the `regex` engine: states × text steps at worst
-/// ([`pattern_size`]), a few ns each when the lazy DFA gives up (a review's estimate from the
-/// engine's design), so a check (~1–2 µs) per 256; plus the scan of the pattern that
-/// estimates it. The estimate is coarse both ways: a counted pattern on short strings costs
-/// tens of checks a match.
-fn pattern_cost(pattern: &str, text: &str) -> u64 {
-    let states = pattern_size(pattern).unwrap_or(MAX_PATTERN_STATES);
-    1 + pattern.len() as u64 / 64 + states.saturating_mul(text.len() as u64) / 256
 }
 
 /// A local reference (`#` or a JSON pointer after `#`) in `root`.
@@ -558,6 +726,14 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// At most `n` patterns, of any size.
+    fn most(n: usize) -> Limits {
+        Limits {
+            max_patterns: n,
+            max_states: u64::MAX,
+        }
+    }
+
     /// A chain of `anyOf`s of two references each: 2^depth checks of one value.
     fn doubling(depth: usize) -> Value {
         let mut defs = Map::new();
@@ -585,7 +761,7 @@ mod tests {
         let small = cost(&doubling(4), &json!("x"), 100_000).unwrap();
         assert!((31..=150).contains(&small), "{small}");
         // And the same schema compiles: refusing it is the budget's job, not the compiler's.
-        assert!(compile(&doubling(40), 0).is_ok());
+        assert!(compile(&doubling(40), &most(0)).is_ok());
     }
 
     #[test]
@@ -636,24 +812,28 @@ mod tests {
         );
         let short = Value::Array(vec![json!("aaaa"); 100]);
         assert!(cost(&schema, &short, 50_000).unwrap() < 3_000);
-        // Atoms that match most of Unicode weigh as 100 bytes each.
-        let err = compile(&json!({"pattern": "(\\p{L}){1000}"}), 1).unwrap_err();
-        assert!(err.contains("too large to match in linear time"), "{err}");
-        assert!(compile(&json!({"pattern": "(\\w){1000}"}), 1).is_ok());
+        // A Unicode class weighs what its ranges take in UTF-8 (`\p{L}`: thousands).
+        let err = compile(&json!({"pattern": "(\\p{L}){1000}"}), &most(1)).unwrap_err();
+        assert!(err.contains("states; at most 100000"), "{err}");
+        assert!(compile(&json!({"pattern": "(\\w){1000}"}), &most(1)).is_ok());
         // A pattern whose states times text could be vast is refused outright.
-        let err = compile(&json!({"pattern": "[ab]*a[ab]{20000}"}), 1).unwrap_err();
-        assert!(err.contains("too large to match in linear time"), "{err}");
+        let err = compile(&json!({"pattern": "[ab]*a[ab]{200000}"}), &most(1)).unwrap_err();
+        assert!(err.contains("states; at most 100000"), "{err}");
         // Look-around and back-references need a backtracking engine: refused.
         let long = format!("(?=a){}", "[ab]".repeat(10_000));
-        let err = compile(&json!({"pattern": long}), 1).unwrap_err();
+        let err = compile(&json!({"pattern": long}), &most(1)).unwrap_err();
         assert!(
             err.len() < 400,
             "the message quotes at most a part: {}",
             err.len()
         );
         for pattern in ["^(a+)+\\1$", "^(?=a)a+$"] {
-            let err = compile(&json!({"type": "string", "pattern": pattern}), 1).unwrap_err();
-            assert!(err.contains("invalid JSON Schema"), "{pattern}: {err}");
+            let err =
+                compile(&json!({"type": "string", "pattern": pattern}), &most(1)).unwrap_err();
+            assert!(
+                err.contains("look-around and back-references"),
+                "{pattern}: {err}"
+            );
         }
     }
 
@@ -745,7 +925,7 @@ mod tests {
                 "`$ref` at /x/0",
             ),
         ] {
-            let err = compile(&schema, 8).unwrap_err();
+            let err = compile(&schema, &most(8)).unwrap_err();
             assert!(err.contains(named), "{err} should name {named}");
         }
         for schema in [
@@ -753,7 +933,7 @@ mod tests {
             json!({"properties": {"$id": {"type": "string"}, "a": {"$ref": "#"}}}),
             json!({"properties": {"a/b": {"$ref": "#/properties/a~1b"}}}),
         ] {
-            compile(&schema, 8).unwrap_or_else(|e| panic!("{schema}: {e}"));
+            compile(&schema, &most(8)).unwrap_or_else(|e| panic!("{schema}: {e}"));
         }
     }
 
@@ -762,19 +942,112 @@ mod tests {
         let schema = json!({"properties": {
             "a": {"type": "string", "pattern": "^a$"},
             "b": {"patternProperties": {"^x": {"pattern": "y"}, "^z": true}}}});
-        assert_eq!(check_supported(&schema), Ok(4));
+        assert_eq!(check_supported(&schema).map(|p| p.count), Ok(4));
         // Patterns behind a reference count once, wherever they sit.
         let hidden = json!({"properties": {"a": {"$ref": "#/x"}, "b": {"$ref": "#/x"}},
                             "x": {"pattern": "^a$"}});
-        assert_eq!(check_supported(&hidden), Ok(1));
-        assert!(compile(&schema, 4).is_ok());
-        let err = compile(&schema, 3).unwrap_err();
-        assert!(err.contains("holds 4 patterns"), "{err}");
+        assert_eq!(check_supported(&hidden).map(|p| p.count), Ok(1));
+        assert!(compile(&schema, &most(4)).is_ok());
+        let err = compile(&schema, &most(3)).unwrap_err();
+        assert!(err.contains("4 patterns"), "{err}");
         // A pattern whose compiled form passes the size limit is refused quickly (Unicode
         // `\w` ×300 ×300 would compile to tens of MiB).
         let started = std::time::Instant::now();
-        assert!(compile(&json!({"pattern": "(\\w{300}){300}"}), 1).is_err());
+        assert!(compile(&json!({"pattern": "(\\w{300}){300}"}), &most(1)).is_err());
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    /// Sequential repetitions add up, nested ones multiply: a UUID's pattern (five counted
+    /// repetitions in a row) was refused while every counted repetition multiplied.
+    #[test]
+    fn a_patterns_states_follow_its_structure() {
+        let uuid = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$";
+        let states = pattern_states(uuid).unwrap();
+        assert!((40..=200).contains(&states), "{states}");
+        let date = pattern_states("^\\d{4}-\\d{2}-\\d{2}$").unwrap();
+        assert!(date < 50, "{date}");
+        // Nested repetitions multiply; `{n,}` is n copies and a loop.
+        let nested = pattern_states("(a{10}){10}").unwrap();
+        assert!((100..=150).contains(&nested), "{nested}");
+        let open = pattern_states("a{100,}").unwrap();
+        assert!((100..=110).contains(&open), "{open}");
+        // A class of most of Unicode is many states; an ASCII one a few.
+        assert!(pattern_states("\\p{L}").unwrap() > 1_000);
+        assert!(pattern_states("[a-z]").unwrap() < 5);
+        assert!(pattern_states("^\\p{L}{1,64}$").is_err());
+        // The total is what a schema is held to.
+        let schema = json!({"properties": {
+            "id": {"type": "string", "pattern": uuid},
+            "blob": {"type": "string", "pattern": "a{50000}"}}});
+        let patterns = check_supported(&schema).unwrap();
+        assert_eq!(patterns.count, 2);
+        assert!(patterns.states > 50_000, "{patterns:?}");
+        let limits = Limits {
+            max_patterns: 8,
+            max_states: 50_000,
+        };
+        let err = compile(&schema, &limits).unwrap_err();
+        assert!(err.contains("states in the schema; at most 50000"), "{err}");
+        assert!(compile(&json!({"pattern": uuid}), &limits).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_request_compiles_each_distinct_schema_once_within_one_limit() {
+        let limits = Limits {
+            max_patterns: 2,
+            max_states: 100_000,
+        };
+        let one = json!({"type": "object", "properties": {"a": {"pattern": "^a+$"}}});
+        let two = json!({"type": "object", "properties": {"b": {"pattern": "^b+$"}}});
+        let three = json!({"type": "object", "properties": {"c": {"pattern": "^c+$"}}});
+        // The same schema in every run of a batch counts once.
+        let mut schemas = RequestSchemas::new(limits, "the batch's tool schemas together");
+        for i in 0..1_000 {
+            schemas
+                .add(format!("runs[{i}].agent.tools[0].parameters"), &one)
+                .unwrap();
+        }
+        schemas.add("runs[7].x".into(), &two).unwrap();
+        assert_eq!(schemas.distinct.len(), 2);
+        let err = schemas.add("runs[9].agent.tools[1].parameters".into(), &three);
+        let err = err.unwrap_err();
+        assert_eq!(err.field, "runs[9].agent.tools[1].parameters");
+        assert!(
+            err.message.contains("3 patterns") && err.message.contains("batch's"),
+            "{}",
+            err.message
+        );
+        schemas.compile().await.unwrap();
+        // What does not compile is named by the field that gave it first.
+        let bad = json!({"type": 12});
+        let mut schemas = RequestSchemas::new(limits, "the agent's tool schemas together");
+        schemas
+            .add("agent.tools[0].parameters".into(), &one)
+            .unwrap();
+        schemas
+            .add("agent.tools[1].parameters".into(), &bad)
+            .unwrap();
+        schemas
+            .add("agent.tools[2].parameters".into(), &bad)
+            .unwrap();
+        let err = schemas.compile().await.unwrap_err();
+        assert_eq!(err.field, "agent.tools[1].parameters");
+        assert!(
+            err.message.contains("invalid JSON Schema"),
+            "{}",
+            err.message
+        );
+        // A reference the argument check could not follow is refused by the walk.
+        let remote = json!({"properties": {"a": {"$ref": "https://x/s.json"}}});
+        let mut schemas = RequestSchemas::new(limits, "the agent's tool schemas together");
+        let err = schemas
+            .add("agent.tools[0].parameters".into(), &remote)
+            .unwrap_err();
+        assert!(
+            err.message.contains("`$ref` at /properties/a"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]

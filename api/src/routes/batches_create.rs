@@ -20,9 +20,10 @@ use agentfleet_shared::store::batches::{self, BatchRow, Counts, NewBatch, NewIte
 
 use crate::auth::Caller;
 use crate::error::{ApiError, JsonBody};
-use crate::routes::runs_create::{CreateRun, validate};
+use crate::routes::runs_create::{CreateRun, RunFields, compile_schemas, validate};
 use crate::routes::view;
 use crate::state::AppState;
+use agentfleet_shared::tool_schema::RequestSchemas;
 
 /// Longest `custom_id`, in characters.
 pub const MAX_CUSTOM_ID_CHARS: usize = 128;
@@ -114,7 +115,12 @@ pub async fn submit_batch(
         state.settings.api.max_batch_items,
     );
     crate::quota::check_batch_len(body.runs.len(), max)?;
-    let metadata = check(&state, &body)?;
+    let mut schemas = RequestSchemas::new(
+        state.settings.api.schema_limits(),
+        "the batch's distinct tool schemas together",
+    );
+    let metadata = check(&state, &body, &mut schemas)?;
+    compile_schemas(schemas).await?;
     check_threads(&state, caller.tenant_id, &body.runs).await?;
     crate::routes::runs_create::check_servers(
         &state,
@@ -210,8 +216,13 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
         })
 }
 
-/// Every item as `POST /v1/runs` checks it, `custom_id`s unique; the batch's metadata.
-fn check(state: &AppState, body: &SubmitBatch) -> Result<Value, ApiError> {
+/// Every item as `POST /v1/runs` checks it (its tool schemas into `schemas`), `custom_id`s
+/// unique; the batch's metadata.
+fn check<'a>(
+    state: &AppState,
+    body: &'a SubmitBatch,
+    schemas: &mut RequestSchemas<'a>,
+) -> Result<Value, ApiError> {
     let mut seen = HashSet::with_capacity(body.runs.len());
     for (i, item) in body.runs.iter().enumerate() {
         let field = format!("runs[{i}].custom_id");
@@ -234,14 +245,12 @@ fn check(state: &AppState, body: &SubmitBatch) -> Result<Value, ApiError> {
                 ),
             ));
         }
-        let run = CreateRun {
-            input: item.input.clone(),
-            thread_id: item.thread_id,
-            agent: item.agent.clone(),
-            metadata: item.metadata.clone(),
-            if_busy: None,
+        let run = RunFields {
+            input: &item.input,
+            agent: &item.agent,
+            metadata: item.metadata.as_ref(),
         };
-        validate(state, &run, &format!("runs[{i}]."))?;
+        validate(state, run, &format!("runs[{i}]."), schemas)?;
     }
     match &body.metadata {
         None => Ok(json!({})),

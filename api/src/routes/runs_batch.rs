@@ -19,10 +19,11 @@ use agentfleet_shared::store::{StoreError, create_many};
 
 use crate::auth::Caller;
 use crate::error::{ApiError, JsonBody};
-use crate::routes::runs_create::{CreateRun, validate};
+use crate::routes::runs_create::{CreateRun, compile_schemas, validate};
 use crate::routes::view;
 use crate::state::AppState;
 use agentfleet_shared::store::double_text::IfBusy;
+use agentfleet_shared::tool_schema::RequestSchemas;
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -44,8 +45,12 @@ pub async fn create_batch(
     crate::suspension::require_active(&caller)?;
     crate::quota::check_batch_size(&state, &caller, body.runs.len())?;
     crate::quota::check_active_runs(&state, &caller, body.runs.len(), None).await?;
+    let mut schemas = RequestSchemas::new(
+        state.settings.api.schema_limits(),
+        "the batch's distinct tool schemas together",
+    );
     for (i, run) in body.runs.iter().enumerate() {
-        validate(&state, run, &format!("runs[{i}]."))?;
+        validate(&state, run.fields(), &format!("runs[{i}]."), &mut schemas)?;
         // A batch is all or nothing at once; waiting behind a busy thread is not (yet).
         if !matches!(run.if_busy, None | Some(IfBusy::Reject)) {
             return Err(ApiError::invalid(
@@ -54,6 +59,7 @@ pub async fn create_batch(
             ));
         }
     }
+    compile_schemas(schemas).await?;
     crate::routes::runs_create::check_servers(
         &state,
         caller.tenant_id,

@@ -16,6 +16,7 @@ use agentfleet_shared::store::double_text::{self, IfBusy};
 use agentfleet_shared::store::runs::RunRow;
 use agentfleet_shared::store::transitions::{self, NewRun};
 use agentfleet_shared::store::{StoreError, mcp_servers, runs};
+use agentfleet_shared::tool_schema::{RequestSchemas, SchemaError};
 
 use crate::auth::Caller;
 use crate::error::{ApiError, JsonBody};
@@ -138,12 +139,36 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> 
     }
 }
 
-/// Validates one run request against the configured limits; errors name the field.
-pub fn validate(state: &AppState, body: &CreateRun, field_prefix: &str) -> Result<(), ApiError> {
+/// What [`validate`] reads of a run request (the single and batch endpoints' bodies differ).
+pub struct RunFields<'a> {
+    pub input: &'a str,
+    pub agent: &'a AgentSpec,
+    pub metadata: Option<&'a Value>,
+}
+
+impl CreateRun {
+    pub fn fields(&self) -> RunFields<'_> {
+        RunFields {
+            input: &self.input,
+            agent: &self.agent,
+            metadata: self.metadata.as_ref(),
+        }
+    }
+}
+
+/// Validates one run request against the configured limits; errors name the field. Its
+/// tools' parameter schemas go into `schemas`, which the caller compiles once every run of
+/// the request is validated ([`compile_schemas`]).
+pub fn validate<'a>(
+    state: &AppState,
+    run: RunFields<'a>,
+    field_prefix: &str,
+    schemas: &mut RequestSchemas<'a>,
+) -> Result<(), ApiError> {
     let api = &state.settings.api;
     let f = |name: &str| format!("{field_prefix}{name}");
-    validate::user_text(&f("input"), &body.input, api.max_input_bytes)?;
-    if let Some(meta) = &body.metadata {
+    validate::user_text(&f("input"), run.input, api.max_input_bytes)?;
+    if let Some(meta) = run.metadata {
         if !meta.is_object() {
             return Err(ApiError::invalid(&f("metadata"), "must be an object"));
         }
@@ -154,14 +179,13 @@ pub fn validate(state: &AppState, body: &CreateRun, field_prefix: &str) -> Resul
             ));
         }
     }
-    body.agent
+    run.agent
         .validate(
             |m| state.settings.models.contains_key(m),
             api.max_tools_per_agent,
-            api.max_schema_patterns,
         )
         .map_err(|AgentSpecError { field, message }| ApiError::invalid(&f(&field), message))?;
-    if body
+    if run
         .agent
         .max_tokens_total
         .is_some_and(|n| n > api.max_tokens_total)
@@ -175,15 +199,28 @@ pub fn validate(state: &AppState, body: &CreateRun, field_prefix: &str) -> Resul
         ));
     }
     let egress = state.settings.egress_policy();
-    for (i, tool) in body.agent.tools.iter().enumerate() {
+    for (i, tool) in run.agent.tools.iter().enumerate() {
         if egress.refuses_literal(&tool.url) {
             return Err(ApiError::invalid(
                 &f(&format!("agent.tools[{i}].url")),
                 "this address is not allowed by the deployment's egress policy",
             ));
         }
+        schemas
+            .add(f(&format!("agent.tools[{i}].parameters")), &tool.parameters)
+            .map_err(schema_refused)?;
     }
     Ok(())
+}
+
+/// Compiles the request's distinct tool schemas (off the runtime's threads when they hold
+/// patterns); a schema that does not compile is a 422 naming where it was given.
+pub async fn compile_schemas(schemas: RequestSchemas<'_>) -> Result<(), ApiError> {
+    schemas.compile().await.map_err(schema_refused)
+}
+
+fn schema_refused(e: SchemaError) -> ApiError {
+    ApiError::invalid(&e.field, e.message)
 }
 
 /// Every MCP server the runs' tools name (`kind: mcp` with `server`) must be registered by the
@@ -235,7 +272,14 @@ pub async fn submit(
     body: CreateRun,
     key: Option<String>,
 ) -> Result<RunRow, CreateRunError> {
-    validate(state, &body, "").map_err(CreateRunError::Invalid)?;
+    let mut schemas = RequestSchemas::new(
+        state.settings.api.schema_limits(),
+        "the agent's tool schemas together",
+    );
+    validate(state, body.fields(), "", &mut schemas).map_err(CreateRunError::Invalid)?;
+    compile_schemas(schemas)
+        .await
+        .map_err(CreateRunError::Invalid)?;
     check_servers(state, tenant, std::iter::once((String::new(), &body.agent)))
         .await
         .map_err(CreateRunError::Invalid)?;

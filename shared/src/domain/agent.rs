@@ -149,11 +149,12 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> AgentSpecError {
 
 impl AgentSpec {
     /// Checks everything the worker will rely on, so a run never fails late for bad input.
+    /// The tools' parameter schemas are only checked to be objects here: what they hold is
+    /// checked per request ([`crate::tool_schema::RequestSchemas`]).
     pub fn validate(
         &self,
         model_known: impl Fn(&str) -> bool,
         max_tools: usize,
-        max_schema_patterns: usize,
     ) -> Result<(), AgentSpecError> {
         if self.model.is_empty() {
             return Err(err("agent.model", "must not be empty"));
@@ -191,7 +192,6 @@ impl AgentSpec {
             return Err(err("agent.tools", format!("more than {max_tools} tools")));
         }
         let mut seen = HashSet::new();
-        let mut patterns = 0;
         for (i, tool) in self.tools.iter().enumerate() {
             let field = |f: &str| format!("agent.tools[{i}].{f}");
             let name_ok = !tool.name.is_empty()
@@ -220,21 +220,6 @@ impl AgentSpec {
             }
             if !tool.parameters.is_object() {
                 return Err(err(field("parameters"), "must be a JSON Schema object"));
-            }
-            // Counted before anything is compiled: compiling is what the limit bounds.
-            patterns += crate::tool_schema::check_supported(&tool.parameters)
-                .map_err(|e| err(field("parameters"), e))?;
-            if patterns > max_schema_patterns {
-                return Err(err(
-                    field("parameters"),
-                    format!(
-                        "the agent's tool schemas hold more than {max_schema_patterns} patterns \
-                         (`pattern` and `patternProperties` keys) together"
-                    ),
-                ));
-            }
-            if let Err(e) = crate::tool_schema::build(&tool.parameters) {
-                return Err(err(field("parameters"), e));
             }
             match tool.kind {
                 ToolKind::Http => {
@@ -368,7 +353,7 @@ mod tests {
             "tools": [{"name": "add", "kind": "http", "url": "http://x/add", "risk": "high",
                        "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}]
         }));
-        s.validate(|m| m == "m", 8, 16).unwrap();
+        s.validate(|m| m == "m", 8).unwrap();
         assert_eq!(s.tool("add").unwrap().risk, Risk::High);
     }
 
@@ -376,59 +361,48 @@ mod tests {
     fn errors_name_the_field() {
         let s = spec(json!({"model": "nope"}));
         assert_eq!(
-            s.validate(|m| m == "m", 8, 16).unwrap_err().field,
+            s.validate(|m| m == "m", 8).unwrap_err().field,
             "agent.model"
         );
         let s = spec(json!({"model": "m", "tools": [
             {"name": "a", "kind": "http", "url": "http://x"},
             {"name": "a", "kind": "http", "url": "http://x"}]}));
         assert_eq!(
-            s.validate(|_| true, 8, 16).unwrap_err().field,
+            s.validate(|_| true, 8).unwrap_err().field,
             "agent.tools[1].name"
         );
         let s = spec(
             json!({"model": "m", "tools": [{"name": "ask", "kind": "http", "url": "http://x"}]}),
         );
         assert_eq!(
-            s.validate(|_| true, 8, 16).unwrap_err().field,
+            s.validate(|_| true, 8).unwrap_err().field,
             "agent.tools[0].name"
         );
         let s =
             spec(json!({"model": "m", "tools": [{"name": "t", "kind": "http", "url": "ftp://x"}]}));
         assert_eq!(
-            s.validate(|_| true, 8, 16).unwrap_err().field,
+            s.validate(|_| true, 8).unwrap_err().field,
             "agent.tools[0].url"
         );
+        // Parameters are objects; what they hold is `tool_schema::RequestSchemas`' to check.
         let s = spec(
             json!({"model": "m", "tools": [{"name": "t", "kind": "http", "url": "http://x",
-            "parameters": {"type": 12}}]}),
+            "parameters": [12]}]}),
         );
         assert_eq!(
-            s.validate(|_| true, 8, 16).unwrap_err().field,
+            s.validate(|_| true, 8).unwrap_err().field,
             "agent.tools[0].parameters"
-        );
-        // A reference the argument check could not follow (see `tool_schema`).
-        let s = spec(
-            json!({"model": "m", "tools": [{"name": "t", "kind": "http", "url": "http://x",
-            "parameters": {"type": "object", "properties": {"a": {"$ref": "https://x/s.json"}}}}]}),
-        );
-        let e = s.validate(|_| true, 8, 16).unwrap_err();
-        assert_eq!(e.field, "agent.tools[0].parameters");
-        assert!(
-            e.message.contains("`$ref` at /properties/a"),
-            "{}",
-            e.message
         );
         let s =
             spec(json!({"model": "m", "tools": [{"name": "t", "kind": "http", "url": "http://"}]}));
-        let e = s.validate(|_| true, 8, 16).unwrap_err();
+        let e = s.validate(|_| true, 8).unwrap_err();
         assert_eq!(
             (e.field.as_str(), e.message.as_str()),
             ("agent.tools[0].url", "must name a host")
         );
         let s = spec(json!({"model": "m", "max_iterations": 0}));
         assert_eq!(
-            s.validate(|_| true, 8, 16).unwrap_err().field,
+            s.validate(|_| true, 8).unwrap_err().field,
             "agent.max_iterations"
         );
     }

@@ -463,3 +463,87 @@ async fn a_batch_mixing_new_and_existing_threads_is_all_or_nothing() {
     }
     assert_eq!(env.queue_depth(&queue).await, 4);
 }
+
+/// Tool schemas are held per request: their patterns are estimated from their structure (a
+/// UUID's pattern, refused while every counted repetition multiplied, is accepted), the
+/// distinct schemas of a batch share one limit (each agent had its own, so a batch of
+/// 10,000 agents with their own patterns compiled 10,000 times the limit), and what is
+/// refused names its field and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_schemas_share_one_pattern_limit_per_request() {
+    let env = TestEnv::with(&[
+        ("api.max_schema_patterns", "4"),
+        ("api.max_schema_pattern_states", "20000"),
+    ])
+    .await;
+    let app = env.spawn_api().await;
+    let uuid = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$";
+    let run = |i: usize, patterns: &[String]| {
+        let properties: serde_json::Map<String, Value> = patterns
+            .iter()
+            .enumerate()
+            .map(|(j, p)| (format!("p{j}"), json!({"type": "string", "pattern": p})))
+            .collect();
+        json!({"input": format!("run {i}"), "agent": {"model": "mock", "tools": [
+            {"name": "t", "kind": "http", "url": "http://tools.example/t",
+             "parameters": {"type": "object", "properties": properties}}]}})
+    };
+    let count = || async {
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM runs")
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+        n
+    };
+    let resp = app.post("/v1/runs", &run(0, &[uuid.to_owned()])).await;
+    assert_eq!(resp.status(), 202, "{}", resp.text().await.unwrap());
+    // The same three patterns in every run of a batch count once.
+    let same: Vec<String> = (0..3).map(|j| format!("^{uuid}{j}")).collect();
+    let runs: Vec<Value> = (0..50).map(|i| run(i, &same)).collect();
+    let resp = app.post("/v1/runs/batch", &json!({"runs": runs})).await;
+    assert_eq!(resp.status(), 202, "{}", resp.text().await.unwrap());
+    let written = count().await;
+    assert_eq!(written, 51);
+    // Three runs with two patterns of their own each: six distinct patterns, over four.
+    let runs: Vec<Value> = (0..3)
+        .map(|i| run(i, &[format!("^a{i}$"), format!("^b{i}$")]))
+        .collect();
+    let (status, err) = error_of(app.post("/v1/runs/batch", &json!({"runs": runs})).await).await;
+    assert_eq!(status, 422, "{err}");
+    let message = err["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("runs[2].agent.tools[0].parameters")
+            && message.contains("6 patterns")
+            && message.contains("batch's distinct tool schemas"),
+        "{err}"
+    );
+    let items: Vec<Value> = (0..3)
+        .map(|i| {
+            let mut item = run(i, &[format!("^a{i}$"), format!("^b{i}$")]);
+            item["custom_id"] = json!(format!("c{i}"));
+            item
+        })
+        .collect();
+    let (status, err) = error_of(app.post("/v1/batches", &json!({"runs": items})).await).await;
+    assert_eq!(status, 422, "{err}");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("runs[2].agent.tools[0].parameters"),
+        "{err}"
+    );
+    // One pattern whose counted repetition compiles large: refused by its estimated states.
+    let (status, err) = error_of(
+        app.post("/v1/runs", &run(1, &["(ab|cd|ef){5000}".to_owned()]))
+            .await,
+    )
+    .await;
+    assert_eq!(status, 422, "{err}");
+    let message = err["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("agent.tools[0].parameters") && message.contains("states"),
+        "{err}"
+    );
+    assert_eq!(count().await, written, "nothing written by a refusal");
+}

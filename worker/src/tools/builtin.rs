@@ -7,6 +7,7 @@ use std::sync::LazyLock;
 use serde_json::{Value, json};
 
 use agentfleet_shared::domain::Risk;
+use agentfleet_shared::tool_schema::Limits;
 
 use super::Parameters;
 use super::catalog::{Offered, Target};
@@ -78,7 +79,7 @@ pub fn expand_offered() -> Offered {
     Offered {
         name: EXPAND_MESSAGE.into(),
         description: EXPAND_DESCRIPTION.into(),
-        parameters: Parameters::new(expand_parameters(), usize::MAX),
+        parameters: Parameters::new(expand_parameters(), Limits::NONE),
         risk: Risk::Low,
         timeout_ms: None,
         target: Target::ExpandMessage,

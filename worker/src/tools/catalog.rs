@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use agentfleet_shared::domain::{AgentSpec, Risk, ToolKind, ToolSpec};
 use agentfleet_shared::store::mcp_servers::{self, ResolveError};
+use agentfleet_shared::tool_schema::Limits;
 
 use super::{Parameters, builtin, mcp};
 use crate::shared::Shared;
@@ -92,7 +93,7 @@ pub async fn build(
                 tools.push(Offered {
                     name: spec.name.clone(),
                     description: spec.description.clone(),
-                    parameters: Parameters::new(spec.parameters.clone(), usize::MAX),
+                    parameters: Parameters::new(spec.parameters.clone(), Limits::NONE),
                     risk: spec.risk,
                     timeout_ms: spec.timeout_ms,
                     target: Target::Http {
@@ -105,7 +106,7 @@ pub async fn build(
                     |why: String| Unavailable(format!("agent.tools[{i}] (`{}`): {why}", spec.name));
                 let server = Arc::new(server_of(shared, tenant, spec).await.map_err(&fail)?);
                 let settings = &shared.settings.mcp;
-                let max_patterns = settings.max_schema_patterns;
+                let schema_limits = settings.schema_limits();
                 let limits = mcp::Limits {
                     timeout: Duration::from_millis(settings.list_timeout_ms),
                     max_response_bytes: settings.max_list_bytes,
@@ -132,7 +133,7 @@ pub async fn build(
                     tools.push(Offered {
                         name,
                         description: tool.description.clone(),
-                        parameters: Parameters::new(tool.schema.clone(), max_patterns),
+                        parameters: Parameters::new(tool.schema.clone(), schema_limits),
                         risk: spec.risk,
                         timeout_ms: spec.timeout_ms,
                         target: Target::Mcp {

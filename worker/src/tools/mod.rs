@@ -8,20 +8,22 @@ pub mod http;
 pub mod mcp;
 pub mod settle;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
+use agentfleet_shared::tool_schema::Limits;
 use serde_json::Value;
 
 /// A tool's parameter schema with its validator, compiled at the first call that needs it and
 /// then kept with the catalog (once per holding, not once per call). The schema is a
 /// stranger's (a tenant's agent, an MCP server): it is compiled by
-/// [`agentfleet_shared::tool_schema::compile`], and each call's arguments are priced against
-/// it before they are validated.
+/// [`agentfleet_shared::tool_schema::compile`] (on a blocking thread when it holds patterns:
+/// tens of milliseconds at the limits), and each call's arguments are priced against it
+/// before they are validated.
 pub struct Parameters {
-    schema: Value,
-    /// Patterns the schema may hold ([`agentfleet_shared::tool_schema::compile`]).
-    max_patterns: usize,
-    compiled: OnceLock<Result<Arc<jsonschema::Validator>, String>>,
+    schema: Arc<Value>,
+    /// What the schema's patterns may add up to ([`agentfleet_shared::tool_schema::compile`]).
+    limits: Limits,
+    compiled: tokio::sync::OnceCell<Result<Arc<jsonschema::Validator>, String>>,
 }
 
 /// Checks up to this many are validated on the runtime's thread (well under a millisecond
@@ -31,13 +33,14 @@ pub struct Parameters {
 const CHECKS_INLINE: u64 = 2_000;
 
 impl Parameters {
-    /// `max_patterns`: `mcp.max_schema_patterns` for an MCP server's schema; an agent's own
-    /// were bounded when the run was submitted (`api.max_schema_patterns`).
-    pub fn new(schema: Value, max_patterns: usize) -> Parameters {
+    /// `limits`: `mcp.max_schema_patterns` and `mcp.max_schema_pattern_states` for an MCP
+    /// server's schema; an agent's own were bounded when the run was submitted
+    /// ([`Limits::NONE`] here).
+    pub fn new(schema: Value, limits: Limits) -> Parameters {
         Parameters {
-            schema,
-            max_patterns,
-            compiled: OnceLock::new(),
+            schema: Arc::new(schema),
+            limits,
+            compiled: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -52,7 +55,8 @@ impl Parameters {
         let args = parse(raw)?;
         let validator = self
             .compiled
-            .get_or_init(|| compile(&self.schema, self.max_patterns).map(Arc::new))
+            .get_or_init(|| compile_off_runtime(self.schema.clone(), self.limits))
+            .await
             .as_ref()
             .map_err(Clone::clone)?;
         let checks = agentfleet_shared::tool_schema::cost(&self.schema, &args, max_checks)
@@ -71,12 +75,29 @@ impl Parameters {
 /// the built-in tools' own schemas, which are small and never branch, so no budget is needed.
 pub fn check_arguments(raw: &str, schema: &Value) -> Result<Value, String> {
     let args = parse(raw)?;
-    validate(args, &compile(schema, usize::MAX)?, true)
+    validate(args, &compile(schema, &Limits::NONE)?, true)
 }
 
-fn compile(schema: &Value, max_patterns: usize) -> Result<jsonschema::Validator, String> {
-    agentfleet_shared::tool_schema::compile(schema, max_patterns)
+fn compile(schema: &Value, limits: &Limits) -> Result<jsonschema::Validator, String> {
+    agentfleet_shared::tool_schema::compile(schema, limits)
         .map_err(|e| format!("the tool's parameter schema is not usable: {e}"))
+}
+
+/// A schema without patterns compiles in microseconds, here; one with patterns may take tens
+/// of milliseconds (a stranger's, at the limits), which would hold up every run sharing this
+/// runtime thread: it goes to a blocking thread.
+async fn compile_off_runtime(
+    schema: Arc<Value>,
+    limits: Limits,
+) -> Result<Arc<jsonschema::Validator>, String> {
+    let patterns = agentfleet_shared::tool_schema::check_supported(&schema)
+        .map_err(|e| format!("the tool's parameter schema is not usable: {e}"))?;
+    if !patterns.compile_is_slow() {
+        return compile(&schema, &limits).map(Arc::new);
+    }
+    tokio::task::spawn_blocking(move || compile(&schema, &limits).map(Arc::new))
+        .await
+        .map_err(|_| "the tool's parameter schema could not be compiled".to_owned())?
 }
 
 fn parse(raw: &str) -> Result<Value, String> {
@@ -148,13 +169,66 @@ mod tests {
         );
     }
 
+    fn most(patterns: usize) -> Limits {
+        Limits {
+            max_patterns: patterns,
+            max_states: u64::MAX,
+        }
+    }
+
+    /// Compiling a schema with patterns (tens of milliseconds at the limits, more in a debug
+    /// build) leaves the runtime's thread to the worker's other runs: on a one-thread runtime,
+    /// a ticking task goes on ticking while the schema compiles.
+    #[tokio::test]
+    async fn a_schema_with_patterns_compiles_off_the_runtime_thread() {
+        let mut properties = serde_json::Map::new();
+        for i in 0..16 {
+            properties.insert(
+                format!("p{i}"),
+                json!({"type": "string", "pattern": format!("(ab|cd|ef){{500}}x{i}")}),
+            );
+        }
+        let parameters = Parameters::new(
+            json!({"type": "object", "properties": properties}),
+            Limits::NONE,
+        );
+        let ticks = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let ticker = {
+            let ticks = ticks.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(std::time::Duration::from_millis(1));
+                loop {
+                    every.tick().await;
+                    ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        };
+        // Let the ticker start before the compile.
+        while ticks.load(std::sync::atomic::Ordering::Relaxed) < 2 {
+            tokio::task::yield_now().await;
+        }
+        let before = ticks.load(std::sync::atomic::Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        let refused = parameters.check(r#"{"p0": "x"}"#, 100_000).await;
+        assert!(refused.unwrap_err().contains("does not match"));
+        let took = started.elapsed();
+        let during = ticks.load(std::sync::atomic::Ordering::Relaxed) - before;
+        ticker.abort();
+        // One tick per 3 ms of the compile at least (inline, it would be none).
+        let expected = (took.as_millis() as u64 / 3).min(20);
+        assert!(
+            during >= expected && took.as_millis() >= 10,
+            "{during} ticks in {took:?}"
+        );
+    }
+
     /// A tool's parameters check as a one-off check would, with the validator compiled at
     /// the first check and kept; a bad schema is named, after bad JSON.
     #[tokio::test]
     async fn a_tools_parameters_are_compiled_at_the_first_check_and_kept() {
         let schema =
             json!({"type": "object", "properties": {"a": {"type": "number"}}, "required": ["a"]});
-        let parameters = Parameters::new(schema.clone(), 1);
+        let parameters = Parameters::new(schema.clone(), most(1));
         assert!(parameters.compiled.get().is_none(), "nothing compiled yet");
         for raw in [
             r#"{"a": 1}"#,
@@ -170,7 +244,7 @@ mod tests {
             );
         }
         assert!(matches!(parameters.compiled.get(), Some(Ok(_))));
-        let bad = Parameters::new(json!({"type": 12}), 1);
+        let bad = Parameters::new(json!({"type": 12}), most(1));
         assert!(
             bad.check("{}", 1_000)
                 .await
@@ -200,7 +274,7 @@ mod tests {
         Parameters::new(
             json!({"type": "object", "$defs": defs,
                 "properties": {"q": {"$ref": "#/$defs/a0"}}}),
-            0,
+            most(0),
         )
     }
 
