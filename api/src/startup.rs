@@ -118,6 +118,7 @@ impl Application {
         let state = AppState::new(AppStateInner {
             mcp_key,
             streams: Default::default(),
+            schema_compiles: tokio::sync::Semaphore::new(settings.api.max_schema_compiles),
             creates,
             dispatches,
             tokens,

@@ -56,4 +56,7 @@ pub struct AppStateInner {
     pub mcp_key: Option<[u8; 32]>,
     /// Event streams open per tenant (`api.max_streams_per_tenant`).
     pub streams: Arc<crate::stream_slots::StreamSlots>,
+    /// Requests whose tool schemas (with patterns) are being checked and compiled at once
+    /// (`api.max_schema_compiles`): each may take ~0.1 s and ~15 MiB of a blocking thread.
+    pub schema_compiles: tokio::sync::Semaphore,
 }

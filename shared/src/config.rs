@@ -185,6 +185,9 @@ pub struct ApiSettings {
     /// States those patterns may be estimated to compile to together
     /// (`tool_schema::pattern_states`; up to ~0.6 µs and ~80 bytes each to compile).
     pub max_schema_pattern_states: u64,
+    /// Requests whose tool schemas hold patterns checked and compiled at once by one API
+    /// process (each on a blocking thread); the others wait their turn.
+    pub max_schema_compiles: usize,
     pub max_metadata_bytes: usize,
     pub default_page_size: u32,
     pub max_page_size: u32,
@@ -299,6 +302,12 @@ pub struct WorkerSettings {
     /// refused unvalidated, and the model is told so. Bounds the work a stranger's schema and
     /// the model's arguments can make a worker do.
     pub max_argument_checks: u64,
+    /// Memory (KiB, estimated from their patterns) the tool schemas with patterns that this
+    /// worker holds compiled at once may take: each run compiles its tools' schemas at their
+    /// first call and holds them while it runs, so strangers' schemas at the limits times the
+    /// slots could otherwise take gigabytes. A call whose schema does not fit is refused
+    /// (the model is told to try later); schemas without patterns are not counted.
+    pub max_compiled_schema_kib: u64,
     /// Address of the worker's health and metrics server; empty disables it.
     pub metrics_listen: String,
     pub model_connect_timeout_ms: u64,
@@ -793,6 +802,7 @@ max_create_group = 64
 max_tools_per_agent = 64
 max_schema_patterns = 256
 max_schema_pattern_states = 100000
+max_schema_compiles = 2
 max_metadata_bytes = 16384
 default_page_size = 50
 max_page_size = 500
@@ -837,6 +847,7 @@ max_parallel_tool_calls = 8
 max_model_response_bytes = 8388608
 max_tool_calls_per_response = 128
 max_argument_checks = 50000
+max_compiled_schema_kib = 262144
 metrics_listen = ""
 model_connect_timeout_ms = 5000
 model_first_byte_timeout_ms = 60000
@@ -1126,6 +1137,12 @@ impl Settings {
                 "must be within 1..=1024",
             ));
         }
+        if !(1_024..=16_777_216).contains(&self.worker.max_compiled_schema_kib) {
+            return Err(invalid(
+                "worker.max_compiled_schema_kib",
+                "must be within 1024..=16777216",
+            ));
+        }
         if !(1_000..=1_000_000).contains(&self.worker.max_argument_checks) {
             return Err(invalid(
                 "worker.max_argument_checks",
@@ -1161,6 +1178,9 @@ impl Settings {
                 "api.max_schema_pattern_states",
                 "must be within 0..=10000000",
             ));
+        }
+        if !(1..=64).contains(&self.api.max_schema_compiles) {
+            return Err(invalid("api.max_schema_compiles", "must be within 1..=64"));
         }
         if !(1..=1_000_000).contains(&self.api.max_streams_per_tenant) {
             return Err(invalid(

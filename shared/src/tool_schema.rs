@@ -23,6 +23,11 @@ use serde_json::{Map, Value};
 /// taking a thread for a second.
 pub const PATTERN_SIZE_LIMIT: usize = 1 << 20;
 
+/// Cache of a pattern's lazy DFA, per thread that matched it (the engine's default is 2 MiB:
+/// 256 patterns on a few threads could hold gigabytes). Past it the engine matches with its
+/// NFA, in the states × text steps [`cost`] prices anyway.
+pub const DFA_SIZE_LIMIT: usize = 64 * 1024;
+
 /// Longest part of jsonschema's own message a compile error keeps.
 const MAX_ERROR_BYTES: usize = 300;
 
@@ -65,19 +70,28 @@ impl Patterns {
     pub fn within(&self, limits: &Limits, what: &str) -> Result<(), String> {
         if self.count > limits.max_patterns {
             return Err(format!(
-                "{} patterns (`pattern` and `patternProperties` keys) in {what}; at most {} are \
-                 allowed",
-                self.count, limits.max_patterns
+                "more than {} patterns (`pattern` and `patternProperties` keys) in {what}",
+                limits.max_patterns
             ));
         }
         if self.states > limits.max_states {
             return Err(format!(
-                "patterns estimated to compile to {} states in {what}; at most {} are allowed \
-                 (counted repetitions such as `{{1000}}` multiply what they repeat)",
-                self.states, limits.max_states
+                "patterns estimated to compile to more than {} states in {what} (counted \
+                 repetitions such as `{{1000}}` multiply what they repeat)",
+                limits.max_states
             ));
         }
         Ok(())
+    }
+
+    /// Memory the compiled patterns may take, in KiB: ~32 KiB a pattern and up to ~80 bytes a
+    /// state (measured with jsonschema 0.61; see [`Limits`]), plus two threads' lazy DFA
+    /// caches ([`DFA_SIZE_LIMIT`]).
+    pub fn compiled_kib(&self) -> u64 {
+        let per_pattern = 32 + 2 * (DFA_SIZE_LIMIT as u64 / 1024);
+        (self.count as u64)
+            .saturating_mul(per_pattern)
+            .saturating_add(self.states.saturating_mul(80) / 1024)
     }
 
     /// Whether compiling may take long enough to belong on a blocking thread (a schema
@@ -98,17 +112,19 @@ pub fn compile(schema: &Value, limits: &Limits) -> Result<jsonschema::Validator,
 }
 
 /// The tool schemas of one request (a run's agent, or every agent of a batch): each distinct
-/// schema is walked and compiled once, and their patterns are held to one [`Limits`]
+/// schema is checked and compiled once, and their patterns are held to one [`Limits`]
 /// together, so a request costs the API at most that much compiling however many runs it
 /// holds (a batch of 10,000 agents, each with its own patterns, compiled each before).
 pub struct RequestSchemas<'a> {
     limits: Limits,
-    /// Whose patterns the limit counts, for its refusal ("the agent's tool schemas").
+    /// Where the limit counts patterns, for its refusal ("the agent's tool schemas
+    /// together").
     what: &'static str,
     seen: std::collections::HashSet<[u8; 32]>,
-    patterns: Patterns,
     /// Each distinct schema with the field of its first use.
     distinct: Vec<(String, &'a Value)>,
+    /// Whether one holds patterns: then they are checked and compiled on a blocking thread.
+    slow: bool,
 }
 
 /// A refused schema: the field it was given in (`agent.tools[0].parameters`) and why.
@@ -124,60 +140,68 @@ impl<'a> RequestSchemas<'a> {
             limits,
             what,
             seen: std::collections::HashSet::new(),
-            patterns: Patterns::default(),
             distinct: Vec::new(),
+            slow: false,
         }
     }
 
-    /// Walks `schema` unless the request gave the same one before ([`check_supported`]) and
-    /// counts its patterns against the limits.
-    pub fn add(&mut self, field: String, schema: &'a Value) -> Result<(), SchemaError> {
+    /// Takes `schema` unless the request gave the same one before (the same serialization:
+    /// serde_json writes an object's keys sorted).
+    pub fn add(&mut self, field: String, schema: &'a Value) {
         use sha2::{Digest, Sha256};
         let digest: [u8; 32] =
             Sha256::digest(serde_json::to_vec(schema).expect("a Value serializes")).into();
-        if !self.seen.insert(digest) {
-            return Ok(());
+        if self.seen.insert(digest) {
+            self.slow = self.slow || has_patterns(schema);
+            self.distinct.push((field, schema));
         }
-        let refuse = |message| SchemaError {
-            field: field.clone(),
-            message,
-        };
-        self.patterns.add(check_supported(schema).map_err(refuse)?);
-        self.patterns
-            .within(&self.limits, self.what)
-            .map_err(refuse)?;
-        self.distinct.push((field, schema));
-        Ok(())
     }
 
-    /// Compiles every distinct schema; the first that does not compile is refused. Schemas
-    /// with patterns are compiled on a blocking thread (up to [`Limits::max_states`] states
-    /// take tens of milliseconds), the rest here (microseconds each).
-    pub async fn compile(self) -> Result<(), SchemaError> {
-        if !self.patterns.compile_is_slow() {
-            return compile_each(self.distinct.iter().map(|(f, s)| (f.as_str(), *s)));
+    /// Checks ([`inspect`]) and compiles every distinct schema in order, their patterns
+    /// counted together; the first refused is named by the field that gave it. With patterns
+    /// this may take up to ~0.1 s at the default limits: it runs on a blocking thread, once a
+    /// permit of `compiles` (the process's compiles at once) is granted.
+    pub async fn compile(self, compiles: &tokio::sync::Semaphore) -> Result<(), SchemaError> {
+        let (limits, what) = (self.limits, self.what);
+        if !self.slow {
+            return check_each(&limits, what, self.distinct.iter().map(|(f, s)| (f, *s)));
         }
+        let _permit = compiles.acquire().await.expect("never closed");
         let owned: Vec<(String, Value)> = self
             .distinct
             .into_iter()
             .map(|(field, schema)| (field, schema.clone()))
             .collect();
         tokio::task::spawn_blocking(move || {
-            compile_each(owned.iter().map(|(f, s)| (f.as_str(), s)))
+            check_each(&limits, what, owned.iter().map(|(f, s)| (f, s)))
         })
         .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        .unwrap_or_else(|e| {
+            Err(SchemaError {
+                field: String::new(),
+                message: format!("the tool schemas could not be checked: {e}"),
+            })
+        })
     }
 }
 
-fn compile_each<'s>(
-    schemas: impl Iterator<Item = (&'s str, &'s Value)>,
+fn check_each<'s>(
+    limits: &Limits,
+    what: &str,
+    schemas: impl Iterator<Item = (&'s String, &'s Value)>,
 ) -> Result<(), SchemaError> {
+    let mut total = Patterns::default();
     for (field, schema) in schemas {
-        build(schema).map_err(|message| SchemaError {
-            field: field.to_owned(),
+        let refuse = |message| SchemaError {
+            field: field.clone(),
             message,
-        })?;
+        };
+        total.add(
+            inspect(schema, limits, what, total)
+                .map_err(refuse)?
+                .patterns,
+        );
+        build(schema).map_err(refuse)?;
     }
     Ok(())
 }
@@ -189,7 +213,11 @@ pub fn build(schema: &Value) -> Result<jsonschema::Validator, String> {
         // Read as draft 2020-12 whatever its `$schema` says: no draft-4 `id` moving the base,
         // `format` and `content…` annotations only (never a parse of the value per check).
         .with_draft(jsonschema::Draft::Draft202012)
-        .with_pattern_options(jsonschema::PatternOptions::regex().size_limit(PATTERN_SIZE_LIMIT))
+        .with_pattern_options(
+            jsonschema::PatternOptions::regex()
+                .size_limit(PATTERN_SIZE_LIMIT)
+                .dfa_size_limit(DFA_SIZE_LIMIT),
+        )
         .build(schema)
         .map_err(|e| {
             // jsonschema's message quotes the offending part, which may be most of the schema.
@@ -213,15 +241,48 @@ pub fn build(schema: &Value) -> Result<jsonschema::Validator, String> {
 /// switch the draft), `$vocabulary` (it could turn `format` into an assertion) and
 /// `unevaluated…`; every reference's target is held to the same rules wherever it sits.
 /// Returns the patterns the schema holds, each estimated by [`pattern_states`] (refused past
-/// [`MAX_PATTERN_STATES`]). Iterative, and a node's path is spelled only for an error.
+/// [`MAX_PATTERN_STATES`]), with no limit on them: [`inspect`] holds them to one.
 pub fn check_supported(schema: &Value) -> Result<Patterns, String> {
+    inspect(schema, &Limits::NONE, "the schema", Patterns::default()).map(|i| i.patterns)
+}
+
+/// Each pattern of a schema with its [`pattern_states`], for [`cost_with`] (estimating a
+/// pattern parses it: done once per schema, not per call).
+pub type PatternTable = std::collections::HashMap<String, u64>;
+
+/// What [`inspect`] found: the schema's patterns, and each one's states.
+#[derive(Debug, Default)]
+pub struct Inspected {
+    pub patterns: Patterns,
+    pub states: PatternTable,
+}
+
+/// [`check_supported`], with the patterns counted from `already` (a request's other schemas)
+/// and held to `limits` as they are met: the walk stops at the first pattern past them, so a
+/// schema of a million patterns costs what `limits` allow, not a million parses. `what` names
+/// where the patterns are in the refusal. Iterative, and a node's path is spelled only for an
+/// error.
+pub fn inspect(
+    schema: &Value,
+    limits: &Limits,
+    what: &str,
+    already: Patterns,
+) -> Result<Inspected, String> {
     // Each node: its value and its place in `steps` (parent, key); the root is `usize::MAX`.
     let mut steps: Vec<(usize, Step<'_>)> = Vec::new();
     let mut stack: Vec<(&Value, usize)> = vec![(schema, usize::MAX)];
     // A `$ref` may point anywhere, under a keyword this walk does not know too: its target is
     // visited as a schema of its own, once.
     let mut visited: std::collections::HashSet<*const Value> = std::collections::HashSet::new();
-    let mut patterns = Patterns::default();
+    let mut found = Inspected::default();
+    let mut total = already;
+    let mut count = |pattern: &str, states: u64, total: &mut Patterns| {
+        let one = Patterns { count: 1, states };
+        found.patterns.add(one);
+        found.states.insert(pattern.to_owned(), states);
+        total.add(one);
+        total.within(limits, what)
+    };
     let path = |steps: &[(usize, Step<'_>)], mut at: usize| {
         let mut parts = Vec::new();
         while at != usize::MAX {
@@ -247,13 +308,13 @@ pub fn check_supported(schema: &Value) -> Result<Patterns, String> {
         if let Some(Value::String(pattern)) = map.get("pattern") {
             let states = pattern_states(pattern)
                 .map_err(|e| format!("`pattern` at {}: {e}", path(&steps, at)))?;
-            patterns.add(Patterns { count: 1, states });
+            count(pattern, states, &mut total)?;
         }
         if let Some(Value::Object(keys)) = map.get("patternProperties") {
             for key in keys.keys() {
                 let states = pattern_states(key)
                     .map_err(|e| format!("`patternProperties` at {}: {e}", path(&steps, at)))?;
-                patterns.add(Patterns { count: 1, states });
+                count(key, states, &mut total)?;
             }
         }
         if at != usize::MAX && map.contains_key("$schema") {
@@ -350,7 +411,31 @@ pub fn check_supported(schema: &Value) -> Result<Patterns, String> {
             }
         }
     }
-    Ok(patterns)
+    Ok(found)
+}
+
+/// Whether `schema` has a `pattern` or `patternProperties` anywhere (a scan, no parsing):
+/// whether checking and compiling it may take long enough for a blocking thread.
+pub fn has_patterns(schema: &Value) -> bool {
+    let mut stack = vec![schema];
+    while let Some(node) = stack.pop() {
+        match node {
+            Value::Object(map) => {
+                if map.get("pattern").is_some_and(Value::is_string)
+                    || map
+                        .get("patternProperties")
+                        .and_then(Value::as_object)
+                        .is_some_and(|keys| !keys.is_empty())
+                {
+                    return true;
+                }
+                stack.extend(map.values());
+            }
+            Value::Array(items) => stack.extend(items),
+            _ => {}
+        }
+    }
+    false
 }
 
 /// One step of a path into a schema; a reference's target is spelled by its pointer.
@@ -372,6 +457,13 @@ fn tildes_escape(pointer: &str) -> bool {
 /// 5 MiB and 40 ms to compile; a match may take states × text steps.
 pub const MAX_PATTERN_STATES: u64 = 100_000;
 
+/// Longest pattern read: estimating one parses it (a Unicode class such as `\pL` expands to
+/// ~5 KB of ranges), so its length is bounded first. Tool schemas' patterns are tens of bytes.
+pub const MAX_PATTERN_BYTES: usize = 4096;
+
+/// `\c` escapes a pattern may hold ([`pattern_states`]).
+const MAX_CONTROL_ESCAPES: usize = 16;
+
 /// Nesting a pattern may have (groups, repetitions, alternations within one another); the
 /// estimate recurses once per level.
 const PATTERN_NEST_LIMIT: u32 = 100;
@@ -379,10 +471,19 @@ const PATTERN_NEST_LIMIT: u32 = 100;
 /// An estimate of the states a pattern compiles to, read from the pattern as the `regex`
 /// engine will read it (jsonschema's ECMA-262 translation, then `regex-syntax`): a literal
 /// byte or a byte range is a state, a Unicode class as many as its ranges take in UTF-8
-/// (`.` about twenty, `\p{L}` thousands), a counted repetition multiplies what it repeats by
+/// (`.` about 40, `\p{L}` about 2,800), a counted repetition multiplies what it repeats by
 /// its bound, nested or in sequence. Refused past [`MAX_PATTERN_STATES`], and when the
 /// engine could not compile it (look-around, back-references, bad syntax).
 pub fn pattern_states(pattern: &str) -> Result<u64, String> {
+    if pattern.len() > MAX_PATTERN_BYTES {
+        return Err(format!("is longer than {MAX_PATTERN_BYTES} bytes"));
+    }
+    // jsonschema's translation parses the whole pattern again for each `\c` it rewrites.
+    if pattern.matches("\\c").count() > MAX_CONTROL_ESCAPES {
+        return Err(format!(
+            "holds more than {MAX_CONTROL_ESCAPES} control escapes (`\\c`)"
+        ));
+    }
     let unreadable = || {
         "is not a regular expression the `regex` engine accepts (look-around and \
          back-references are not supported)"
@@ -485,12 +586,26 @@ pub const MAX_DEPTH: u32 = 512;
 /// schemas (chains of `anyOf`, `oneOf`, `allOf`, `if`/`then`/`else`, `dependentSchemas`,
 /// many patterns, long strings, large `enum`s).
 pub fn cost(schema: &Value, instance: &Value, budget: u64) -> Result<u64, OverBudget> {
+    let states = inspect(schema, &Limits::NONE, "the schema", Patterns::default())
+        .map(|i| i.states)
+        .unwrap_or_default();
+    cost_with(schema, instance, budget, &states)
+}
+
+/// [`cost`] with each pattern's states given ([`inspect`]); a pattern not in `states` is
+/// priced at [`MAX_PATTERN_STATES`]. Parses nothing: what a worker calls per tool call.
+pub fn cost_with(
+    schema: &Value,
+    instance: &Value,
+    budget: u64,
+    states: &PatternTable,
+) -> Result<u64, OverBudget> {
     let mut walk = Walk {
         root: schema,
         budget,
         spent: 0,
         stack: Vec::new(),
-        states: std::collections::HashMap::new(),
+        states,
     };
     walk.push(schema, Instance::Value(instance), 0)?;
     while let Some((node, value, depth)) = walk.stack.pop() {
@@ -523,8 +638,8 @@ struct Walk<'a> {
     budget: u64,
     spent: u64,
     stack: Vec<(&'a Value, Instance<'a>, u32)>,
-    /// Each pattern's [`pattern_states`], estimated once per walk.
-    states: std::collections::HashMap<&'a str, u64>,
+    /// Each pattern's [`pattern_states`] ([`inspect`]).
+    states: &'a PatternTable,
 }
 
 impl<'a> Walk<'a> {
@@ -665,10 +780,11 @@ impl<'a> Walk<'a> {
     /// pattern. The estimate is coarse both ways: a counted pattern on short strings costs
     /// tens of checks a match.
     fn pattern_cost(&mut self, pattern: &'a str, text: &str) -> u64 {
-        let states = *self
+        let states = self
             .states
-            .entry(pattern)
-            .or_insert_with(|| pattern_states(pattern).unwrap_or(MAX_PATTERN_STATES));
+            .get(pattern)
+            .copied()
+            .unwrap_or(MAX_PATTERN_STATES);
         1 + pattern.len() as u64 / 64 + states.saturating_mul(text.len() as u64) / 256
     }
 
@@ -949,7 +1065,7 @@ mod tests {
         assert_eq!(check_supported(&hidden).map(|p| p.count), Ok(1));
         assert!(compile(&schema, &most(4)).is_ok());
         let err = compile(&schema, &most(3)).unwrap_err();
-        assert!(err.contains("4 patterns"), "{err}");
+        assert!(err.contains("more than 3 patterns"), "{err}");
         // A pattern whose compiled form passes the size limit is refused quickly (Unicode
         // `\w` ×300 ×300 would compile to tens of MiB).
         let started = std::time::Instant::now();
@@ -987,12 +1103,16 @@ mod tests {
             max_states: 50_000,
         };
         let err = compile(&schema, &limits).unwrap_err();
-        assert!(err.contains("states in the schema; at most 50000"), "{err}");
+        assert!(
+            err.contains("more than 50000 states in the schema"),
+            "{err}"
+        );
         assert!(compile(&json!({"pattern": uuid}), &limits).is_ok());
     }
 
     #[tokio::test]
     async fn a_request_compiles_each_distinct_schema_once_within_one_limit() {
+        let compiles = tokio::sync::Semaphore::new(1);
         let limits = Limits {
             max_patterns: 2,
             max_states: 100_000,
@@ -1003,34 +1123,32 @@ mod tests {
         // The same schema in every run of a batch counts once.
         let mut schemas = RequestSchemas::new(limits, "the batch's tool schemas together");
         for i in 0..1_000 {
-            schemas
-                .add(format!("runs[{i}].agent.tools[0].parameters"), &one)
-                .unwrap();
+            schemas.add(format!("runs[{i}].agent.tools[0].parameters"), &one);
         }
-        schemas.add("runs[7].x".into(), &two).unwrap();
+        schemas.add("runs[7].x".into(), &two);
         assert_eq!(schemas.distinct.len(), 2);
-        let err = schemas.add("runs[9].agent.tools[1].parameters".into(), &three);
-        let err = err.unwrap_err();
+        assert!(schemas.slow);
+        schemas.compile(&compiles).await.unwrap();
+        let mut schemas = RequestSchemas::new(limits, "the batch's tool schemas together");
+        schemas.add("runs[0].agent.tools[0].parameters".into(), &one);
+        schemas.add("runs[7].x".into(), &two);
+        schemas.add("runs[9].agent.tools[1].parameters".into(), &three);
+        let err = schemas.compile(&compiles).await.unwrap_err();
         assert_eq!(err.field, "runs[9].agent.tools[1].parameters");
         assert!(
-            err.message.contains("3 patterns") && err.message.contains("batch's"),
+            err.message.contains("more than 2 patterns") && err.message.contains("batch's"),
             "{}",
             err.message
         );
-        schemas.compile().await.unwrap();
         // What does not compile is named by the field that gave it first.
         let bad = json!({"type": 12});
+        let plain = json!({"type": "object"});
         let mut schemas = RequestSchemas::new(limits, "the agent's tool schemas together");
-        schemas
-            .add("agent.tools[0].parameters".into(), &one)
-            .unwrap();
-        schemas
-            .add("agent.tools[1].parameters".into(), &bad)
-            .unwrap();
-        schemas
-            .add("agent.tools[2].parameters".into(), &bad)
-            .unwrap();
-        let err = schemas.compile().await.unwrap_err();
+        schemas.add("agent.tools[0].parameters".into(), &plain);
+        schemas.add("agent.tools[1].parameters".into(), &bad);
+        schemas.add("agent.tools[2].parameters".into(), &bad);
+        assert!(!schemas.slow, "no patterns: checked in place");
+        let err = schemas.compile(&compiles).await.unwrap_err();
         assert_eq!(err.field, "agent.tools[1].parameters");
         assert!(
             err.message.contains("invalid JSON Schema"),
@@ -1040,14 +1158,46 @@ mod tests {
         // A reference the argument check could not follow is refused by the walk.
         let remote = json!({"properties": {"a": {"$ref": "https://x/s.json"}}});
         let mut schemas = RequestSchemas::new(limits, "the agent's tool schemas together");
-        let err = schemas
-            .add("agent.tools[0].parameters".into(), &remote)
-            .unwrap_err();
+        schemas.add("agent.tools[0].parameters".into(), &remote);
+        let err = schemas.compile(&compiles).await.unwrap_err();
         assert!(
             err.message.contains("`$ref` at /properties/a"),
             "{}",
             err.message
         );
+    }
+
+    /// Estimating a pattern parses it, so what is parsed is bounded first: a pattern's bytes,
+    /// its `\c` escapes (each one a new parse of the whole pattern in the translation), and
+    /// the patterns of a schema, whose walk stops at the first one past the limits (it parsed
+    /// every one before counting).
+    #[test]
+    fn what_an_estimate_parses_is_bounded() {
+        let long = "\\pL".repeat(2_000);
+        let err = pattern_states(&long).unwrap_err();
+        assert!(err.contains("longer than 4096 bytes"), "{err}");
+        let controls = "\\cA".repeat(17);
+        let err = pattern_states(&controls).unwrap_err();
+        assert!(err.contains("control escapes"), "{err}");
+        assert!(pattern_states(&"\\cA".repeat(16)).is_ok());
+        // 100,000 patterns: the walk stops after the third.
+        let mut properties = Map::new();
+        for i in 0..100_000 {
+            properties.insert(format!("p{i}"), json!({"pattern": format!("^{i}$")}));
+        }
+        let schema = json!({"properties": properties});
+        let limits = Limits {
+            max_patterns: 2,
+            max_states: u64::MAX,
+        };
+        let started = std::time::Instant::now();
+        let err = inspect(&schema, &limits, "the schema", Patterns::default()).unwrap_err();
+        assert!(err.contains("more than 2 patterns"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert!(has_patterns(&schema));
+        assert!(!has_patterns(
+            &json!({"properties": {"pattern": {"type": "string"}}})
+        ));
     }
 
     #[test]

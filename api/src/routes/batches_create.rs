@@ -120,7 +120,7 @@ pub async fn submit_batch(
         "the batch's distinct tool schemas together",
     );
     let metadata = check(&state, &body, &mut schemas)?;
-    compile_schemas(schemas).await?;
+    compile_schemas(&state, schemas).await?;
     check_threads(&state, caller.tenant_id, &body.runs).await?;
     crate::routes::runs_create::check_servers(
         &state,

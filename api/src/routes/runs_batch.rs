@@ -59,7 +59,7 @@ pub async fn create_batch(
             ));
         }
     }
-    compile_schemas(schemas).await?;
+    compile_schemas(&state, schemas).await?;
     crate::routes::runs_create::check_servers(
         &state,
         caller.tenant_id,

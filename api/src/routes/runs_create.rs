@@ -206,21 +206,28 @@ pub fn validate<'a>(
                 "this address is not allowed by the deployment's egress policy",
             ));
         }
-        schemas
-            .add(f(&format!("agent.tools[{i}].parameters")), &tool.parameters)
-            .map_err(schema_refused)?;
+        schemas.add(f(&format!("agent.tools[{i}].parameters")), &tool.parameters);
     }
     Ok(())
 }
 
-/// Compiles the request's distinct tool schemas (off the runtime's threads when they hold
-/// patterns); a schema that does not compile is a 422 naming where it was given.
-pub async fn compile_schemas(schemas: RequestSchemas<'_>) -> Result<(), ApiError> {
-    schemas.compile().await.map_err(schema_refused)
-}
-
-fn schema_refused(e: SchemaError) -> ApiError {
-    ApiError::invalid(&e.field, e.message)
+/// Checks and compiles the request's distinct tool schemas (off the runtime's threads when
+/// they hold patterns, `api.max_schema_compiles` requests at once); a schema refused is a
+/// 422 naming where it was given.
+pub async fn compile_schemas(
+    state: &AppState,
+    schemas: RequestSchemas<'_>,
+) -> Result<(), ApiError> {
+    schemas
+        .compile(&state.schema_compiles)
+        .await
+        .map_err(|SchemaError { field, message }| {
+            if field.is_empty() {
+                ApiError::unexpected(anyhow::anyhow!(message))
+            } else {
+                ApiError::invalid(&field, message)
+            }
+        })
 }
 
 /// Every MCP server the runs' tools name (`kind: mcp` with `server`) must be registered by the
@@ -277,7 +284,7 @@ pub async fn submit(
         "the agent's tool schemas together",
     );
     validate(state, body.fields(), "", &mut schemas).map_err(CreateRunError::Invalid)?;
-    compile_schemas(schemas)
+    compile_schemas(state, schemas)
         .await
         .map_err(CreateRunError::Invalid)?;
     check_servers(state, tenant, std::iter::once((String::new(), &body.agent)))

@@ -513,7 +513,7 @@ async fn tool_schemas_share_one_pattern_limit_per_request() {
     let message = err["message"].as_str().unwrap();
     assert!(
         message.starts_with("runs[2].agent.tools[0].parameters")
-            && message.contains("6 patterns")
+            && message.contains("more than 4 patterns")
             && message.contains("batch's distinct tool schemas"),
         "{err}"
     );

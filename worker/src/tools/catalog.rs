@@ -93,7 +93,8 @@ pub async fn build(
                 tools.push(Offered {
                     name: spec.name.clone(),
                     description: spec.description.clone(),
-                    parameters: Parameters::new(spec.parameters.clone(), Limits::NONE),
+                    parameters: Parameters::new(spec.parameters.clone(), Limits::NONE)
+                        .within(&shared.schema_memory),
                     risk: spec.risk,
                     timeout_ms: spec.timeout_ms,
                     target: Target::Http {
@@ -133,7 +134,8 @@ pub async fn build(
                     tools.push(Offered {
                         name,
                         description: tool.description.clone(),
-                        parameters: Parameters::new(tool.schema.clone(), schema_limits),
+                        parameters: Parameters::new(tool.schema.clone(), schema_limits)
+                            .within(&shared.schema_memory),
                         risk: spec.risk,
                         timeout_ms: spec.timeout_ms,
                         target: Target::Mcp {

@@ -10,8 +10,9 @@ pub mod settle;
 
 use std::sync::Arc;
 
-use agentfleet_shared::tool_schema::Limits;
+use agentfleet_shared::tool_schema::{Limits, PatternTable};
 use serde_json::Value;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// A tool's parameter schema with its validator, compiled at the first call that needs it and
 /// then kept with the catalog (once per holding, not once per call). The schema is a
@@ -23,7 +24,19 @@ pub struct Parameters {
     schema: Arc<Value>,
     /// What the schema's patterns may add up to ([`agentfleet_shared::tool_schema::compile`]).
     limits: Limits,
-    compiled: tokio::sync::OnceCell<Result<Arc<jsonschema::Validator>, String>>,
+    /// The worker's memory for compiled patterns (`worker.max_compiled_schema_kib`), in KiB
+    /// permits; none for the built-in tools' own schemas.
+    memory: Option<Arc<Semaphore>>,
+    compiled: tokio::sync::OnceCell<Result<Compiled, String>>,
+}
+
+/// A compiled schema, with the share of the worker's memory for compiled patterns it holds
+/// until the holding's catalog is dropped.
+struct Compiled {
+    validator: Arc<jsonschema::Validator>,
+    /// Each pattern's estimated states, for pricing a call's arguments.
+    states: PatternTable,
+    _memory: Option<OwnedSemaphorePermit>,
 }
 
 /// Checks up to this many are validated on the runtime's thread (well under a millisecond
@@ -40,8 +53,15 @@ impl Parameters {
         Parameters {
             schema: Arc::new(schema),
             limits,
+            memory: None,
             compiled: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Compiled patterns count against `memory` (`worker.max_compiled_schema_kib`).
+    pub fn within(mut self, memory: &Arc<Semaphore>) -> Parameters {
+        self.memory = Some(memory.clone());
+        self
     }
 
     pub fn schema(&self) -> &Value {
@@ -53,14 +73,22 @@ impl Parameters {
     /// [`agentfleet_shared::tool_schema::cost`]). The error text is what the model will see.
     pub async fn check(&self, raw: &str, max_checks: u64) -> Result<Value, String> {
         let args = parse(raw)?;
-        let validator = self
+        // A compile refused for memory is not kept: a later call may find room.
+        let compiled = self
             .compiled
-            .get_or_init(|| compile_off_runtime(self.schema.clone(), self.limits))
-            .await
-            .as_ref()
-            .map_err(Clone::clone)?;
-        let checks = agentfleet_shared::tool_schema::cost(&self.schema, &args, max_checks)
-            .map_err(|e| e.to_string())?;
+            .get_or_try_init(|| {
+                compile_off_runtime(self.schema.clone(), self.limits, self.memory.clone())
+            })
+            .await?;
+        let compiled = compiled.as_ref().map_err(Clone::clone)?;
+        let validator = &compiled.validator;
+        let checks = agentfleet_shared::tool_schema::cost_with(
+            &self.schema,
+            &args,
+            max_checks,
+            &compiled.states,
+        )
+        .map_err(|e| e.to_string())?;
         if checks <= CHECKS_INLINE {
             return validate(args, validator, true);
         }
@@ -83,21 +111,60 @@ fn compile(schema: &Value, limits: &Limits) -> Result<jsonschema::Validator, Str
         .map_err(|e| format!("the tool's parameter schema is not usable: {e}"))
 }
 
-/// A schema without patterns compiles in microseconds, here; one with patterns may take tens
-/// of milliseconds (a stranger's, at the limits), which would hold up every run sharing this
-/// runtime thread: it goes to a blocking thread.
+/// A schema without patterns is checked and compiled in microseconds, here; one with
+/// patterns may take tens of milliseconds (a stranger's, at the limits: every pattern is
+/// parsed to estimate it, then compiled), which would hold up every run sharing this
+/// runtime thread: it goes to a blocking thread, and compiles once its estimated memory is
+/// granted from `memory`. The outer error is a refusal for memory (not kept: a later call
+/// may find room), the inner one the schema's own (kept for the holding).
 async fn compile_off_runtime(
     schema: Arc<Value>,
     limits: Limits,
-) -> Result<Arc<jsonschema::Validator>, String> {
-    let patterns = agentfleet_shared::tool_schema::check_supported(&schema)
-        .map_err(|e| format!("the tool's parameter schema is not usable: {e}"))?;
-    if !patterns.compile_is_slow() {
-        return compile(&schema, &limits).map(Arc::new);
+    memory: Option<Arc<Semaphore>>,
+) -> Result<Result<Compiled, String>, String> {
+    if !agentfleet_shared::tool_schema::has_patterns(&schema) {
+        return Ok(compile_here(&schema, &limits, None));
     }
-    tokio::task::spawn_blocking(move || compile(&schema, &limits).map(Arc::new))
+    tokio::task::spawn_blocking(move || compile_here(&schema, &limits, memory.as_ref()))
         .await
-        .map_err(|_| "the tool's parameter schema could not be compiled".to_owned())?
+        .map_err(|_| "the tool's parameter schema could not be compiled".to_owned())
+        .and_then(|compiled| match compiled {
+            Err(e) if e == NO_ROOM => Err(e),
+            compiled => Ok(compiled),
+        })
+}
+
+/// Told to the model when the worker's memory for compiled patterns is full.
+const NO_ROOM: &str = "the tool's parameter schema cannot be compiled on this worker right \
+                       now (it holds as many compiled schemas as it may); the call was not \
+                       made, try it again later";
+
+fn compile_here(
+    schema: &Value,
+    limits: &Limits,
+    memory: Option<&Arc<Semaphore>>,
+) -> Result<Compiled, String> {
+    let unusable = |e: String| format!("the tool's parameter schema is not usable: {e}");
+    let inspected =
+        agentfleet_shared::tool_schema::inspect(schema, limits, "the schema", Default::default())
+            .map_err(unusable)?;
+    let held = match memory {
+        Some(memory) if inspected.patterns.count > 0 => {
+            let kib = u32::try_from(inspected.patterns.compiled_kib()).unwrap_or(u32::MAX);
+            let Ok(permit) = memory.clone().try_acquire_many_owned(kib) else {
+                metrics::counter!("agentfleet_schema_compiles_deferred_total").increment(1);
+                return Err(NO_ROOM.to_owned());
+            };
+            Some(permit)
+        }
+        _ => None,
+    };
+    let validator = agentfleet_shared::tool_schema::build(schema).map_err(unusable)?;
+    Ok(Compiled {
+        validator: Arc::new(validator),
+        states: inspected.states,
+        _memory: held,
+    })
 }
 
 fn parse(raw: &str) -> Result<Value, String> {
@@ -219,6 +286,41 @@ mod tests {
         assert!(
             during >= expected && took.as_millis() >= 10,
             "{during} ticks in {took:?}"
+        );
+    }
+
+    /// Compiled patterns share the worker's memory for them: a schema that does not fit is
+    /// refused for now (not kept), and fits once another holding lets go of its share.
+    #[tokio::test]
+    async fn compiled_patterns_share_the_workers_memory_for_them() {
+        let two_patterns = |tag: &str| {
+            json!({"type": "object", "properties": {
+                "a": {"type": "string", "pattern": format!("^a{tag}$")},
+                "b": {"type": "string", "pattern": format!("^b{tag}$")}}})
+        };
+        // Two patterns are estimated at 2 × 160 KiB: one such schema fits, two do not.
+        let memory = Arc::new(Semaphore::new(500));
+        let first = Parameters::new(two_patterns("1"), Limits::NONE).within(&memory);
+        assert_eq!(
+            first.check(r#"{"a": "a1"}"#, 1_000).await,
+            Ok(json!({"a": "a1"}))
+        );
+        assert_eq!(memory.available_permits(), 500 - 320);
+        let second = Parameters::new(two_patterns("2"), Limits::NONE).within(&memory);
+        let refused = second.check(r#"{"a": "a2"}"#, 1_000).await.unwrap_err();
+        assert!(refused.contains("try it again later"), "{refused}");
+        assert!(
+            second.compiled.get().is_none(),
+            "a refusal for memory is not kept"
+        );
+        // Without patterns a schema takes no share.
+        let plain = Parameters::new(json!({"type": "object"}), Limits::NONE).within(&memory);
+        assert_eq!(plain.check("{}", 1_000).await, Ok(json!({})));
+        drop(first);
+        assert_eq!(memory.available_permits(), 500);
+        assert_eq!(
+            second.check(r#"{"a": "a2"}"#, 1_000).await,
+            Ok(json!({"a": "a2"}))
         );
     }
 
