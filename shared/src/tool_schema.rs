@@ -93,12 +93,6 @@ impl Patterns {
             .saturating_mul(per_pattern)
             .saturating_add(self.states.saturating_mul(80) / 1024)
     }
-
-    /// Whether compiling may take long enough to belong on a blocking thread (a schema
-    /// without patterns compiles in microseconds).
-    pub fn compile_is_slow(&self) -> bool {
-        self.count > 0
-    }
 }
 
 /// Compiles a tool's parameter schema as the worker checks arguments against it: no remote
@@ -107,7 +101,7 @@ impl Patterns {
 /// time, and jsonschema re-runs a whole validation for each match that hit it), and only the
 /// constructs [`cost`] can price. The error is a sentence naming what is wrong and where.
 pub fn compile(schema: &Value, limits: &Limits) -> Result<jsonschema::Validator, String> {
-    check_supported(schema)?.within(limits, "the schema")?;
+    inspect(schema, limits, "the schema", Patterns::default())?;
     build(schema)
 }
 
