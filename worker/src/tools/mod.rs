@@ -123,15 +123,11 @@ async fn compile_off_runtime(
     memory: Option<Arc<Semaphore>>,
 ) -> Result<Result<Compiled, String>, String> {
     if !agentfleet_shared::tool_schema::has_patterns(&schema) {
-        return Ok(compile_here(&schema, &limits, None));
+        return compile_here(&schema, &limits, None);
     }
     tokio::task::spawn_blocking(move || compile_here(&schema, &limits, memory.as_ref()))
         .await
-        .map_err(|_| "the tool's parameter schema could not be compiled".to_owned())
-        .and_then(|compiled| match compiled {
-            Err(e) if e == NO_ROOM => Err(e),
-            compiled => Ok(compiled),
-        })
+        .map_err(|_| "the tool's parameter schema could not be compiled".to_owned())?
 }
 
 /// Told to the model when the worker's memory for compiled patterns is full.
@@ -139,15 +135,22 @@ const NO_ROOM: &str = "the tool's parameter schema cannot be compiled on this wo
                        now (it holds as many compiled schemas as it may); the call was not \
                        made, try it again later";
 
+/// [`compile_off_runtime`]'s work, with its two errors.
 fn compile_here(
     schema: &Value,
     limits: &Limits,
     memory: Option<&Arc<Semaphore>>,
-) -> Result<Compiled, String> {
+) -> Result<Result<Compiled, String>, String> {
     let unusable = |e: String| format!("the tool's parameter schema is not usable: {e}");
-    let inspected =
-        agentfleet_shared::tool_schema::inspect(schema, limits, "the schema", Default::default())
-            .map_err(unusable)?;
+    let inspected = match agentfleet_shared::tool_schema::inspect(
+        schema,
+        limits,
+        "the schema",
+        Default::default(),
+    ) {
+        Ok(inspected) => inspected,
+        Err(e) => return Ok(Err(unusable(e))),
+    };
     let held = match memory {
         Some(memory) if inspected.patterns.count > 0 => {
             let kib = u32::try_from(inspected.patterns.compiled_kib()).unwrap_or(u32::MAX);
@@ -159,12 +162,13 @@ fn compile_here(
         }
         _ => None,
     };
-    let validator = agentfleet_shared::tool_schema::build(schema).map_err(unusable)?;
-    Ok(Compiled {
-        validator: Arc::new(validator),
-        states: inspected.states,
-        _memory: held,
-    })
+    Ok(agentfleet_shared::tool_schema::build(schema)
+        .map_err(unusable)
+        .map(|validator| Compiled {
+            validator: Arc::new(validator),
+            states: inspected.states,
+            _memory: held,
+        }))
 }
 
 fn parse(raw: &str) -> Result<Value, String> {
