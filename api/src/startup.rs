@@ -118,7 +118,9 @@ impl Application {
         let state = AppState::new(AppStateInner {
             mcp_key,
             streams: Default::default(),
-            schema_compiles: tokio::sync::Semaphore::new(settings.api.max_schema_compiles),
+            schema_compiles: Arc::new(tokio::sync::Semaphore::new(
+                settings.api.max_schema_compiles,
+            )),
             creates,
             dispatches,
             tokens,

@@ -58,5 +58,5 @@ pub struct AppStateInner {
     pub streams: Arc<crate::stream_slots::StreamSlots>,
     /// Requests whose tool schemas (with patterns) are being checked and compiled at once
     /// (`api.max_schema_compiles`): each may take ~0.1 s and ~15 MiB of a blocking thread.
-    pub schema_compiles: tokio::sync::Semaphore,
+    pub schema_compiles: Arc<tokio::sync::Semaphore>,
 }

@@ -137,9 +137,7 @@ impl Worker {
         let mcp_key = settings.mcp.key().context("mcp.encryption_key")?;
         let mcp_tools =
             tools::mcp::ToolCache::new(Duration::from_millis(settings.mcp.tools_ttl_ms));
-        let schema_memory = Arc::new(tokio::sync::Semaphore::new(
-            settings.worker.max_compiled_schema_kib as usize,
-        ));
+        let schema_memory = tools::SchemaMemory::new(settings.worker.max_compiled_schema_kib);
         let shared = Arc::new(Shared {
             mcp_key,
             mcp_tools,

@@ -30,9 +30,9 @@ pub struct Shared {
     pub mcp_key: Option<[u8; 32]>,
     /// MCP servers' tool lists, reused for `mcp.tools_ttl_ms`.
     pub mcp_tools: crate::tools::mcp::ToolCache,
-    /// KiB permits of `worker.max_compiled_schema_kib`: what the tool schemas with patterns
-    /// compiled by this worker's runs may take together (`tools::Parameters`).
-    pub schema_memory: Arc<tokio::sync::Semaphore>,
+    /// What the tool schemas with patterns compiled by this worker's runs may take together
+    /// (`worker.max_compiled_schema_kib`).
+    pub schema_memory: crate::tools::SchemaMemory,
     /// Names this worker in leases and events.
     pub worker_id: String,
     /// Runs executing here, by id: where cancel hints and the drain deadline are delivered.

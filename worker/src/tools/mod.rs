@@ -24,10 +24,41 @@ pub struct Parameters {
     schema: Arc<Value>,
     /// What the schema's patterns may add up to ([`agentfleet_shared::tool_schema::compile`]).
     limits: Limits,
-    /// The worker's memory for compiled patterns (`worker.max_compiled_schema_kib`), in KiB
-    /// permits; none for the built-in tools' own schemas.
-    memory: Option<Arc<Semaphore>>,
+    /// The worker's memory for compiled patterns; none for the built-in tools' own schemas.
+    memory: Option<SchemaMemory>,
     compiled: tokio::sync::OnceCell<Result<Compiled, String>>,
+}
+
+/// What the tool schemas with patterns compiled by a worker's runs may hold together
+/// (`worker.max_compiled_schema_kib`), as KiB permits; each run's compiled schemas hold their
+/// estimate ([`agentfleet_shared::tool_schema::Patterns::compiled_kib`]) until its holding
+/// ends.
+#[derive(Clone)]
+pub struct SchemaMemory {
+    permits: Arc<Semaphore>,
+    kib: u64,
+}
+
+impl SchemaMemory {
+    pub fn new(kib: u64) -> SchemaMemory {
+        let kib = kib.min(Semaphore::MAX_PERMITS as u64);
+        SchemaMemory {
+            permits: Arc::new(Semaphore::new(kib as usize)),
+            kib,
+        }
+    }
+
+    /// A share of `kib`; `Err(false)` while others hold too much of it, `Err(true)` if it
+    /// can never be granted.
+    fn take(&self, kib: u64) -> Result<OwnedSemaphorePermit, bool> {
+        if kib > self.kib {
+            return Err(true);
+        }
+        self.permits
+            .clone()
+            .try_acquire_many_owned(kib as u32)
+            .map_err(|_| false)
+    }
 }
 
 /// A compiled schema, with the share of the worker's memory for compiled patterns it holds
@@ -59,7 +90,7 @@ impl Parameters {
     }
 
     /// Compiled patterns count against `memory` (`worker.max_compiled_schema_kib`).
-    pub fn within(mut self, memory: &Arc<Semaphore>) -> Parameters {
+    pub fn within(mut self, memory: &SchemaMemory) -> Parameters {
         self.memory = Some(memory.clone());
         self
     }
@@ -120,7 +151,7 @@ fn compile(schema: &Value, limits: &Limits) -> Result<jsonschema::Validator, Str
 async fn compile_off_runtime(
     schema: Arc<Value>,
     limits: Limits,
-    memory: Option<Arc<Semaphore>>,
+    memory: Option<SchemaMemory>,
 ) -> Result<Result<Compiled, String>, String> {
     if !agentfleet_shared::tool_schema::has_patterns(&schema) {
         return compile_here(&schema, &limits, None);
@@ -139,7 +170,7 @@ const NO_ROOM: &str = "the tool's parameter schema cannot be compiled on this wo
 fn compile_here(
     schema: &Value,
     limits: &Limits,
-    memory: Option<&Arc<Semaphore>>,
+    memory: Option<&SchemaMemory>,
 ) -> Result<Result<Compiled, String>, String> {
     let unusable = |e: String| format!("the tool's parameter schema is not usable: {e}");
     let inspected = match agentfleet_shared::tool_schema::inspect(
@@ -153,12 +184,20 @@ fn compile_here(
     };
     let held = match memory {
         Some(memory) if inspected.patterns.count > 0 => {
-            let kib = u32::try_from(inspected.patterns.compiled_kib()).unwrap_or(u32::MAX);
-            let Ok(permit) = memory.clone().try_acquire_many_owned(kib) else {
-                metrics::counter!("agentfleet_schema_compiles_deferred_total").increment(1);
-                return Err(NO_ROOM.to_owned());
-            };
-            Some(permit)
+            match memory.take(inspected.patterns.compiled_kib()) {
+                Ok(permit) => Some(permit),
+                Err(false) => {
+                    metrics::counter!("agentfleet_schema_compiles_deferred_total").increment(1);
+                    return Err(NO_ROOM.to_owned());
+                }
+                Err(true) => {
+                    return Ok(Err(unusable(
+                        "its patterns would take more memory compiled than this worker allows \
+                         for all compiled schemas together"
+                            .to_owned(),
+                    )));
+                }
+            }
         }
         _ => None,
     };
@@ -249,7 +288,8 @@ mod tests {
 
     /// Compiling a schema with patterns (tens of milliseconds at the limits, more in a debug
     /// build) leaves the runtime's thread to the worker's other runs: on a one-thread runtime,
-    /// a ticking task goes on ticking while the schema compiles.
+    /// a task that only counts and yields goes on counting while the schema compiles (done in
+    /// place, nothing else would run until it ended).
     #[tokio::test]
     async fn a_schema_with_patterns_compiles_off_the_runtime_thread() {
         let mut properties = serde_json::Map::new();
@@ -263,34 +303,26 @@ mod tests {
             json!({"type": "object", "properties": properties}),
             Limits::NONE,
         );
-        let ticks = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let ticker = {
-            let ticks = ticks.clone();
+        let counted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = {
+            let counted = counted.clone();
             tokio::spawn(async move {
-                let mut every = tokio::time::interval(std::time::Duration::from_millis(1));
                 loop {
-                    every.tick().await;
-                    ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tokio::task::yield_now().await;
                 }
             })
         };
-        // Let the ticker start before the compile.
-        while ticks.load(std::sync::atomic::Ordering::Relaxed) < 2 {
+        // The counter has started before the compile.
+        while counted.load(std::sync::atomic::Ordering::Relaxed) == 0 {
             tokio::task::yield_now().await;
         }
-        let before = ticks.load(std::sync::atomic::Ordering::Relaxed);
-        let started = std::time::Instant::now();
+        let before = counted.load(std::sync::atomic::Ordering::Relaxed);
         let refused = parameters.check(r#"{"p0": "x"}"#, 100_000).await;
+        let during = counted.load(std::sync::atomic::Ordering::Relaxed) - before;
+        counter.abort();
         assert!(refused.unwrap_err().contains("does not match"));
-        let took = started.elapsed();
-        let during = ticks.load(std::sync::atomic::Ordering::Relaxed) - before;
-        ticker.abort();
-        // One tick per 3 ms of the compile at least (inline, it would be none).
-        let expected = (took.as_millis() as u64 / 3).min(20);
-        assert!(
-            during >= expected && took.as_millis() >= 10,
-            "{during} ticks in {took:?}"
-        );
+        assert!(during > 0, "the runtime's thread was held by the compile");
     }
 
     /// Compiled patterns share the worker's memory for them: a schema that does not fit is
@@ -303,13 +335,13 @@ mod tests {
                 "b": {"type": "string", "pattern": format!("^b{tag}$")}}})
         };
         // Two patterns are estimated at 2 × 160 KiB: one such schema fits, two do not.
-        let memory = Arc::new(Semaphore::new(500));
+        let memory = SchemaMemory::new(500);
         let first = Parameters::new(two_patterns("1"), Limits::NONE).within(&memory);
         assert_eq!(
             first.check(r#"{"a": "a1"}"#, 1_000).await,
             Ok(json!({"a": "a1"}))
         );
-        assert_eq!(memory.available_permits(), 500 - 320);
+        assert_eq!(memory.permits.available_permits(), 500 - 320);
         let second = Parameters::new(two_patterns("2"), Limits::NONE).within(&memory);
         let refused = second.check(r#"{"a": "a2"}"#, 1_000).await.unwrap_err();
         assert!(refused.contains("try it again later"), "{refused}");
@@ -321,7 +353,16 @@ mod tests {
         let plain = Parameters::new(json!({"type": "object"}), Limits::NONE).within(&memory);
         assert_eq!(plain.check("{}", 1_000).await, Ok(json!({})));
         drop(first);
-        assert_eq!(memory.available_permits(), 500);
+        assert_eq!(memory.permits.available_permits(), 500);
+        // More than the whole share: refused for good (kept), not "try again later".
+        let small = SchemaMemory::new(100);
+        let never = Parameters::new(two_patterns("3"), Limits::NONE).within(&small);
+        let refused = never.check(r#"{"a": "a3"}"#, 1_000).await.unwrap_err();
+        assert!(
+            refused.contains("more memory compiled than this worker allows"),
+            "{refused}"
+        );
+        assert!(matches!(never.compiled.get(), Some(Err(_))), "kept");
         assert_eq!(
             second.check(r#"{"a": "a2"}"#, 1_000).await,
             Ok(json!({"a": "a2"}))
