@@ -308,6 +308,9 @@ pub struct WorkerSettings {
     /// slots could otherwise take gigabytes. A call whose schema does not fit is refused
     /// (the model is told to try later); schemas without patterns are not counted.
     pub max_compiled_schema_kib: u64,
+    /// The most of it one tenant's runs may hold, so one tenant's schemas cannot leave the
+    /// others no room (a schema past it is refused for good).
+    pub max_compiled_schema_kib_per_tenant: u64,
     /// Address of the worker's health and metrics server; empty disables it.
     pub metrics_listen: String,
     pub model_connect_timeout_ms: u64,
@@ -848,6 +851,7 @@ max_model_response_bytes = 8388608
 max_tool_calls_per_response = 128
 max_argument_checks = 50000
 max_compiled_schema_kib = 262144
+max_compiled_schema_kib_per_tenant = 65536
 metrics_listen = ""
 model_connect_timeout_ms = 5000
 model_first_byte_timeout_ms = 60000
@@ -1141,6 +1145,14 @@ impl Settings {
             return Err(invalid(
                 "worker.max_compiled_schema_kib",
                 "must be within 1024..=16777216",
+            ));
+        }
+        if self.worker.max_compiled_schema_kib_per_tenant < 1_024
+            || self.worker.max_compiled_schema_kib_per_tenant > self.worker.max_compiled_schema_kib
+        {
+            return Err(invalid(
+                "worker.max_compiled_schema_kib_per_tenant",
+                "must be within 1024..=worker.max_compiled_schema_kib",
             ));
         }
         if !(1_000..=1_000_000).contains(&self.worker.max_argument_checks) {

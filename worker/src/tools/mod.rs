@@ -6,13 +6,17 @@ pub mod catalog;
 pub mod egress;
 pub mod http;
 pub mod mcp;
+pub mod schema_memory;
 pub mod settle;
 
 use std::sync::Arc;
 
 use agentfleet_shared::tool_schema::{Limits, PatternTable};
 use serde_json::Value;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use uuid::Uuid;
+
+pub use schema_memory::SchemaMemory;
+use schema_memory::{Refused, Share};
 
 /// A tool's parameter schema with its validator, compiled at the first call that needs it and
 /// then kept with the catalog (once per holding, not once per call). The schema is a
@@ -24,41 +28,10 @@ pub struct Parameters {
     schema: Arc<Value>,
     /// What the schema's patterns may add up to ([`agentfleet_shared::tool_schema::compile`]).
     limits: Limits,
-    /// The worker's memory for compiled patterns; none for the built-in tools' own schemas.
-    memory: Option<SchemaMemory>,
+    /// The worker's memory for compiled patterns, and the tenant whose share it counts
+    /// against; none for the built-in tools' own schemas.
+    memory: Option<(SchemaMemory, Uuid)>,
     compiled: tokio::sync::OnceCell<Result<Compiled, String>>,
-}
-
-/// What the tool schemas with patterns compiled by a worker's runs may hold together
-/// (`worker.max_compiled_schema_kib`), as KiB permits; each run's compiled schemas hold their
-/// estimate ([`agentfleet_shared::tool_schema::Patterns::compiled_kib`]) until its holding
-/// ends.
-#[derive(Clone)]
-pub struct SchemaMemory {
-    permits: Arc<Semaphore>,
-    kib: u64,
-}
-
-impl SchemaMemory {
-    pub fn new(kib: u64) -> SchemaMemory {
-        let kib = kib.min(Semaphore::MAX_PERMITS as u64);
-        SchemaMemory {
-            permits: Arc::new(Semaphore::new(kib as usize)),
-            kib,
-        }
-    }
-
-    /// A share of `kib`; `Err(false)` while others hold too much of it, `Err(true)` if it
-    /// can never be granted.
-    fn take(&self, kib: u64) -> Result<OwnedSemaphorePermit, bool> {
-        if kib > self.kib {
-            return Err(true);
-        }
-        self.permits
-            .clone()
-            .try_acquire_many_owned(kib as u32)
-            .map_err(|_| false)
-    }
 }
 
 /// A compiled schema, with the share of the worker's memory for compiled patterns it holds
@@ -67,7 +40,7 @@ struct Compiled {
     validator: Arc<jsonschema::Validator>,
     /// Each pattern's estimated states, for pricing a call's arguments.
     states: PatternTable,
-    _memory: Option<OwnedSemaphorePermit>,
+    _memory: Option<Share>,
 }
 
 /// Checks up to this many are validated on the runtime's thread (well under a millisecond
@@ -89,9 +62,9 @@ impl Parameters {
         }
     }
 
-    /// Compiled patterns count against `memory` (`worker.max_compiled_schema_kib`).
-    pub fn within(mut self, memory: &SchemaMemory) -> Parameters {
-        self.memory = Some(memory.clone());
+    /// Compiled patterns count against `memory`, as `tenant`'s.
+    pub fn within(mut self, memory: &SchemaMemory, tenant: Uuid) -> Parameters {
+        self.memory = Some((memory.clone(), tenant));
         self
     }
 
@@ -151,7 +124,7 @@ fn compile(schema: &Value, limits: &Limits) -> Result<jsonschema::Validator, Str
 async fn compile_off_runtime(
     schema: Arc<Value>,
     limits: Limits,
-    memory: Option<SchemaMemory>,
+    memory: Option<(SchemaMemory, Uuid)>,
 ) -> Result<Result<Compiled, String>, String> {
     if !agentfleet_shared::tool_schema::has_patterns(&schema) {
         return compile_here(&schema, &limits, None);
@@ -170,7 +143,7 @@ const NO_ROOM: &str = "the tool's parameter schema cannot be compiled on this wo
 fn compile_here(
     schema: &Value,
     limits: &Limits,
-    memory: Option<&SchemaMemory>,
+    memory: Option<&(SchemaMemory, Uuid)>,
 ) -> Result<Result<Compiled, String>, String> {
     let unusable = |e: String| format!("the tool's parameter schema is not usable: {e}");
     let inspected = match agentfleet_shared::tool_schema::inspect(
@@ -183,17 +156,17 @@ fn compile_here(
         Err(e) => return Ok(Err(unusable(e))),
     };
     let held = match memory {
-        Some(memory) if inspected.patterns.count > 0 => {
-            match memory.take(inspected.patterns.compiled_kib()) {
-                Ok(permit) => Some(permit),
-                Err(false) => {
+        Some((memory, tenant)) if inspected.patterns.count > 0 => {
+            match memory.take(*tenant, inspected.patterns.compiled_kib()) {
+                Ok(share) => Some(share),
+                Err(Refused::Later) => {
                     metrics::counter!("agentfleet_schema_compiles_deferred_total").increment(1);
                     return Err(NO_ROOM.to_owned());
                 }
-                Err(true) => {
+                Err(Refused::Never) => {
                     return Ok(Err(unusable(
                         "its patterns would take more memory compiled than this worker allows \
-                         for all compiled schemas together"
+                         one tenant's compiled schemas together"
                             .to_owned(),
                     )));
                 }
@@ -335,14 +308,15 @@ mod tests {
                 "b": {"type": "string", "pattern": format!("^b{tag}$")}}})
         };
         // Two patterns are estimated at 2 × 160 KiB: one such schema fits, two do not.
-        let memory = SchemaMemory::new(500);
-        let first = Parameters::new(two_patterns("1"), Limits::NONE).within(&memory);
+        let memory = SchemaMemory::new(500, 500);
+        let tenant = Uuid::now_v7();
+        let first = Parameters::new(two_patterns("1"), Limits::NONE).within(&memory, tenant);
         assert_eq!(
             first.check(r#"{"a": "a1"}"#, 1_000).await,
             Ok(json!({"a": "a1"}))
         );
-        assert_eq!(memory.permits.available_permits(), 500 - 320);
-        let second = Parameters::new(two_patterns("2"), Limits::NONE).within(&memory);
+        assert_eq!(memory.available(), 500 - 320);
+        let second = Parameters::new(two_patterns("2"), Limits::NONE).within(&memory, tenant);
         let refused = second.check(r#"{"a": "a2"}"#, 1_000).await.unwrap_err();
         assert!(refused.contains("try it again later"), "{refused}");
         assert!(
@@ -350,13 +324,14 @@ mod tests {
             "a refusal for memory is not kept"
         );
         // Without patterns a schema takes no share.
-        let plain = Parameters::new(json!({"type": "object"}), Limits::NONE).within(&memory);
+        let plain =
+            Parameters::new(json!({"type": "object"}), Limits::NONE).within(&memory, tenant);
         assert_eq!(plain.check("{}", 1_000).await, Ok(json!({})));
         drop(first);
-        assert_eq!(memory.permits.available_permits(), 500);
+        assert_eq!(memory.available(), 500);
         // More than the whole share: refused for good (kept), not "try again later".
-        let small = SchemaMemory::new(100);
-        let never = Parameters::new(two_patterns("3"), Limits::NONE).within(&small);
+        let small = SchemaMemory::new(100, 100);
+        let never = Parameters::new(two_patterns("3"), Limits::NONE).within(&small, tenant);
         let refused = never.check(r#"{"a": "a3"}"#, 1_000).await.unwrap_err();
         assert!(
             refused.contains("more memory compiled than this worker allows"),
