@@ -137,14 +137,14 @@ impl Worker {
         let mcp_key = settings.mcp.key().context("mcp.encryption_key")?;
         let mcp_tools =
             tools::mcp::ToolCache::new(Duration::from_millis(settings.mcp.tools_ttl_ms));
-        let schema_memory = tools::SchemaMemory::new(
+        let schemas = Arc::new(tools::compiled::Schemas::new(tools::SchemaMemory::new(
             settings.worker.max_compiled_schema_kib,
             settings.worker.max_compiled_schema_kib_per_tenant,
-        );
+        )));
         let shared = Arc::new(Shared {
             mcp_key,
             mcp_tools,
-            schema_memory,
+            schemas,
             writes,
             late_timings: Default::default(),
             pool,

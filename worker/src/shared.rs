@@ -30,9 +30,9 @@ pub struct Shared {
     pub mcp_key: Option<[u8; 32]>,
     /// MCP servers' tool lists, reused for `mcp.tools_ttl_ms`.
     pub mcp_tools: crate::tools::mcp::ToolCache,
-    /// What the tool schemas with patterns compiled by this worker's runs may take together
-    /// (`worker.max_compiled_schema_kib`).
-    pub schema_memory: crate::tools::SchemaMemory,
+    /// Tool schemas with patterns compiled by this worker's runs, shared by the runs that
+    /// give the same one, within `worker.max_compiled_schema_kib`.
+    pub schemas: Arc<crate::tools::compiled::Schemas>,
     /// Names this worker in leases and events.
     pub worker_id: String,
     /// Runs executing here, by id: where cancel hints and the drain deadline are delivered.

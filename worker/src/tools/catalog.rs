@@ -94,7 +94,7 @@ pub async fn build(
                     name: spec.name.clone(),
                     description: spec.description.clone(),
                     parameters: Parameters::new(spec.parameters.clone(), Limits::NONE)
-                        .within(&shared.schema_memory, tenant),
+                        .within(&shared.schemas, tenant),
                     risk: spec.risk,
                     timeout_ms: spec.timeout_ms,
                     target: Target::Http {
@@ -135,7 +135,7 @@ pub async fn build(
                         name,
                         description: tool.description.clone(),
                         parameters: Parameters::new(tool.schema.clone(), schema_limits)
-                            .within(&shared.schema_memory, tenant),
+                            .within(&shared.schemas, tenant),
                         risk: spec.risk,
                         timeout_ms: spec.timeout_ms,
                         target: Target::Mcp {

@@ -3,6 +3,7 @@
 
 pub mod builtin;
 pub mod catalog;
+pub mod compiled;
 pub mod egress;
 pub mod http;
 pub mod mcp;
@@ -11,12 +12,12 @@ pub mod settle;
 
 use std::sync::Arc;
 
-use agentfleet_shared::tool_schema::{Limits, PatternTable};
+use agentfleet_shared::tool_schema::Limits;
 use serde_json::Value;
 use uuid::Uuid;
 
+use compiled::{Compiled, Schemas};
 pub use schema_memory::SchemaMemory;
-use schema_memory::{Refused, Share};
 
 /// A tool's parameter schema with its validator, compiled at the first call that needs it and
 /// then kept with the catalog (once per holding, not once per call). The schema is a
@@ -28,19 +29,10 @@ pub struct Parameters {
     schema: Arc<Value>,
     /// What the schema's patterns may add up to ([`agentfleet_shared::tool_schema::compile`]).
     limits: Limits,
-    /// The worker's memory for compiled patterns, and the tenant whose share it counts
-    /// against; none for the built-in tools' own schemas.
-    memory: Option<(SchemaMemory, Uuid)>,
-    compiled: tokio::sync::OnceCell<Result<Compiled, String>>,
-}
-
-/// A compiled schema, with the share of the worker's memory for compiled patterns it holds
-/// until the holding's catalog is dropped.
-struct Compiled {
-    validator: Arc<jsonschema::Validator>,
-    /// Each pattern's estimated states, for pricing a call's arguments.
-    states: PatternTable,
-    _memory: Option<Share>,
+    /// The worker's compiled schemas, and the tenant whose share of their memory this one
+    /// counts against; none for the built-in tools' own schemas.
+    within: Option<(Arc<Schemas>, Uuid)>,
+    compiled: tokio::sync::OnceCell<Result<Arc<Compiled>, String>>,
 }
 
 /// Checks up to this many are validated on the runtime's thread (well under a millisecond
@@ -57,14 +49,15 @@ impl Parameters {
         Parameters {
             schema: Arc::new(schema),
             limits,
-            memory: None,
+            within: None,
             compiled: tokio::sync::OnceCell::new(),
         }
     }
 
-    /// Compiled patterns count against `memory`, as `tenant`'s.
-    pub fn within(mut self, memory: &SchemaMemory, tenant: Uuid) -> Parameters {
-        self.memory = Some((memory.clone(), tenant));
+    /// Compiled with patterns, this schema is shared with `schemas`' other holdings, and
+    /// counts against their memory as `tenant`'s.
+    pub fn within(mut self, schemas: &Arc<Schemas>, tenant: Uuid) -> Parameters {
+        self.within = Some((schemas.clone(), tenant));
         self
     }
 
@@ -81,7 +74,7 @@ impl Parameters {
         let compiled = self
             .compiled
             .get_or_try_init(|| {
-                compile_off_runtime(self.schema.clone(), self.limits, self.memory.clone())
+                compiled::compile(self.schema.clone(), self.limits, self.within.clone())
             })
             .await?;
         let compiled = compiled.as_ref().map_err(Clone::clone)?;
@@ -113,74 +106,6 @@ pub fn check_arguments(raw: &str, schema: &Value) -> Result<Value, String> {
 fn compile(schema: &Value, limits: &Limits) -> Result<jsonschema::Validator, String> {
     agentfleet_shared::tool_schema::compile(schema, limits)
         .map_err(|e| format!("the tool's parameter schema is not usable: {e}"))
-}
-
-/// A schema without patterns is checked and compiled in microseconds, here; one with
-/// patterns may take tens of milliseconds (a stranger's, at the limits: every pattern is
-/// parsed to estimate it, then compiled), which would hold up every run sharing this
-/// runtime thread: it goes to a blocking thread, and compiles once its estimated memory is
-/// granted from `memory`. The outer error is a refusal for memory (not kept: a later call
-/// may find room), the inner one the schema's own (kept for the holding).
-async fn compile_off_runtime(
-    schema: Arc<Value>,
-    limits: Limits,
-    memory: Option<(SchemaMemory, Uuid)>,
-) -> Result<Result<Compiled, String>, String> {
-    if !agentfleet_shared::tool_schema::has_patterns(&schema) {
-        return compile_here(&schema, &limits, None);
-    }
-    tokio::task::spawn_blocking(move || compile_here(&schema, &limits, memory.as_ref()))
-        .await
-        .map_err(|_| "the tool's parameter schema could not be compiled".to_owned())?
-}
-
-/// Told to the model when the worker's memory for compiled patterns is full.
-const NO_ROOM: &str = "the tool's parameter schema cannot be compiled on this worker right \
-                       now (it holds as many compiled schemas as it may); the call was not \
-                       made, try it again later";
-
-/// [`compile_off_runtime`]'s work, with its two errors.
-fn compile_here(
-    schema: &Value,
-    limits: &Limits,
-    memory: Option<&(SchemaMemory, Uuid)>,
-) -> Result<Result<Compiled, String>, String> {
-    let unusable = |e: String| format!("the tool's parameter schema is not usable: {e}");
-    let inspected = match agentfleet_shared::tool_schema::inspect(
-        schema,
-        limits,
-        "the schema",
-        Default::default(),
-    ) {
-        Ok(inspected) => inspected,
-        Err(e) => return Ok(Err(unusable(e))),
-    };
-    let held = match memory {
-        Some((memory, tenant)) if inspected.patterns.count > 0 => {
-            match memory.take(*tenant, inspected.patterns.compiled_kib()) {
-                Ok(share) => Some(share),
-                Err(Refused::Later) => {
-                    metrics::counter!("agentfleet_schema_compiles_deferred_total").increment(1);
-                    return Err(NO_ROOM.to_owned());
-                }
-                Err(Refused::Never) => {
-                    return Ok(Err(unusable(
-                        "its patterns would take more memory compiled than this worker allows \
-                         one tenant's compiled schemas together"
-                            .to_owned(),
-                    )));
-                }
-            }
-        }
-        _ => None,
-    };
-    Ok(agentfleet_shared::tool_schema::build(schema)
-        .map_err(unusable)
-        .map(|validator| Compiled {
-            validator: Arc::new(validator),
-            states: inspected.states,
-            _memory: held,
-        }))
 }
 
 fn parse(raw: &str) -> Result<Value, String> {
@@ -308,14 +233,21 @@ mod tests {
                 "b": {"type": "string", "pattern": format!("^b{tag}$")}}})
         };
         // Two patterns are estimated at 2 × 160 KiB: one such schema fits, two do not.
-        let memory = SchemaMemory::new(500, 500);
+        let memory = Arc::new(Schemas::new(SchemaMemory::new(500, 500)));
         let tenant = Uuid::now_v7();
         let first = Parameters::new(two_patterns("1"), Limits::NONE).within(&memory, tenant);
         assert_eq!(
             first.check(r#"{"a": "a1"}"#, 1_000).await,
             Ok(json!({"a": "a1"}))
         );
-        assert_eq!(memory.available(), 500 - 320);
+        assert_eq!(memory.memory().available(), 500 - 320);
+        // Another holding giving the same schema shares the compiled one: no second share.
+        let same = Parameters::new(two_patterns("1"), Limits::NONE).within(&memory, tenant);
+        assert_eq!(
+            same.check(r#"{"a": "a1"}"#, 1_000).await,
+            Ok(json!({"a": "a1"}))
+        );
+        assert_eq!(memory.memory().available(), 500 - 320);
         let second = Parameters::new(two_patterns("2"), Limits::NONE).within(&memory, tenant);
         let refused = second.check(r#"{"a": "a2"}"#, 1_000).await.unwrap_err();
         assert!(refused.contains("try it again later"), "{refused}");
@@ -328,9 +260,15 @@ mod tests {
             Parameters::new(json!({"type": "object"}), Limits::NONE).within(&memory, tenant);
         assert_eq!(plain.check("{}", 1_000).await, Ok(json!({})));
         drop(first);
-        assert_eq!(memory.available(), 500);
+        assert_eq!(
+            memory.memory().available(),
+            500 - 320,
+            "still used by `same`"
+        );
+        drop(same);
+        assert_eq!(memory.memory().available(), 500);
         // More than the whole share: refused for good (kept), not "try again later".
-        let small = SchemaMemory::new(100, 100);
+        let small = Arc::new(Schemas::new(SchemaMemory::new(100, 100)));
         let never = Parameters::new(two_patterns("3"), Limits::NONE).within(&small, tenant);
         let refused = never.check(r#"{"a": "a3"}"#, 1_000).await.unwrap_err();
         assert!(
