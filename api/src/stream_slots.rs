@@ -2,9 +2,9 @@
 //! each open stream holds a task, a buffer and, while idle, a look in Postgres every
 //! `events.idle_recheck_ms`; one tenant opening streams without end would take them from all.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use agentfleet_shared::tenant_tally::{Held, TenantTally};
 use axum::http::StatusCode;
 use uuid::Uuid;
 
@@ -12,21 +12,18 @@ use crate::error::ApiError;
 
 #[derive(Default)]
 pub struct StreamSlots {
-    open: Mutex<HashMap<Uuid, usize>>,
+    open: TenantTally,
 }
 
 /// One open stream of a tenant; dropping it (the response body goes) frees its place.
 pub struct StreamSlot {
-    slots: Arc<StreamSlots>,
-    tenant: Uuid,
+    _open: Held,
 }
 
 impl StreamSlots {
     /// A place for one more stream of `tenant`, or 429 `too_many_streams` past `max`.
     pub fn take(self: &Arc<Self>, tenant: Uuid, max: usize) -> Result<StreamSlot, ApiError> {
-        let mut open = self.open.lock().expect("stream slots lock");
-        let n = open.entry(tenant).or_insert(0);
-        if *n >= max {
+        let Some(open) = self.open.take(tenant, 1, max as u64) else {
             metrics::counter!("agentfleet_requests_limited_total", "reason" => "streams")
                 .increment(1);
             return Err(ApiError {
@@ -39,24 +36,8 @@ impl StreamSlots {
                     ),
                 )
             });
-        }
-        *n += 1;
-        Ok(StreamSlot {
-            slots: self.clone(),
-            tenant,
-        })
-    }
-}
-
-impl Drop for StreamSlot {
-    fn drop(&mut self) {
-        let mut open = self.slots.open.lock().expect("stream slots lock");
-        if let Some(n) = open.get_mut(&self.tenant) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.tenant);
-            }
-        }
+        };
+        Ok(StreamSlot { _open: open })
     }
 }
 

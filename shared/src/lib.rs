@@ -17,4 +17,5 @@ pub mod seal;
 pub mod signals;
 pub mod store;
 pub mod telemetry;
+pub mod tenant_tally;
 pub mod tool_schema;

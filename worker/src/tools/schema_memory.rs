@@ -6,9 +6,9 @@
 //! `worker.max_compiled_schema_kib_per_tenant` of it, so one tenant cannot leave the others no
 //! room.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use agentfleet_shared::tenant_tally::{Held, TenantTally};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
@@ -17,8 +17,8 @@ pub struct SchemaMemory {
     permits: Arc<Semaphore>,
     /// At most the whole share: what passes it can never be granted.
     per_tenant: u64,
-    /// KiB held per tenant; a tenant holding nothing has no entry.
-    tenants: Arc<Mutex<HashMap<Uuid, u64>>>,
+    /// KiB held per tenant.
+    tenants: TenantTally,
 }
 
 /// Why a share was not granted.
@@ -33,9 +33,7 @@ pub enum Refused {
 /// A granted share, given back when dropped (with the holding's catalog).
 pub struct Share {
     _permit: OwnedSemaphorePermit,
-    tenant: Uuid,
-    kib: u64,
-    tenants: Arc<Mutex<HashMap<Uuid, u64>>>,
+    _tenant: Held,
 }
 
 impl SchemaMemory {
@@ -44,7 +42,7 @@ impl SchemaMemory {
         SchemaMemory {
             permits: Arc::new(Semaphore::new(kib as usize)),
             per_tenant: per_tenant.min(kib),
-            tenants: Arc::default(),
+            tenants: TenantTally::default(),
         }
     }
 
@@ -52,40 +50,25 @@ impl SchemaMemory {
         if kib > self.per_tenant {
             return Err(Refused::Never);
         }
-        let mut tenants = self.tenants.lock().expect("schema memory lock");
-        let held = tenants.get(&tenant).copied().unwrap_or(0);
-        if held + kib > self.per_tenant {
-            return Err(Refused::Later);
-        }
+        // The tenant's part first: given back if the worker's share has no room.
+        let tenant = self
+            .tenants
+            .take(tenant, kib, self.per_tenant)
+            .ok_or(Refused::Later)?;
         let permit = self
             .permits
             .clone()
             .try_acquire_many_owned(kib as u32)
             .map_err(|_| Refused::Later)?;
-        tenants.insert(tenant, held + kib);
         Ok(Share {
             _permit: permit,
-            tenant,
-            kib,
-            tenants: self.tenants.clone(),
+            _tenant: tenant,
         })
     }
 
     #[cfg(test)]
     pub fn available(&self) -> usize {
         self.permits.available_permits()
-    }
-}
-
-impl Drop for Share {
-    fn drop(&mut self) {
-        let mut tenants = self.tenants.lock().expect("schema memory lock");
-        if let Some(held) = tenants.get_mut(&self.tenant) {
-            *held -= self.kib.min(*held);
-            if *held == 0 {
-                tenants.remove(&self.tenant);
-            }
-        }
     }
 }
 
@@ -118,6 +101,6 @@ mod tests {
         let again = memory.take(a, 300).unwrap();
         drop((second, third, again));
         assert_eq!(memory.available(), 1_000);
-        assert!(memory.tenants.lock().unwrap().is_empty());
+        assert!(memory.tenants.is_empty());
     }
 }
