@@ -84,9 +84,11 @@ where
     let started = Instant::now();
     let mut delays = backoff();
     let mut logged: Option<Instant> = None;
+    let mut cause: Option<String> = None;
     loop {
         let left = budget.saturating_sub(started.elapsed());
-        let cause = match tokio::time::timeout(ATTEMPT_TIMEOUT.min(left), connect()).await {
+        let attempt = ATTEMPT_TIMEOUT.min(left);
+        let seen = match tokio::time::timeout(attempt, connect()).await {
             Ok(Ok(connected)) => {
                 if logged.is_some() {
                     tracing::info!(%server, %address, "{server} is reachable");
@@ -94,11 +96,14 @@ where
                 return Ok(connected);
             }
             Ok(Err(e)) => report::one_line(&e.into()),
-            Err(_) => format!(
-                "no answer within {} ms",
-                ATTEMPT_TIMEOUT.min(left).as_millis()
-            ),
+            // An attempt cut short by the end of the budget (down to 0 ms after the last
+            // back-off) says nothing of the server: the cause seen before stands.
+            Err(_) if attempt < ATTEMPT_TIMEOUT && cause.is_some() => {
+                cause.take().expect("checked")
+            }
+            Err(_) => format!("no answer within {} ms", attempt.as_millis()),
         };
+        let cause = cause.insert(seen).clone();
         let left = budget.saturating_sub(started.elapsed());
         if left.is_zero() {
             return Err(Unreachable {
@@ -242,6 +247,32 @@ mod tests {
                 err.waited_secs
             )
         );
+    }
+
+    /// The last attempt, cut short by the budget's end, does not replace the cause seen
+    /// before (a worker that could not reach Redis reported "no answer within 0 ms").
+    #[tokio::test]
+    async fn the_cause_is_not_an_attempt_cut_short_by_the_budget() {
+        let mut attempts = 0;
+        let err = wait_for(
+            Server::Redis,
+            "redis://127.0.0.1:1",
+            Duration::from_millis(300),
+            || {
+                attempts += 1;
+                let first = attempts == 1;
+                async move {
+                    if first {
+                        return Err::<(), _>(anyhow::anyhow!("connection refused"));
+                    }
+                    std::future::pending().await
+                }
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(attempts, 2, "the second attempt waited to the budget's end");
+        assert_eq!(err.cause, "connection refused");
     }
 
     #[tokio::test]
