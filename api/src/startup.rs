@@ -121,6 +121,9 @@ impl Application {
             schema_compiles: Arc::new(tokio::sync::Semaphore::new(
                 settings.api.max_schema_compiles,
             )),
+            schema_verdicts: agentfleet_shared::tool_schema::Verdicts::new(
+                settings.api.max_remembered_schemas,
+            ),
             creates,
             dispatches,
             tokens,

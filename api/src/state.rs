@@ -59,4 +59,6 @@ pub struct AppStateInner {
     /// Requests whose tool schemas (with patterns) are being checked and compiled at once
     /// (`api.max_schema_compiles`): each may take ~0.1 s and ~15 MiB of a blocking thread.
     pub schema_compiles: Arc<tokio::sync::Semaphore>,
+    /// Tool schemas accepted before (`api.max_remembered_schemas`): not checked again.
+    pub schema_verdicts: Arc<agentfleet_shared::tool_schema::Verdicts>,
 }

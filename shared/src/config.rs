@@ -188,6 +188,10 @@ pub struct ApiSettings {
     /// Requests whose tool schemas hold patterns checked and compiled at once by one API
     /// process (each on a blocking thread); the others wait their turn.
     pub max_schema_compiles: usize,
+    /// Tool schemas one API process remembers it accepted (a digest and its patterns' counts,
+    /// ~100 bytes each): a schema it knows is neither walked nor compiled again. 0 remembers
+    /// none.
+    pub max_remembered_schemas: usize,
     pub max_metadata_bytes: usize,
     pub default_page_size: u32,
     pub max_page_size: u32,
@@ -806,6 +810,7 @@ max_tools_per_agent = 64
 max_schema_patterns = 256
 max_schema_pattern_states = 100000
 max_schema_compiles = 2
+max_remembered_schemas = 10000
 max_metadata_bytes = 16384
 default_page_size = 50
 max_page_size = 500
@@ -1194,6 +1199,12 @@ impl Settings {
         if !(1..=64).contains(&self.api.max_schema_compiles) {
             return Err(invalid("api.max_schema_compiles", "must be within 1..=64"));
         }
+        if self.api.max_remembered_schemas > 1_000_000 {
+            return Err(invalid(
+                "api.max_remembered_schemas",
+                "must be within 0..=1000000",
+            ));
+        }
         if !(1..=1_000_000).contains(&self.api.max_streams_per_tenant) {
             return Err(invalid(
                 "api.max_streams_per_tenant",
@@ -1379,6 +1390,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("telemetry.trace_filter"), "{err}");
+        let err = load(&[("api.max_remembered_schemas", "1000001")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("api.max_remembered_schemas"), "{err}");
+        assert_eq!(
+            load(&[("api.max_remembered_schemas", "0")])
+                .unwrap()
+                .api
+                .max_remembered_schemas,
+            0
+        );
     }
 
     #[test]

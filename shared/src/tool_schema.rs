@@ -16,6 +16,9 @@
 //! (`unevaluatedProperties`, `unevaluatedItems`). Tool schemas of OpenAI-compatible models use
 //! `#/$defs/...` and `#` references and none of the rest.
 
+mod request;
+
+pub use request::{RequestSchemas, SchemaError, Verdicts};
 use serde_json::{Map, Value};
 
 /// Compiled size one pattern may reach (the `regex` engine's `size_limit`, a tenth of its
@@ -104,111 +107,6 @@ impl Patterns {
 pub fn compile(schema: &Value, limits: &Limits) -> Result<jsonschema::Validator, String> {
     inspect(schema, limits, "the schema", Patterns::default())?;
     build(schema)
-}
-
-/// The tool schemas of one request (a run's agent, or every agent of a batch): each distinct
-/// schema is checked and compiled once, and their patterns are held to one [`Limits`]
-/// together, so a request costs the API at most that much compiling however many runs it
-/// holds (a batch of 10,000 agents, each with its own patterns, compiled each before).
-pub struct RequestSchemas<'a> {
-    limits: Limits,
-    /// Where the limit counts patterns, for its refusal ("the agent's tool schemas
-    /// together").
-    what: &'static str,
-    seen: std::collections::HashSet<[u8; 32]>,
-    /// Each distinct schema with the field of its first use.
-    distinct: Vec<(String, &'a Value)>,
-    /// Whether one holds patterns: then they are checked and compiled on a blocking thread.
-    slow: bool,
-}
-
-/// A refused schema: the field it was given in (`agent.tools[0].parameters`) and why.
-#[derive(Debug, PartialEq, Eq)]
-pub struct SchemaError {
-    pub field: String,
-    pub message: String,
-}
-
-impl<'a> RequestSchemas<'a> {
-    pub fn new(limits: Limits, what: &'static str) -> RequestSchemas<'a> {
-        RequestSchemas {
-            limits,
-            what,
-            seen: std::collections::HashSet::new(),
-            distinct: Vec::new(),
-            slow: false,
-        }
-    }
-
-    /// Takes `schema` unless the request gave the same one before (the same serialization:
-    /// serde_json writes an object's keys sorted).
-    pub fn add(&mut self, field: String, schema: &'a Value) {
-        use sha2::{Digest, Sha256};
-        let digest: [u8; 32] =
-            Sha256::digest(serde_json::to_vec(schema).expect("a Value serializes")).into();
-        if self.seen.insert(digest) {
-            self.slow = self.slow || has_patterns(schema);
-            self.distinct.push((field, schema));
-        }
-    }
-
-    /// Checks ([`inspect`]) and compiles every distinct schema in order, their patterns
-    /// counted together; the first refused is named by the field that gave it. With patterns
-    /// this may take up to ~0.1 s at the default limits: it runs on a blocking thread, once a
-    /// permit of `compiles` (the process's compiles at once) is granted.
-    pub async fn compile(
-        self,
-        compiles: &std::sync::Arc<tokio::sync::Semaphore>,
-    ) -> Result<(), SchemaError> {
-        let (limits, what) = (self.limits, self.what);
-        if !self.slow {
-            return check_each(&limits, what, self.distinct.iter().map(|(f, s)| (f, *s)));
-        }
-        // Held by the blocking task, not by this future: a request given up (a client gone,
-        // the request's deadline) does not free its place while its compile goes on.
-        let permit = compiles
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("never closed");
-        let owned: Vec<(String, Value)> = self
-            .distinct
-            .into_iter()
-            .map(|(field, schema)| (field, schema.clone()))
-            .collect();
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            check_each(&limits, what, owned.iter().map(|(f, s)| (f, s)))
-        })
-        .await
-        .unwrap_or_else(|e| {
-            Err(SchemaError {
-                field: String::new(),
-                message: format!("the tool schemas could not be checked: {e}"),
-            })
-        })
-    }
-}
-
-fn check_each<'s>(
-    limits: &Limits,
-    what: &str,
-    schemas: impl Iterator<Item = (&'s String, &'s Value)>,
-) -> Result<(), SchemaError> {
-    let mut total = Patterns::default();
-    for (field, schema) in schemas {
-        let refuse = |message| SchemaError {
-            field: field.clone(),
-            message,
-        };
-        total.add(
-            inspect(schema, limits, what, total)
-                .map_err(refuse)?
-                .patterns,
-        );
-        build(schema).map_err(refuse)?;
-    }
-    Ok(())
 }
 
 /// Compiles a schema [`check_supported`] has accepted (and whose patterns the caller has
@@ -1113,63 +1011,6 @@ mod tests {
             "{err}"
         );
         assert!(compile(&json!({"pattern": uuid}), &limits).is_ok());
-    }
-
-    #[tokio::test]
-    async fn a_request_compiles_each_distinct_schema_once_within_one_limit() {
-        let compiles = std::sync::Arc::new(tokio::sync::Semaphore::new(1));
-        let limits = Limits {
-            max_patterns: 2,
-            max_states: 100_000,
-        };
-        let one = json!({"type": "object", "properties": {"a": {"pattern": "^a+$"}}});
-        let two = json!({"type": "object", "properties": {"b": {"pattern": "^b+$"}}});
-        let three = json!({"type": "object", "properties": {"c": {"pattern": "^c+$"}}});
-        // The same schema in every run of a batch counts once.
-        let mut schemas = RequestSchemas::new(limits, "the batch's tool schemas together");
-        for i in 0..1_000 {
-            schemas.add(format!("runs[{i}].agent.tools[0].parameters"), &one);
-        }
-        schemas.add("runs[7].x".into(), &two);
-        assert_eq!(schemas.distinct.len(), 2);
-        assert!(schemas.slow);
-        schemas.compile(&compiles).await.unwrap();
-        let mut schemas = RequestSchemas::new(limits, "the batch's tool schemas together");
-        schemas.add("runs[0].agent.tools[0].parameters".into(), &one);
-        schemas.add("runs[7].x".into(), &two);
-        schemas.add("runs[9].agent.tools[1].parameters".into(), &three);
-        let err = schemas.compile(&compiles).await.unwrap_err();
-        assert_eq!(err.field, "runs[9].agent.tools[1].parameters");
-        assert!(
-            err.message.contains("more than 2 patterns") && err.message.contains("batch's"),
-            "{}",
-            err.message
-        );
-        // What does not compile is named by the field that gave it first.
-        let bad = json!({"type": 12});
-        let plain = json!({"type": "object"});
-        let mut schemas = RequestSchemas::new(limits, "the agent's tool schemas together");
-        schemas.add("agent.tools[0].parameters".into(), &plain);
-        schemas.add("agent.tools[1].parameters".into(), &bad);
-        schemas.add("agent.tools[2].parameters".into(), &bad);
-        assert!(!schemas.slow, "no patterns: checked in place");
-        let err = schemas.compile(&compiles).await.unwrap_err();
-        assert_eq!(err.field, "agent.tools[1].parameters");
-        assert!(
-            err.message.contains("invalid JSON Schema"),
-            "{}",
-            err.message
-        );
-        // A reference the argument check could not follow is refused by the walk.
-        let remote = json!({"properties": {"a": {"$ref": "https://x/s.json"}}});
-        let mut schemas = RequestSchemas::new(limits, "the agent's tool schemas together");
-        schemas.add("agent.tools[0].parameters".into(), &remote);
-        let err = schemas.compile(&compiles).await.unwrap_err();
-        assert!(
-            err.message.contains("`$ref` at /properties/a"),
-            "{}",
-            err.message
-        );
     }
 
     /// Estimating a pattern parses it, so what is parsed is bounded first: a pattern's bytes,

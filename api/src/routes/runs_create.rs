@@ -211,15 +211,15 @@ pub fn validate<'a>(
     Ok(())
 }
 
-/// Checks and compiles the request's distinct tool schemas (off the runtime's threads when
-/// they hold patterns, `api.max_schema_compiles` requests at once); a schema refused is a
-/// 422 naming where it was given.
+/// Checks and compiles the request's distinct tool schemas that this process has not accepted
+/// before (off the runtime's threads when they hold patterns, `api.max_schema_compiles`
+/// requests at once); a schema refused is a 422 naming where it was given.
 pub async fn compile_schemas(
     state: &AppState,
     schemas: RequestSchemas<'_>,
 ) -> Result<(), ApiError> {
     schemas
-        .compile(&state.schema_compiles)
+        .compile(&state.schema_compiles, &state.schema_verdicts)
         .await
         .map_err(|SchemaError { field, message }| {
             if field.is_empty() {

@@ -57,6 +57,8 @@ pub struct Ctx {
     pub key: String,
     pub http: reqwest::Client,
     pub api: ChildProcess,
+    /// `--agent-tools`: parameter schemas of the agent's tools besides `echo`.
+    pub extra_tools: Vec<Value>,
 }
 
 /// A batch of runs, submitted and completed.
@@ -87,8 +89,21 @@ impl Ctx {
     }
 
     pub fn agent(&self) -> Value {
-        json!({"model": "mock", "tools": [{"name": "echo", "kind": "http", "url": self.env.tools.url("/echo"),
-               "parameters": {"type": "object"}}], "max_iterations": 10})
+        let mut tools = vec![
+            json!({"name": "echo", "kind": "http", "url": self.env.tools.url("/echo"),
+               "parameters": {"type": "object"}}),
+        ];
+        tools.extend(self.extra_tools());
+        json!({"model": "mock", "tools": tools, "max_iterations": 10})
+    }
+
+    /// The `--agent-tools` tools (none by default).
+    pub fn extra_tools(&self) -> impl Iterator<Item = Value> + '_ {
+        self.extra_tools.iter().enumerate().map(|(i, schema)| {
+            json!({"name": format!("tool_{}", i + 1), "kind": "http",
+                   "description": "a tool the scripted model never calls",
+                   "url": self.env.tools.url("/echo"), "parameters": schema})
+        })
     }
 
     pub async fn count(&self, status: &str) -> i64 {

@@ -23,7 +23,12 @@ pub async fn enqueue(
     } else {
         (&[1, 8, 32, 64], 3000)
     };
-    let body = json!({"input": "hello", "agent": {"model": "mock"}});
+    let tools: Vec<_> = ctx.extra_tools().collect();
+    let body = if tools.is_empty() {
+        json!({"input": "hello", "agent": {"model": "mock"}})
+    } else {
+        json!({"input": "hello", "agent": {"model": "mock", "tools": tools}})
+    };
     let mut best = 0.0f64;
     // The whole machine only: no workers run here, and the e2e section has the breakdown.
     let cpu = CpuSampler::new(Vec::new());

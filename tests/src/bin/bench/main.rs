@@ -66,6 +66,12 @@ struct Args {
     /// `POST /v1/runs/batch` (at most `api.max_batch_runs`), 4 requests in flight.
     #[arg(long, default_value_t = 1)]
     submit_batch: usize,
+    /// A JSON file holding an array of tool parameter schemas: each becomes one more tool
+    /// (`tool_1`, `tool_2`, …, at the echo tool's URL) of the agent that the enqueue and
+    /// end-to-end sections submit, as a product's agent carries several; the scripted model
+    /// calls only `echo`. `bench/agent-tools.json` holds eight realistic ones.
+    #[arg(long)]
+    agent_tools: Option<String>,
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench.json")]
     out: String,
@@ -93,6 +99,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         (1..=1000).contains(&args.submit_batch),
         "--submit-batch must be within 1..=1000 (the API's default api.max_batch_runs)"
     );
+    let extra_tools = match &args.agent_tools {
+        None => Vec::new(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("--agent-tools {path}: {e}"))?;
+            let schemas: Vec<serde_json::Value> = serde_json::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("--agent-tools {path}: not a JSON array: {e}"))?;
+            schemas
+        }
+    };
     agentfleet_shared::telemetry::install_crypto();
     let env = TestEnv::with(&[
         ("database.max_connections", "24"),
@@ -115,6 +131,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         key,
         http: reqwest::Client::new(),
         api,
+        extra_tools,
     };
     let mut report = Report::default();
     let limits = if ctx.wants("limits") {
