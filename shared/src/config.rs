@@ -84,6 +84,10 @@ pub struct DatabaseSettings {
     /// statement has the same best plan whatever its values, and planning the grouped writes
     /// cost Postgres about a fifth of its CPU per run.
     pub generic_plans: bool,
+    /// Agent specs (as JSON) a process keeps parsed, in KiB, so that the runs of one agent
+    /// share one parse (`store::agents`; the parsed form takes several times the text). 0
+    /// keeps none.
+    pub agent_cache_kib: usize,
 }
 
 impl DatabaseSettings {
@@ -782,6 +786,7 @@ idle_in_transaction_timeout_ms = 5000
 statement_timeout_ms = 10000
 lock_timeout_ms = 5000
 generic_plans = true
+agent_cache_kib = 4096
 
 [redis]
 url = "redis://127.0.0.1:6379"
@@ -1198,6 +1203,12 @@ impl Settings {
         }
         if !(1..=64).contains(&self.api.max_schema_compiles) {
             return Err(invalid("api.max_schema_compiles", "must be within 1..=64"));
+        }
+        if self.database.agent_cache_kib > 1_048_576 {
+            return Err(invalid(
+                "database.agent_cache_kib",
+                "must be within 0..=1048576 (1 GiB)",
+            ));
         }
         if self.api.max_remembered_schemas > 1_000_000 {
             return Err(invalid(

@@ -58,6 +58,7 @@ fn pool_options(settings: &DatabaseSettings) -> PgPoolOptions {
 }
 
 pub async fn connect(settings: &DatabaseSettings) -> Result<PgPool, sqlx::Error> {
+    crate::store::agents::set_cache_limit(settings.agent_cache_kib);
     pool_options(settings)
         .connect_with(options(settings)?)
         .await
@@ -66,6 +67,8 @@ pub async fn connect(settings: &DatabaseSettings) -> Result<PgPool, sqlx::Error>
 /// Like [`connect`] but returns at once; connections are made on first use. Lets a binary
 /// start (and report not-ready) while Postgres is down.
 pub fn connect_lazy(settings: &DatabaseSettings) -> Result<PgPool, sqlx::Error> {
+    // How the pool's rows decode agents: set with the pool, from the same settings.
+    crate::store::agents::set_cache_limit(settings.agent_cache_kib);
     Ok(pool_options(settings).connect_lazy_with(options(settings)?))
 }
 

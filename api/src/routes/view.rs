@@ -97,7 +97,7 @@ impl From<&RunRow> for Run {
             id: run.id,
             thread_id: run.thread_id,
             status: run.status,
-            agent: run.agent.0.clone(),
+            agent: AgentSpec::clone(&run.agent),
             metadata: run.metadata.0.clone(),
             iteration: run.iteration,
             max_iterations: run.max_iterations,

@@ -38,6 +38,7 @@ macro_rules! timing_cte {
     };
 }
 
+pub mod agents;
 pub mod batch;
 pub mod batches;
 

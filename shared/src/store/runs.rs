@@ -7,7 +7,7 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::StoreError;
-use crate::domain::{AgentSpec, RunStatus};
+use crate::domain::RunStatus;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct RunRow {
@@ -15,7 +15,7 @@ pub struct RunRow {
     pub tenant_id: Uuid,
     pub thread_id: Uuid,
     pub status: RunStatus,
-    pub agent: Json<AgentSpec>,
+    pub agent: crate::store::agents::Agent,
     pub metadata: Json<Value>,
     pub idempotency_key: Option<String>,
     pub request_hash: Option<Vec<u8>>,

@@ -1224,7 +1224,7 @@ mod tests {
                 id: Uuid::now_v7(),
                 tenant_id: run.tenant_id,
                 thread_id: Some(run.thread_id),
-                agent: run.agent.0.clone(),
+                agent: AgentSpec::clone(&run.agent),
                 max_iterations: 5,
                 metadata: serde_json::json!({}),
                 idempotency_key: None,
