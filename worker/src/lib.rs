@@ -145,6 +145,7 @@ impl Worker {
             mcp_key,
             mcp_tools,
             schemas,
+            catalogs: Default::default(),
             writes,
             late_timings: Default::default(),
             pool,

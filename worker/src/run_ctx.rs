@@ -48,13 +48,17 @@ pub struct RunCtx {
 pub type PendingOutcome = tokio::sync::oneshot::Receiver<Result<bool, StoreError>>;
 
 impl RunCtx {
-    /// The run's tools: built on first use (listing its MCP servers), then reused.
+    /// The run's tools: on first use, shared with the holdings of the same agent
+    /// (`catalog::Catalogs`) or built (listing its MCP servers), then reused.
     pub async fn catalog(&self) -> Result<Arc<Catalog>, RunError> {
         self.catalog
             .get_or_try_init(|| async {
-                catalog::build(&self.shared, self.run.tenant_id, &self.run.agent)
+                let (tenant, agent) = (self.run.tenant_id, &self.run.agent.0);
+                let build = catalog::build(&self.shared, tenant, agent);
+                self.shared
+                    .catalogs
+                    .get_or_build(tenant, agent, build)
                     .await
-                    .map(Arc::new)
                     .map_err(|e| RunError::Tools {
                         code: catalog::MCP_UNAVAILABLE,
                         message: e.0,

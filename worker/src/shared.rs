@@ -33,6 +33,8 @@ pub struct Shared {
     /// Tool schemas with patterns compiled by this worker's runs, shared by the runs that
     /// give the same one, within `worker.max_compiled_schema_kib`.
     pub schemas: Arc<crate::tools::compiled::Schemas>,
+    /// The catalogs of agents with `http` tools only, shared by the holdings of one agent.
+    pub catalogs: crate::tools::catalog::Catalogs,
     /// Names this worker in leases and events.
     pub worker_id: String,
     /// Runs executing here, by id: where cancel hints and the drain deadline are delivered.

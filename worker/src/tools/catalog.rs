@@ -2,8 +2,8 @@
 //! and each `mcp` entry expanded into its server's tools (listed, cached), named
 //! `<entry name>__<tool name>` so names stay unique and valid for the model.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -78,6 +78,60 @@ impl Catalog {
         Catalog { tools, definitions }
     }
 }
+
+/// The catalogs of agents whose tools are all `http`, shared by the holdings of one parsed
+/// agent spec (runs of the same spec share one: `store::agents`) and one tenant while any of
+/// them holds it. Such a catalog is a function of the spec alone, and building it per holding
+/// copied every tool's schema twice and dropped both at the run's end, a tenth of a worker's
+/// CPU per run under `bench --agent-tools` (perf). A catalog with MCP tools is built per
+/// holding, as the servers' listings may change. Compiled schemas live with their catalog, so
+/// they are still held exactly while a holding uses them, counted as that tenant's.
+#[derive(Default)]
+pub struct Catalogs {
+    /// By the spec's address, pinned by the `Weak` kept beside it (an allocation is not reused
+    /// while a `Weak` to it lives), and the tenant.
+    shared: Mutex<HashMap<(usize, Uuid), SharedCatalog>>,
+}
+
+/// The spec a shared catalog was built from (pinning its address) and the catalog.
+type SharedCatalog = (Weak<AgentSpec>, Weak<Catalog>);
+
+impl Catalogs {
+    /// The holding's catalog: shared when `agent`'s tools are all `http`, else `build`'s own.
+    pub async fn get_or_build<F>(
+        &self,
+        tenant: Uuid,
+        agent: &Arc<AgentSpec>,
+        build: F,
+    ) -> Result<Arc<Catalog>, Unavailable>
+    where
+        F: Future<Output = Result<Catalog, Unavailable>>,
+    {
+        if agent.tools.iter().any(|t| t.kind != ToolKind::Http) {
+            return build.await.map(Arc::new);
+        }
+        let key = (Arc::as_ptr(agent) as usize, tenant);
+        let known = self
+            .shared
+            .lock()
+            .expect("catalogs lock")
+            .get(&key)
+            .and_then(|(_, catalog)| catalog.upgrade());
+        if let Some(catalog) = known {
+            return Ok(catalog);
+        }
+        let catalog = Arc::new(build.await?);
+        let mut shared = self.shared.lock().expect("catalogs lock");
+        if shared.len() >= TIDY_AT {
+            shared.retain(|_, (_, catalog)| catalog.strong_count() > 0);
+        }
+        shared.insert(key, (Arc::downgrade(agent), Arc::downgrade(&catalog)));
+        Ok(catalog)
+    }
+}
+
+/// Entries past which an insert first forgets the catalogs no holding uses any longer.
+const TIDY_AT: usize = 1024;
 
 pub async fn build(
     shared: &Shared,
@@ -203,6 +257,56 @@ pub fn offered_name(prefix: &str, tool: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn agent(tools: Value) -> Arc<AgentSpec> {
+        Arc::new(serde_json::from_value(json!({"model": "m", "tools": tools})).unwrap())
+    }
+
+    fn http_tool() -> Value {
+        json!([{"name": "t", "kind": "http", "url": "http://tools/t",
+                "parameters": {"type": "object"}}])
+    }
+
+    /// The holdings of one agent spec and tenant share a catalog while one holds it; another
+    /// tenant, another parsed spec, or an agent with MCP tools gets its own.
+    #[tokio::test]
+    async fn catalogs_are_shared_by_one_agent_and_tenant() {
+        let catalogs = Catalogs::default();
+        let builds = std::cell::Cell::new(0);
+        let get = |tenant, agent: Arc<AgentSpec>| {
+            let (catalogs, builds) = (&catalogs, &builds);
+            async move {
+                let build = async {
+                    builds.set(builds.get() + 1);
+                    Ok(Catalog::new(Vec::new()))
+                };
+                catalogs.get_or_build(tenant, &agent, build).await.unwrap()
+            }
+        };
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        let spec = agent(http_tool());
+        let first = get(a, spec.clone()).await;
+        let again = get(a, spec.clone()).await;
+        assert!(Arc::ptr_eq(&first, &again), "one agent, one tenant: shared");
+        assert_eq!(builds.get(), 1);
+        let other_tenant = get(b, spec.clone()).await;
+        assert!(!Arc::ptr_eq(&first, &other_tenant));
+        let same_text = get(a, agent(http_tool())).await;
+        assert!(
+            !Arc::ptr_eq(&first, &same_text),
+            "another parse of the spec"
+        );
+        assert_eq!(builds.get(), 3);
+        // Once no holding has it, the next holding builds a new one.
+        drop((first, again));
+        get(a, spec.clone()).await;
+        assert_eq!(builds.get(), 4);
+        let mcp = agent(json!([{"name": "m", "kind": "mcp", "url": "http://mcp/"}]));
+        let one = get(a, mcp.clone()).await;
+        let two = get(a, mcp).await;
+        assert!(!Arc::ptr_eq(&one, &two), "MCP listings are per holding");
+        assert_eq!(builds.get(), 6);
+    }
 
     #[test]
     fn offered_names_are_valid_function_names() {
