@@ -143,9 +143,13 @@ async fn call_model(
             crate::xml_calls::to_xml_history(system.into_iter().chain(messages).collect(), &tools);
         tools = Cow::Borrowed(&[]);
     }
+    // The catalog's own serialisation, unless this call offers other tools (or none).
+    let as_cataloged = std::ptr::eq(tools.as_ptr(), catalog.definitions().as_ptr())
+        && tools.len() == catalog.definitions().len();
     let request = ModelRequest {
         model,
         messages,
+        tools_json: as_cataloged.then(|| catalog.definitions_json()),
         tools,
     };
     let events = &ctx.shared.settings.events;

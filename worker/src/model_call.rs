@@ -110,6 +110,9 @@ pub struct ModelRequest<'a> {
     pub messages: Vec<Value>,
     /// The catalog's definitions as they are, or a copy when this call offers more or none.
     pub tools: Cow<'a, [Value]>,
+    /// `tools` serialised, when they are the catalog's as they are: the catalog serialises
+    /// them once (it is shared by the holdings of one agent), not every model call.
+    pub tools_json: Option<&'a str>,
 }
 
 /// The body of a chat-completions request, serialised straight from the run's history: a
@@ -127,6 +130,19 @@ struct RequestBody<'a> {
     temperature: Option<f32>,
     #[serde(skip_serializing_if = "<[Value]>::is_empty")]
     tools: &'a [Value],
+}
+
+/// `body` serialised with `tools` (JSON already serialised) as its last field, where
+/// serialising the field would have put it (`tools` sorts last).
+fn with_tools(body: &RequestBody<'_>, tools: &str) -> Vec<u8> {
+    let mut out = serde_json::to_vec(body).expect("a request body serialises");
+    if tools != "[]" {
+        out.pop(); // the closing brace
+        out.extend_from_slice(b",\"tools\":");
+        out.extend_from_slice(tools.as_bytes());
+        out.push(b'}');
+    }
+    out
 }
 
 #[derive(serde::Serialize)]
@@ -199,13 +215,22 @@ async fn call_once(
             include_usage: true,
         },
         temperature: req.model.temperature,
-        tools: &req.tools,
+        tools: if req.tools_json.is_some() {
+            &[]
+        } else {
+            &req.tools
+        },
     };
-    let mut builder = match req.model.chat_completions_url() {
+    let builder = match req.model.chat_completions_url() {
         Some(url) => http.post(url.clone()),
         None => http.post(req.model.chat_completions_text()),
-    }
-    .json(&body);
+    };
+    let mut builder = match req.tools_json {
+        None => builder.json(&body),
+        Some(tools) => builder
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(with_tools(&body, tools)),
+    };
     // W3C trace context of the `model.call` span (nothing when traces are not exported), so a
     // gateway that traces joins the run's trace.
     for (name, value) in agentfleet_shared::telemetry::current_trace_headers() {
@@ -400,6 +425,45 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// Tools serialised once by the catalog go out exactly as the body would have written
+    /// them, with or without the optional fields after `messages`.
+    #[test]
+    fn tools_serialised_ahead_are_spliced_where_they_belong() {
+        let messages = vec![json!({"role": "user", "content": "hi \"there\""})];
+        let tools = vec![
+            json!({"type": "function", "function": {"name": "echo", "parameters": {"type": "object"}}}),
+            json!({"type": "function", "function": {"name": "ask_user"}}),
+        ];
+        let tools_json = serde_json::to_string(&tools).unwrap();
+        fn body<'a>(
+            messages: &'a [Value],
+            tools: &'a [Value],
+            (max_tokens, temperature): (Option<u32>, Option<f32>),
+        ) -> RequestBody<'a> {
+            RequestBody {
+                max_tokens,
+                messages,
+                model: "m",
+                stream: true,
+                stream_options: StreamOptions {
+                    include_usage: true,
+                },
+                temperature,
+                tools,
+            }
+        }
+        for set in [(None, None), (Some(64), Some(0.7))] {
+            let whole = serde_json::to_vec(&body(&messages, &tools, set)).unwrap();
+            let spliced = with_tools(&body(&messages, &[], set), &tools_json);
+            assert_eq!(
+                String::from_utf8(spliced).unwrap(),
+                String::from_utf8(whole).unwrap()
+            );
+        }
+        let none = body(&messages, &[], (None, None));
+        assert_eq!(with_tools(&none, "[]"), serde_json::to_vec(&none).unwrap());
+    }
 
     /// The body borrows the history and leaves out what the model's settings do not set; a
     /// temperature goes out as written (`0.7`, not the `f64` widening of an `f32`).

@@ -30,6 +30,8 @@ pub struct Catalog {
     /// What [`Catalog::definitions`] answers, built with the catalog (once per holding)
     /// rather than for each model call.
     definitions: Vec<Value>,
+    /// `definitions` serialised, for the requests that offer them as they are.
+    definitions_json: String,
 }
 
 /// One tool as the model sees it and as the worker calls it.
@@ -65,6 +67,11 @@ impl Catalog {
         &self.definitions
     }
 
+    /// [`Catalog::definitions`] serialised.
+    pub fn definitions_json(&self) -> &str {
+        &self.definitions_json
+    }
+
     fn new(tools: Vec<Offered>) -> Catalog {
         let mut definitions: Vec<Value> = tools
             .iter()
@@ -75,7 +82,12 @@ impl Catalog {
             })
             .collect();
         definitions.extend_from_slice(builtin::definitions());
-        Catalog { tools, definitions }
+        let definitions_json = serde_json::to_string(&definitions).expect("JSON serialises");
+        Catalog {
+            tools,
+            definitions,
+            definitions_json,
+        }
     }
 }
 
