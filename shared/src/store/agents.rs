@@ -62,33 +62,44 @@ pub fn set_cache_limit(kib: usize) {
     LIMIT_BYTES.store(kib.saturating_mul(1024), Ordering::Relaxed);
 }
 
-/// The parsed spec of `bytes` (a `jsonb` value as Postgres sent it), from the cache when an
-/// equal value was parsed before.
+/// The parsed spec of `bytes` (a `jsonb` value as Postgres sent it), from `cache` when an
+/// equal value was parsed before; `limit` bounds the bytes of JSON the cache holds.
 fn parsed(
+    cache: &Mutex<Cache>,
+    limit: usize,
     bytes: &[u8],
     parse: impl FnOnce() -> Result<AgentSpec, BoxDynError>,
 ) -> Result<Arc<AgentSpec>, BoxDynError> {
-    let limit = LIMIT_BYTES.load(Ordering::Relaxed);
     if bytes.len() > limit {
         return parse().map(Arc::new);
     }
-    if let Some(spec) = CACHE.lock().expect("agent cache lock").specs.get(bytes) {
+    if let Some(spec) = cache.lock().expect("agent cache lock").specs.get(bytes) {
         return Ok(spec.clone());
     }
     let spec = Arc::new(parse()?);
-    let mut cache = CACHE.lock().expect("agent cache lock");
-    if !cache.specs.contains_key(bytes) {
-        // Room is made by dropping arbitrary specs: the runs that hold them keep theirs.
-        while cache.bytes + bytes.len() > limit {
-            let Some(victim) = cache.specs.keys().next().cloned() else {
-                break;
-            };
-            cache.specs.remove(&victim);
-            cache.bytes -= victim.len();
-        }
-        cache.bytes += bytes.len();
-        cache.specs.insert(bytes.into(), spec.clone());
+    let mut cache = cache.lock().expect("agent cache lock");
+    // Parsed meanwhile by another claim: share that one, so their runs share a catalog too.
+    if let Some(known) = cache.specs.get(bytes) {
+        return Ok(known.clone());
     }
+    if cache.bytes + bytes.len() > limit {
+        // Room is made by dropping arbitrary specs in one pass (the runs that hold them keep
+        // theirs): at least what this one needs, and an eighth of the limit, so that a cache
+        // kept full does not pass over the whole table for every new spec.
+        let mut to_free = (cache.bytes + bytes.len() - limit).max(limit / 8);
+        let mut freed = 0;
+        cache.specs.retain(|key, _| {
+            if to_free == 0 {
+                return true;
+            }
+            to_free = to_free.saturating_sub(key.len());
+            freed += key.len();
+            false
+        });
+        cache.bytes -= freed;
+    }
+    cache.bytes += bytes.len();
+    cache.specs.insert(bytes.into(), spec.clone());
     Ok(spec)
 }
 
@@ -105,7 +116,8 @@ impl Type<Postgres> for Agent {
 impl<'r> Decode<'r, Postgres> for Agent {
     fn decode(value: PgValueRef<'r>) -> Result<Self, BoxDynError> {
         let bytes = value.as_bytes()?;
-        let spec = parsed(bytes, || {
+        let limit = LIMIT_BYTES.load(Ordering::Relaxed);
+        let spec = parsed(&CACHE, limit, bytes, || {
             <Json<AgentSpec> as Decode<Postgres>>::decode(value).map(|Json(spec)| spec)
         })?;
         Ok(Agent(spec))
@@ -129,46 +141,51 @@ mod tests {
     /// Equal bytes share one parse; other bytes never get it, whatever they hash to.
     #[test]
     fn equal_values_share_one_parse() {
-        let key = format!("{{\"model\": \"shared-{}\"}}", uuid::Uuid::now_v7());
+        let cache = Mutex::default();
+        let key = br#"{"model": "shared"}"#;
         let mut parses = 0;
-        let first = parsed(key.as_bytes(), || {
+        let mut parse = |model: &str| {
             parses += 1;
-            Ok(spec("a"))
-        })
-        .unwrap();
-        let again = parsed(key.as_bytes(), || {
-            parses += 1;
-            Ok(spec("b"))
-        })
-        .unwrap();
+            Ok(spec(model))
+        };
+        let first = parsed(&cache, 1 << 20, key, || parse("a")).unwrap();
+        let again = parsed(&cache, 1 << 20, key, || parse("b")).unwrap();
         assert_eq!(parses, 1, "parsed once");
         assert!(Arc::ptr_eq(&first, &again));
-        let other = format!("{key} ");
-        let different = parsed(other.as_bytes(), || Ok(spec("c"))).unwrap();
+        let different = parsed(&cache, 1 << 20, br#"{"model": "shared"} "#, || {
+            Ok(spec("c"))
+        })
+        .unwrap();
         assert_eq!(different.model, "c");
         // A value that cannot be parsed is not kept.
-        let bad = format!("{{\"bad\": \"{}\"}}", uuid::Uuid::now_v7());
-        assert!(parsed(bad.as_bytes(), || Err("no".into())).is_err());
-        assert!(!CACHE.lock().unwrap().specs.contains_key(bad.as_bytes()));
+        let bad = br#"{"bad": 1}"#;
+        assert!(parsed(&cache, 1 << 20, bad, || Err("no".into())).is_err());
+        assert!(!cache.lock().unwrap().specs.contains_key(&bad[..]));
+        // Nothing is kept with a limit of 0.
+        let none = Mutex::default();
+        parsed(&none, 0, key, || Ok(spec("d"))).unwrap();
+        assert!(none.lock().unwrap().specs.is_empty());
     }
 
-    /// The cache holds at most its limit of JSON, whatever tenants submit.
+    /// The cache holds at most its limit of JSON, whatever tenants submit, and what it counts
+    /// is what it holds.
     #[test]
     fn the_cache_stays_within_its_limit() {
-        let limit = LIMIT_BYTES.load(Ordering::Relaxed);
-        for _ in 0..200 {
-            let key = format!(
-                "{{\"model\": \"{}{}\"}}",
-                "x".repeat(50_000),
-                uuid::Uuid::now_v7()
+        let cache = Mutex::default();
+        let limit = 1 << 20;
+        for i in 0..200 {
+            let key = format!("{{\"model\": \"{}{i}\"}}", "x".repeat(50_000));
+            parsed(&cache, limit, key.as_bytes(), || Ok(spec("m"))).unwrap();
+            let cache = cache.lock().unwrap();
+            assert!(cache.bytes <= limit, "{} > {limit}", cache.bytes);
+            assert_eq!(
+                cache.bytes,
+                cache.specs.keys().map(|k| k.len()).sum::<usize>()
             );
-            parsed(key.as_bytes(), || Ok(spec("m"))).unwrap();
+            assert!(
+                cache.specs.contains_key(key.as_bytes()),
+                "the newest is kept"
+            );
         }
-        let cache = CACHE.lock().unwrap();
-        assert!(cache.bytes <= limit, "{} > {limit}", cache.bytes);
-        assert_eq!(
-            cache.bytes,
-            cache.specs.keys().map(|k| k.len()).sum::<usize>()
-        );
     }
 }

@@ -81,11 +81,17 @@ impl Verdicts {
         let mut known = self.known.lock().expect("verdicts lock");
         for (digest, patterns) in learned {
             if known.len() >= self.max && !known.contains_key(&digest) {
-                // Any one: which is cheaper to lose is not known, and the map's order is not
-                // the tenants' to choose.
-                if let Some(victim) = known.keys().next().copied() {
-                    known.remove(&victim);
-                }
+                // Arbitrary ones (which is cheaper to lose is not known, and the map's order
+                // is not the tenants' to choose), an eighth at once: a full map is not passed
+                // over for every new schema.
+                let mut drop = (self.max / 8).max(1);
+                known.retain(|_, _| {
+                    if drop == 0 {
+                        return true;
+                    }
+                    drop -= 1;
+                    false
+                });
             }
             known.insert(digest, patterns);
         }
@@ -93,14 +99,13 @@ impl Verdicts {
 }
 
 /// One schema of a request as [`check_each`] takes it.
-enum Entry<'s> {
-    /// Accepted before: only its patterns are counted.
-    Known { field: &'s str, patterns: Patterns },
-    New {
-        field: &'s str,
-        schema: &'s Value,
-        digest: SchemaDigest,
-    },
+struct Entry<'s> {
+    field: &'s str,
+    schema: &'s Value,
+    digest: SchemaDigest,
+    /// Its patterns when it was accepted before: then only they are counted (it is walked
+    /// again only to word a refusal as the walk words it).
+    known: Option<Patterns>,
 }
 
 impl<'a> RequestSchemas<'a> {
@@ -144,7 +149,12 @@ impl<'a> RequestSchemas<'a> {
             .zip(&known)
             .any(|(d, k)| k.is_none() && has_patterns(d.schema));
         if !slow {
-            let entries = self.distinct.iter().zip(known).map(|(d, k)| entry(d, k));
+            let entries = self.distinct.iter().zip(known).map(|(d, known)| Entry {
+                field: &d.field,
+                schema: d.schema,
+                digest: d.digest,
+                known,
+            });
             let learned = check_each(&limits, what, entries)?;
             verdicts.keep(learned);
             return Ok(());
@@ -156,29 +166,21 @@ impl<'a> RequestSchemas<'a> {
             .acquire_owned()
             .await
             .expect("never closed");
-        // The blocking task owns what it checks: the new schemas, copied.
-        let owned: Vec<(String, Option<Value>, SchemaDigest, Option<Patterns>)> = self
+        // The blocking task owns what it checks: the schemas, copied.
+        let owned: Vec<(String, Value, SchemaDigest, Option<Patterns>)> = self
             .distinct
             .into_iter()
             .zip(known)
-            .map(|(d, k)| (d.field, k.is_none().then(|| d.schema.clone()), d.digest, k))
+            .map(|(d, k)| (d.field, d.schema.clone(), d.digest, k))
             .collect();
         let learned = tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            let entries =
-                owned
-                    .iter()
-                    .map(|(field, schema, digest, known)| match (schema, known) {
-                        (Some(schema), _) => Entry::New {
-                            field,
-                            schema,
-                            digest: *digest,
-                        },
-                        (None, known) => Entry::Known {
-                            field,
-                            patterns: known.unwrap_or_default(),
-                        },
-                    });
+            let entries = owned.iter().map(|(field, schema, digest, known)| Entry {
+                field,
+                schema,
+                digest: *digest,
+                known: *known,
+            });
             check_each(&limits, what, entries)
         })
         .await
@@ -193,20 +195,6 @@ impl<'a> RequestSchemas<'a> {
     }
 }
 
-fn entry<'s>(d: &'s Distinct<'_>, known: Option<Patterns>) -> Entry<'s> {
-    match known {
-        Some(patterns) => Entry::Known {
-            field: &d.field,
-            patterns,
-        },
-        None => Entry::New {
-            field: &d.field,
-            schema: d.schema,
-            digest: d.digest,
-        },
-    }
-}
-
 /// Counts each schema's patterns onto the request's total, walking and compiling the new
 /// ones; returns the verdicts learned.
 fn check_each<'s>(
@@ -216,32 +204,34 @@ fn check_each<'s>(
 ) -> Result<Vec<(SchemaDigest, Patterns)>, SchemaError> {
     let mut total = Patterns::default();
     let mut learned = Vec::new();
-    for entry in entries {
-        match entry {
-            Entry::Known { field, patterns } => {
-                total.add(patterns);
-                total.within(limits, what).map_err(|message| SchemaError {
-                    field: field.to_owned(),
-                    message,
-                })?;
+    for Entry {
+        field,
+        schema,
+        digest,
+        known,
+    } in entries
+    {
+        let refuse = |message| SchemaError {
+            field: field.to_owned(),
+            message,
+        };
+        if let Some(patterns) = known {
+            let before = total;
+            total.add(patterns);
+            if total.within(limits, what).is_err() {
+                // Refused: worded by the walk, which meets the patterns one by one (it may
+                // pass the limit on states where the whole schema's count says patterns).
+                inspect(schema, limits, what, before).map_err(refuse)?;
+                total.within(limits, what).map_err(refuse)?;
             }
-            Entry::New {
-                field,
-                schema,
-                digest,
-            } => {
-                let refuse = |message| SchemaError {
-                    field: field.to_owned(),
-                    message,
-                };
-                let found = inspect(schema, limits, what, total)
-                    .map_err(refuse)?
-                    .patterns;
-                total.add(found);
-                build(schema).map_err(refuse)?;
-                learned.push((digest, found));
-            }
+            continue;
         }
+        let found = inspect(schema, limits, what, total)
+            .map_err(refuse)?
+            .patterns;
+        total.add(found);
+        build(schema).map_err(refuse)?;
+        learned.push((digest, found));
     }
     Ok(learned)
 }
@@ -333,17 +323,17 @@ mod tests {
         assert_eq!(verdicts.len(), 3);
         let digest =
             |v: &Value| -> SchemaDigest { Sha256::digest(serde_json::to_vec(v).unwrap()).into() };
-        let learned = verdicts.lookup([digest(&one), digest(&two)].iter());
+        let states = |p: &str| super::super::pattern_states(p).unwrap();
         assert_eq!(
-            learned,
+            verdicts.lookup([digest(&one), digest(&two)].iter()),
             vec![
                 Some(Patterns {
                     count: 1,
-                    states: learned[0].unwrap().states
+                    states: states("^a+$")
                 }),
                 Some(Patterns {
                     count: 2,
-                    states: learned[1].unwrap().states
+                    states: states("^b+$") + states("^c+$")
                 })
             ]
         );
@@ -372,6 +362,37 @@ mod tests {
         schemas.add("agent.tools[0].parameters".into(), &bad);
         schemas.compile(&compiles, &verdicts).await.unwrap_err();
         assert_eq!(verdicts.lookup([digest(&bad)].iter()), vec![None]);
+    }
+
+    /// A remembered schema past the request's limit is refused with the walk's own words: the
+    /// walk meets patterns one by one, and may pass the limit on states first where the
+    /// schema's whole count would say patterns.
+    #[tokio::test]
+    async fn a_remembered_schema_is_refused_as_the_walk_refuses_it() {
+        let compiles = Arc::new(tokio::sync::Semaphore::new(1));
+        let limits = Limits {
+            max_patterns: 2,
+            max_states: 1_000,
+        };
+        let earlier = json!({"pattern": "a{600}"});
+        let later = json!({"properties": {"p": {"pattern": "c"}, "q": {"pattern": "b{500}"}}});
+        let refusal = |verdicts: Arc<Verdicts>| {
+            let (earlier, later, compiles) = (&earlier, &later, &compiles);
+            async move {
+                let mut schemas = RequestSchemas::new(limits, "the agent's tool schemas together");
+                schemas.add("agent.tools[0].parameters".into(), earlier);
+                schemas.add("agent.tools[1].parameters".into(), later);
+                schemas.compile(compiles, &verdicts).await.unwrap_err()
+            }
+        };
+        let walked = refusal(Verdicts::new(0)).await;
+        let remembering = Verdicts::new(16);
+        let mut alone = RequestSchemas::new(limits, "the agent's tool schemas together");
+        alone.add("agent.tools[0].parameters".into(), &later);
+        alone.compile(&compiles, &remembering).await.unwrap();
+        assert_eq!(remembering.len(), 1);
+        assert_eq!(refusal(remembering).await, walked);
+        assert_eq!(walked.field, "agent.tools[1].parameters");
     }
 
     #[test]

@@ -102,7 +102,16 @@ impl Catalog {
 pub struct Catalogs {
     /// By the spec's address, pinned by the `Weak` kept beside it (an allocation is not reused
     /// while a `Weak` to it lives), and the tenant.
-    shared: Mutex<HashMap<(usize, Uuid), SharedCatalog>>,
+    shared: Mutex<Known>,
+}
+
+#[derive(Default)]
+struct Known {
+    catalogs: HashMap<(usize, Uuid), SharedCatalog>,
+    /// Entries past which an insert first forgets the catalogs no holding uses any longer:
+    /// [`TIDY_AT`], or twice what a tidy left, so that many live catalogs are not passed
+    /// over at every insert.
+    tidy_at: usize,
 }
 
 /// The spec a shared catalog was built from (pinning its address) and the catalog.
@@ -127,6 +136,7 @@ impl Catalogs {
             .shared
             .lock()
             .expect("catalogs lock")
+            .catalogs
             .get(&key)
             .and_then(|(_, catalog)| catalog.upgrade());
         if let Some(catalog) = known {
@@ -134,10 +144,14 @@ impl Catalogs {
         }
         let catalog = Arc::new(build.await?);
         let mut shared = self.shared.lock().expect("catalogs lock");
-        if shared.len() >= TIDY_AT {
-            shared.retain(|_, (_, catalog)| catalog.strong_count() > 0);
+        if shared.catalogs.len() >= shared.tidy_at.max(TIDY_AT) {
+            shared
+                .catalogs
+                .retain(|_, (_, catalog)| catalog.strong_count() > 0);
+            shared.tidy_at = shared.catalogs.len() * 2;
         }
-        shared.insert(key, (Arc::downgrade(agent), Arc::downgrade(&catalog)));
+        let entry = (Arc::downgrade(agent), Arc::downgrade(&catalog));
+        shared.catalogs.insert(key, entry);
         Ok(catalog)
     }
 }
