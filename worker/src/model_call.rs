@@ -426,6 +426,24 @@ mod tests {
 
     use super::*;
 
+    fn body<'a>(
+        messages: &'a [Value],
+        tools: &'a [Value],
+        (max_tokens, temperature): (Option<u32>, Option<f32>),
+    ) -> RequestBody<'a> {
+        RequestBody {
+            max_tokens,
+            messages,
+            model: "m",
+            stream: true,
+            stream_options: StreamOptions {
+                include_usage: true,
+            },
+            temperature,
+            tools,
+        }
+    }
+
     /// Tools serialised once by the catalog go out exactly as the body would have written
     /// them, with or without the optional fields after `messages`.
     #[test]
@@ -436,23 +454,6 @@ mod tests {
             json!({"type": "function", "function": {"name": "ask_user"}}),
         ];
         let tools_json = serde_json::to_string(&tools).unwrap();
-        fn body<'a>(
-            messages: &'a [Value],
-            tools: &'a [Value],
-            (max_tokens, temperature): (Option<u32>, Option<f32>),
-        ) -> RequestBody<'a> {
-            RequestBody {
-                max_tokens,
-                messages,
-                model: "m",
-                stream: true,
-                stream_options: StreamOptions {
-                    include_usage: true,
-                },
-                temperature,
-                tools,
-            }
-        }
         for set in [(None, None), (Some(64), Some(0.7))] {
             let whole = serde_json::to_vec(&body(&messages, &tools, set)).unwrap();
             let spliced = with_tools(&body(&messages, &[], set), &tools_json);
@@ -472,18 +473,7 @@ mod tests {
         let messages = vec![json!({"role": "user", "content": "hi"})];
         let tools = vec![json!({"type": "function", "function": {"name": "echo"}})];
         let body = |max_tokens, temperature, tools: &[Value]| {
-            serde_json::to_string(&RequestBody {
-                max_tokens,
-                messages: &messages,
-                model: "m",
-                stream: true,
-                stream_options: StreamOptions {
-                    include_usage: true,
-                },
-                temperature,
-                tools,
-            })
-            .unwrap()
+            serde_json::to_string(&body(&messages, tools, (max_tokens, temperature))).unwrap()
         };
         let parsed = |text: String| serde_json::from_str::<Value>(&text).unwrap();
         assert_eq!(
