@@ -2,8 +2,8 @@
 //! and each `mcp` entry expanded into its server's tools (listed, cached), named
 //! `<entry name>__<tool name>` so names stay unique and valid for the model.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, Weak};
+use std::collections::HashSet;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -13,6 +13,7 @@ use agentfleet_shared::domain::{AgentSpec, Risk, ToolKind, ToolSpec};
 use agentfleet_shared::store::mcp_servers::{self, ResolveError};
 use agentfleet_shared::tool_schema::Limits;
 
+use super::weak_map::WeakMap;
 use super::{Parameters, builtin, mcp};
 use crate::shared::Shared;
 
@@ -97,25 +98,14 @@ impl Catalog {
 /// copied every tool's schema twice and dropped both at the run's end, a tenth of a worker's
 /// CPU per run under `bench --agent-tools` (perf). A catalog with MCP tools is built per
 /// holding, as the servers' listings may change. Compiled schemas live with their catalog, so
-/// they are still held exactly while a holding uses them, counted as that tenant's.
+/// they are still held exactly while a holding uses them (and counted as `compiled::Schemas`
+/// counts them: against the tenant whose holding compiled them first).
 #[derive(Default)]
 pub struct Catalogs {
     /// By the spec's address, pinned by the `Weak` kept beside it (an allocation is not reused
     /// while a `Weak` to it lives), and the tenant.
-    shared: Mutex<Known>,
+    shared: WeakMap<(usize, Uuid), Catalog, Weak<AgentSpec>>,
 }
-
-#[derive(Default)]
-struct Known {
-    catalogs: HashMap<(usize, Uuid), SharedCatalog>,
-    /// Entries past which an insert first forgets the catalogs no holding uses any longer:
-    /// [`TIDY_AT`], or twice what a tidy left, so that many live catalogs are not passed
-    /// over at every insert.
-    tidy_at: usize,
-}
-
-/// The spec a shared catalog was built from (pinning its address) and the catalog.
-type SharedCatalog = (Weak<AgentSpec>, Weak<Catalog>);
 
 impl Catalogs {
     /// The holding's catalog: shared when `agent`'s tools are all `http`, else `build`'s own.
@@ -132,32 +122,15 @@ impl Catalogs {
             return build.await.map(Arc::new);
         }
         let key = (Arc::as_ptr(agent) as usize, tenant);
-        let known = self
-            .shared
-            .lock()
-            .expect("catalogs lock")
-            .catalogs
-            .get(&key)
-            .and_then(|(_, catalog)| catalog.upgrade());
+        let known = self.shared.get(&key);
         if let Some(catalog) = known {
             return Ok(catalog);
         }
         let catalog = Arc::new(build.await?);
-        let mut shared = self.shared.lock().expect("catalogs lock");
-        if shared.catalogs.len() >= shared.tidy_at.max(TIDY_AT) {
-            shared
-                .catalogs
-                .retain(|_, (_, catalog)| catalog.strong_count() > 0);
-            shared.tidy_at = shared.catalogs.len() * 2;
-        }
-        let entry = (Arc::downgrade(agent), Arc::downgrade(&catalog));
-        shared.catalogs.insert(key, entry);
+        self.shared.insert(key, Arc::downgrade(agent), &catalog);
         Ok(catalog)
     }
 }
-
-/// Entries past which an insert first forgets the catalogs no holding uses any longer.
-const TIDY_AT: usize = 1024;
 
 pub async fn build(
     shared: &Shared,

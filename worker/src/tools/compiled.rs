@@ -3,8 +3,7 @@
 //! usually the same for all of its runs, and each run compiling its own copy would hold it
 //! once per slot.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 use agentfleet_shared::tool_schema::{Limits, PatternTable};
 use serde_json::Value;
@@ -12,6 +11,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::schema_memory::{Refused, SchemaMemory, Share};
+use super::weak_map::WeakMap;
 
 /// A compiled schema, with the share of the worker's memory for compiled patterns it holds
 /// until the last holding using it ends.
@@ -26,17 +26,14 @@ pub struct Compiled {
 /// holding uses them.
 pub struct Schemas {
     memory: SchemaMemory,
-    compiled: Mutex<HashMap<[u8; 32], Weak<Compiled>>>,
+    compiled: WeakMap<[u8; 32], Compiled>,
 }
-
-/// Entries past which an insert first forgets the schemas no holding uses any longer.
-const TIDY_AT: usize = 1024;
 
 impl Schemas {
     pub fn new(memory: SchemaMemory) -> Schemas {
         Schemas {
             memory,
-            compiled: Mutex::default(),
+            compiled: WeakMap::default(),
         }
     }
 
@@ -46,16 +43,11 @@ impl Schemas {
     }
 
     fn get(&self, key: &[u8; 32]) -> Option<Arc<Compiled>> {
-        let compiled = self.compiled.lock().expect("compiled schemas lock");
-        compiled.get(key).and_then(Weak::upgrade)
+        self.compiled.get(key)
     }
 
     fn put(&self, key: [u8; 32], schema: &Arc<Compiled>) {
-        let mut compiled = self.compiled.lock().expect("compiled schemas lock");
-        if compiled.len() >= TIDY_AT {
-            compiled.retain(|_, entry| entry.strong_count() > 0);
-        }
-        compiled.insert(key, Arc::downgrade(schema));
+        self.compiled.insert(key, (), schema);
     }
 }
 

@@ -9,6 +9,7 @@ pub mod http;
 pub mod mcp;
 pub mod schema_memory;
 pub mod settle;
+pub mod weak_map;
 
 use std::sync::Arc;
 
