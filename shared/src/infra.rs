@@ -225,20 +225,30 @@ mod tests {
         assert_eq!(address("redis://cache:6379"), "cache:6379");
     }
 
-    #[tokio::test]
-    async fn gives_up_after_the_budget_naming_the_server() {
-        let mut attempts = 0;
-        let err = wait_for(
+    /// `wait_for` of a Redis that never answers, with a budget of 300 ms.
+    async fn redis_refusing<F, Fut>(connect: F) -> Unreachable
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<(), anyhow::Error>>,
+    {
+        wait_for(
             Server::Redis,
             "redis://127.0.0.1:1",
             Duration::from_millis(300),
-            || {
-                attempts += 1;
-                async { Err::<(), _>(anyhow::anyhow!("connection refused")) }
-            },
+            connect,
         )
         .await
-        .unwrap_err();
+        .unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn gives_up_after_the_budget_naming_the_server() {
+        let mut attempts = 0;
+        let err = redis_refusing(|| {
+            attempts += 1;
+            async { Err::<(), _>(anyhow::anyhow!("connection refused")) }
+        })
+        .await;
         assert!(attempts >= 2, "it retried ({attempts} attempts)");
         assert_eq!(
             err.to_string(),
@@ -254,23 +264,17 @@ mod tests {
     #[tokio::test]
     async fn the_cause_is_not_an_attempt_cut_short_by_the_budget() {
         let mut attempts = 0;
-        let err = wait_for(
-            Server::Redis,
-            "redis://127.0.0.1:1",
-            Duration::from_millis(300),
-            || {
-                attempts += 1;
-                let first = attempts == 1;
-                async move {
-                    if first {
-                        return Err::<(), _>(anyhow::anyhow!("connection refused"));
-                    }
-                    std::future::pending().await
+        let err = redis_refusing(|| {
+            attempts += 1;
+            let first = attempts == 1;
+            async move {
+                if first {
+                    return Err::<(), _>(anyhow::anyhow!("connection refused"));
                 }
-            },
-        )
-        .await
-        .unwrap_err();
+                std::future::pending().await
+            }
+        })
+        .await;
         assert_eq!(attempts, 2, "the second attempt waited to the budget's end");
         assert_eq!(err.cause, "connection refused");
     }

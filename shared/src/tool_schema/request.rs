@@ -241,6 +241,20 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Compiles `schemas` as one agent's tools (`agent.tools[i].parameters`).
+    async fn agent_schemas(
+        limits: Limits,
+        schemas: &[&Value],
+        compiles: &Arc<tokio::sync::Semaphore>,
+        verdicts: &Verdicts,
+    ) -> Result<(), SchemaError> {
+        let mut request = RequestSchemas::new(limits, "the agent's tool schemas together");
+        for (i, schema) in schemas.iter().enumerate() {
+            request.add(format!("agent.tools[{i}].parameters"), schema);
+        }
+        request.compile(compiles, verdicts).await
+    }
+
     #[tokio::test]
     async fn a_request_compiles_each_distinct_schema_once_within_one_limit() {
         let compiles = Arc::new(tokio::sync::Semaphore::new(1));
@@ -275,11 +289,9 @@ mod tests {
         // What does not compile is named by the field that gave it first.
         let bad = json!({"type": 12});
         let plain = json!({"type": "object"});
-        let mut schemas = RequestSchemas::new(limits, "the agent's tool schemas together");
-        schemas.add("agent.tools[0].parameters".into(), &plain);
-        schemas.add("agent.tools[1].parameters".into(), &bad);
-        schemas.add("agent.tools[2].parameters".into(), &bad);
-        let err = schemas.compile(&compiles, &verdicts).await.unwrap_err();
+        let err = agent_schemas(limits, &[&plain, &bad, &bad], &compiles, &verdicts)
+            .await
+            .unwrap_err();
         assert_eq!(err.field, "agent.tools[1].parameters");
         assert!(
             err.message.contains("invalid JSON Schema"),
@@ -288,9 +300,9 @@ mod tests {
         );
         // A reference the argument check could not follow is refused by the walk.
         let remote = json!({"properties": {"a": {"$ref": "https://x/s.json"}}});
-        let mut schemas = RequestSchemas::new(limits, "the agent's tool schemas together");
-        schemas.add("agent.tools[0].parameters".into(), &remote);
-        let err = schemas.compile(&compiles, &verdicts).await.unwrap_err();
+        let err = agent_schemas(limits, &[&remote], &compiles, &verdicts)
+            .await
+            .unwrap_err();
         assert!(
             err.message.contains("`$ref` at /properties/a"),
             "{}",
@@ -313,13 +325,12 @@ mod tests {
         let two = json!({"type": "object", "properties": {"b": {"pattern": "^b+$"},
                                                           "c": {"pattern": "^c+$"}}});
         let plain = json!({"type": "object"});
-        let mut schemas = RequestSchemas::new(limits, "the agent's tool schemas together");
-        schemas.add("agent.tools[0].parameters".into(), &one);
-        schemas.add("agent.tools[1].parameters".into(), &plain);
-        schemas.compile(&compiles, &verdicts).await.unwrap();
-        let mut schemas = RequestSchemas::new(limits, "the agent's tool schemas together");
-        schemas.add("agent.tools[0].parameters".into(), &two);
-        schemas.compile(&compiles, &verdicts).await.unwrap();
+        agent_schemas(limits, &[&one, &plain], &compiles, &verdicts)
+            .await
+            .unwrap();
+        agent_schemas(limits, &[&two], &compiles, &verdicts)
+            .await
+            .unwrap();
         assert_eq!(verdicts.len(), 3);
         let digest =
             |v: &Value| -> SchemaDigest { Sha256::digest(serde_json::to_vec(v).unwrap()).into() };
@@ -339,10 +350,9 @@ mod tests {
         );
         // Both known: together they hold three patterns, past the limit of two, and the
         // schema that passes it is named.
-        let mut schemas = RequestSchemas::new(limits, "the agent's tool schemas together");
-        schemas.add("agent.tools[0].parameters".into(), &one);
-        schemas.add("agent.tools[1].parameters".into(), &two);
-        let err = schemas.compile(&compiles, &verdicts).await.unwrap_err();
+        let err = agent_schemas(limits, &[&one, &two], &compiles, &verdicts)
+            .await
+            .unwrap_err();
         assert_eq!(err.field, "agent.tools[1].parameters");
         assert!(
             err.message.contains("more than 2 patterns"),
@@ -353,14 +363,14 @@ mod tests {
         // refuse is taken as it is (which is how the test sees that nothing re-checked it).
         let refused = json!({"properties": {"a": {"$ref": "https://x/s.json"}}});
         verdicts.keep(vec![(digest(&refused), Patterns::default())]);
-        let mut schemas = RequestSchemas::new(limits, "the agent's tool schemas together");
-        schemas.add("agent.tools[0].parameters".into(), &refused);
-        schemas.compile(&compiles, &verdicts).await.unwrap();
+        agent_schemas(limits, &[&refused], &compiles, &verdicts)
+            .await
+            .unwrap();
         // A refused schema is not remembered.
         let bad = json!({"type": 12});
-        let mut schemas = RequestSchemas::new(limits, "the agent's tool schemas together");
-        schemas.add("agent.tools[0].parameters".into(), &bad);
-        schemas.compile(&compiles, &verdicts).await.unwrap_err();
+        agent_schemas(limits, &[&bad], &compiles, &verdicts)
+            .await
+            .unwrap_err();
         assert_eq!(verdicts.lookup([digest(&bad)].iter()), vec![None]);
     }
 
@@ -379,17 +389,16 @@ mod tests {
         let refusal = |verdicts: Arc<Verdicts>| {
             let (earlier, later, compiles) = (&earlier, &later, &compiles);
             async move {
-                let mut schemas = RequestSchemas::new(limits, "the agent's tool schemas together");
-                schemas.add("agent.tools[0].parameters".into(), earlier);
-                schemas.add("agent.tools[1].parameters".into(), later);
-                schemas.compile(compiles, &verdicts).await.unwrap_err()
+                agent_schemas(limits, &[earlier, later], compiles, &verdicts)
+                    .await
+                    .unwrap_err()
             }
         };
         let walked = refusal(Verdicts::new(0)).await;
         let remembering = Verdicts::new(16);
-        let mut alone = RequestSchemas::new(limits, "the agent's tool schemas together");
-        alone.add("agent.tools[0].parameters".into(), &later);
-        alone.compile(&compiles, &remembering).await.unwrap();
+        agent_schemas(limits, &[&later], &compiles, &remembering)
+            .await
+            .unwrap();
         assert_eq!(remembering.len(), 1);
         assert_eq!(refusal(remembering).await, walked);
         assert_eq!(walked.field, "agent.tools[1].parameters");
