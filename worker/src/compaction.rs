@@ -3,6 +3,7 @@
 //! compaction in the thread (a `status` message, which `GET /v1/threads/{id}/messages` lists
 //! and which carries the summary later runs reuse) and announces it (`context_compacted`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -14,6 +15,7 @@ use agentfleet_shared::store::messages;
 
 use crate::bounded;
 use crate::context_window::{Fit, Limits, Summary};
+use crate::model_call::Messages;
 use crate::model_stream::truncate;
 use crate::run_ctx::{RunCtx, RunError};
 use crate::tokens::{self, Tokenizer};
@@ -32,9 +34,9 @@ pub async fn prompt(
     model: &ModelSettings,
     system: Option<Value>,
     tools: &[Value],
-    history: Vec<Value>,
+    history: Arc<Vec<Value>>,
     iteration: i32,
-) -> Result<(Vec<Value>, TurnUsage), RunError> {
+) -> Result<(Messages, TurnUsage), RunError> {
     let tokenizer = model.tokenizer;
     let reserve = model.max_tokens.unwrap_or(4096) as usize;
     let window = model.context_tokens.saturating_sub(reserve);
@@ -60,7 +62,7 @@ pub async fn prompt(
         && state.fits_as_is(&history, &limits(ctx, tokenizer, window - fixed_upper))
     {
         *ctx.compaction.lock().expect("compaction lock") = state;
-        return Ok((system.into_iter().chain(history).collect(), TurnUsage::ZERO));
+        return Ok((Messages { system, history }, TurnUsage::ZERO));
     }
 
     let (fixed, system) = {
@@ -166,7 +168,8 @@ pub async fn prompt(
         }
         ctx.emitter.emit(EventType::ContextCompacted, event).await?;
     }
-    Ok((system.into_iter().chain(view).collect(), used))
+    let history = Arc::new(view);
+    Ok((Messages { system, history }, used))
 }
 
 fn limits(ctx: &RunCtx, tokenizer: Tokenizer, budget: usize) -> Limits {

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
@@ -17,7 +18,7 @@ use agentfleet_shared::store::turns::{self, Turn};
 use agentfleet_shared::store::{StoreError, messages};
 
 use crate::budget::Spent;
-use crate::model_call::{self, DeltaPolicy, ModelError, ModelRequest, ModelResponse};
+use crate::model_call::{self, DeltaPolicy, Messages, ModelError, ModelRequest, ModelResponse};
 use crate::run_ctx::{RunCtx, RunError};
 use crate::tools;
 use crate::usage::{self, TurnUsage};
@@ -137,10 +138,12 @@ async fn call_model(
         tools.to_mut().push(tools::builtin::expand_definition());
     }
     if xml {
-        // The fitted history after the counted system message, rendered with the real one.
-        messages.remove(0);
-        messages =
-            crate::xml_calls::to_xml_history(system.into_iter().chain(messages).collect(), &tools);
+        // The fitted history without the counted system message, rendered with the real one.
+        let history = Arc::unwrap_or_clone(messages.history);
+        messages = Messages::from(crate::xml_calls::to_xml_history(
+            system.into_iter().chain(history).collect(),
+            &tools,
+        ));
         tools = Cow::Borrowed(&[]);
     }
     // The catalog's own serialisation, unless this call offers other tools (or none).
@@ -215,7 +218,7 @@ fn model_span(model: &str, messages: usize) -> tracing::Span {
 
 /// The history the model sees: read by the claim of a fresh run, else from Postgres on the
 /// holding's first turn, then kept in memory.
-async fn history(ctx: &RunCtx) -> Result<Vec<Value>, RunError> {
+async fn history(ctx: &RunCtx) -> Result<Arc<Vec<Value>>, RunError> {
     let cached = ctx.history.lock().expect("history lock").clone();
     if let Some(history) = cached {
         return Ok(history);
@@ -223,8 +226,9 @@ async fn history(ctx: &RunCtx) -> Result<Vec<Value>, RunError> {
     // Read once the results this holding settled are committed: read before, their calls
     // would look unanswered (and be "repaired" as never run).
     ctx.outcomes_committed().await?;
-    let loaded = Box::pin(messages::llm_history(&ctx.shared.pool, ctx.run.thread_id)).await?;
-    *ctx.history.lock().expect("history lock") = Some(loaded.clone());
+    let loaded =
+        Arc::new(Box::pin(messages::llm_history(&ctx.shared.pool, ctx.run.thread_id)).await?);
+    *ctx.history.lock().expect("history lock") = Some(Arc::clone(&loaded));
     Ok(loaded)
 }
 

@@ -64,7 +64,7 @@ pub async fn execute(
         shared.settings.limits.tokens_per_day,
     );
     let budget = Budget::new(claimed.run.agent.max_tokens_total, spent);
-    let history = claimed.history;
+    let history = claimed.history.map(std::sync::Arc::new);
     let run = claimed.run;
     if run.interrupt_requested_at.is_some() {
         // Asked before this claim (the hint went to a holder that is gone).

@@ -31,7 +31,8 @@ pub struct RunCtx {
     /// The messages the model sees, read once per holding (by the claim of a fresh run, else
     /// by the first turn) and kept up to date by this holder's own writes (it is the only
     /// writer while it holds the run).
-    pub history: Mutex<Option<Vec<serde_json::Value>>>,
+    /// Shared with the model request that sends it as it is (`model_call::Messages`).
+    pub history: Mutex<Option<Arc<Vec<serde_json::Value>>>>,
     /// Token budgets, with the figures of the claim and then of each turn commit.
     pub budget: Budget,
     /// The tools offered to the model (MCP servers listed), built once per holding.
@@ -98,7 +99,9 @@ impl RunCtx {
     /// Appends a message this holder has just committed to the thread.
     pub fn remember(&self, message: serde_json::Value) {
         if let Some(history) = self.history.lock().expect("history lock").as_mut() {
-            history.push(message);
+            // The request that shared it is over by now, so this copies nothing; were one
+            // still out, it would keep the history it was sent.
+            Arc::make_mut(history).push(message);
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::model_call::{ModelResponse, Usage};
+use crate::model_call::{Messages, ModelResponse, Usage};
 
 /// Tokens per message the chat format adds around its content (OpenAI's own counting guide
 /// uses 3, plus 3 priming the reply).
@@ -66,7 +66,7 @@ pub fn chat_overhead(messages: i64) -> i64 {
 /// The provider's usage, or an estimate over the request's messages and tools and the
 /// response. The tokenizer is built once per process, on first use (it takes a while), on a
 /// blocking thread, as is every estimate: it is CPU work the run's task must not stall on.
-pub async fn of_call(messages: &[Value], tools: &[Value], response: &ModelResponse) -> TurnUsage {
+pub async fn of_call(messages: &Messages, tools: &[Value], response: &ModelResponse) -> TurnUsage {
     if let Some(Usage {
         prompt_tokens,
         completion_tokens,
@@ -136,7 +136,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_providers_figures_win_and_an_estimate_is_marked() {
-        let messages = [json!({"role": "user", "content": "hello world"})];
+        let messages = Messages::from(vec![json!({"role": "user", "content": "hello world"})]);
         let reported = Usage {
             prompt_tokens: 11,
             completion_tokens: 22,

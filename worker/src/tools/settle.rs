@@ -492,7 +492,7 @@ async fn execute(
             Target::ExpandMessage => {
                 let history = ctx.history.lock().expect("history lock");
                 builtin::expand(
-                    history.as_deref().unwrap_or_default(),
+                    history.as_deref().map_or(&[][..], Vec::as_slice),
                     &args,
                     ctx.shared.settings.context.expand_max_bytes,
                 )

@@ -94,7 +94,9 @@ impl Ctx {
                "parameters": {"type": "object"}}),
         ];
         tools.extend(self.extra_tools());
-        json!({"model": "mock", "tools": tools, "max_iterations": 10})
+        // Every tool turn is an iteration, and so is the answer.
+        let max_iterations = (self.args.tool_turns + 1).max(10);
+        json!({"model": "mock", "tools": tools, "max_iterations": max_iterations})
     }
 
     /// The `--agent-tools` tools (none by default).

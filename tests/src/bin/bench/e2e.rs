@@ -64,9 +64,7 @@ async fn round(ctx: &Ctx, report: &mut Report, limits: &HashMap<&str, f64>) -> a
             ("database.max_connections", "20"),
         ],
     );
-    let input = script(
-        json!([{"tool_calls": [{"name": "echo", "arguments": {"x": 1}}]}, {"content": "done"}]),
-    );
+    let input = script(turns(ctx.args.tool_turns, ctx.args.tool_result_bytes));
     let body = json!({"input": input, "agent": ctx.agent()});
     // Let the workers connect before the clock starts.
     tokio::time::sleep(Duration::from_millis(if ctx.args.smoke {
@@ -131,11 +129,11 @@ async fn round(ctx: &Ctx, report: &mut Report, limits: &HashMap<&str, f64>) -> a
         None,
     );
     report.add("e2e", "run latency p99", percentile(&lat, 0.99), "ms", None);
-    // Two iterations per run: a tool call, then the answer.
+    // An iteration per tool turn, then the answer.
     crate::common::wait_for_timings(
         &ctx.env.pool,
         None,
-        iterations_before + 2 * n as i64,
+        iterations_before + (ctx.args.tool_turns as i64 + 1) * n as i64,
         Duration::from_secs(10),
     )
     .await;
@@ -216,6 +214,57 @@ async fn round(ctx: &Ctx, report: &mut Report, limits: &HashMap<&str, f64>) -> a
         None,
     );
     Ok(())
+}
+
+/// The scripted model's turns: `tool_turns` calls of `echo`, one a turn, then "done". Each
+/// call's arguments carry `result_bytes` of text (words, so that Postgres's compression and
+/// the tokenizer see text rather than one repeated byte), which the tool returns.
+fn turns(tool_turns: usize, result_bytes: usize) -> serde_json::Value {
+    let arguments = if result_bytes == 0 {
+        json!({"x": 1})
+    } else {
+        json!({"text": words(result_bytes)})
+    };
+    let mut call = json!({"tool_calls": [{"name": "echo", "arguments": arguments}]});
+    if tool_turns > 1 {
+        call["repeat"] = json!(tool_turns);
+    }
+    json!([call, {"content": "done"}])
+}
+
+/// `len` bytes of words drawn from a small vocabulary by a fixed sequence (the same text in
+/// every round).
+fn words(len: usize) -> String {
+    const VOCABULARY: [&str; 16] = [
+        "the",
+        "result",
+        "of",
+        "search",
+        "returned",
+        "twelve",
+        "documents",
+        "about",
+        "quarterly",
+        "revenue",
+        "in",
+        "region",
+        "north",
+        "with",
+        "figures",
+        "attached",
+    ];
+    let mut text = String::with_capacity(len + 16);
+    let mut state: u32 = 2_463_534_242;
+    while text.len() < len {
+        // xorshift32: a fixed, cheap sequence.
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        text.push_str(VOCABULARY[(state % 16) as usize]);
+        text.push(' ');
+    }
+    text.truncate(len);
+    text
 }
 
 /// Every process a run passes through; the client group is the benchmark process, which also

@@ -72,6 +72,15 @@ struct Args {
     /// calls only `echo`. `bench/agent-tools.json` holds eight realistic ones.
     #[arg(long)]
     agent_tools: Option<String>,
+    /// Tool turns per run in the end-to-end section: the scripted model calls `echo` once a
+    /// turn this many times, then answers (1: the no-op run every figure of issue 13 uses).
+    /// Longer runs send a longer history with every model call, as a working agent does.
+    #[arg(long, default_value_t = 1)]
+    tool_turns: usize,
+    /// Bytes of text in each `echo` call's arguments in the end-to-end section, which the
+    /// tool returns as its result (0: `{"x": 1}`, the no-op run's).
+    #[arg(long, default_value_t = 0)]
+    tool_result_bytes: usize,
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench.json")]
     out: String,
@@ -98,6 +107,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(
         (1..=1000).contains(&args.submit_batch),
         "--submit-batch must be within 1..=1000 (the API's default api.max_batch_runs)"
+    );
+    anyhow::ensure!(
+        (1..=200).contains(&args.tool_turns),
+        "--tool-turns must be within 1..=200"
+    );
+    anyhow::ensure!(
+        args.tool_result_bytes <= 1 << 20,
+        "--tool-result-bytes must be at most 1048576 (the tool server's and the worker's limits)"
     );
     let extra_tools = match &args.agent_tools {
         None => Vec::new(),
