@@ -15,6 +15,7 @@ use agentfleet_shared::store::messages;
 
 use crate::bounded;
 use crate::context_window::{Fit, Limits, Summary};
+use crate::history::History;
 use crate::model_call::Messages;
 use crate::model_stream::truncate;
 use crate::run_ctx::{RunCtx, RunError};
@@ -34,7 +35,7 @@ pub async fn prompt(
     model: &ModelSettings,
     system: Option<Value>,
     tools: &[Value],
-    history: Arc<Vec<Value>>,
+    history: Arc<History>,
     iteration: i32,
 ) -> Result<(Messages, TurnUsage), RunError> {
     let tokenizer = model.tokenizer;
@@ -168,7 +169,7 @@ pub async fn prompt(
         }
         ctx.emitter.emit(EventType::ContextCompacted, event).await?;
     }
-    let history = Arc::new(view);
+    let history = Arc::new(History::from(view));
     Ok((Messages { system, history }, used))
 }
 

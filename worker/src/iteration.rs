@@ -18,6 +18,7 @@ use agentfleet_shared::store::turns::{self, Turn};
 use agentfleet_shared::store::{StoreError, messages};
 
 use crate::budget::Spent;
+use crate::history::History;
 use crate::model_call::{self, DeltaPolicy, Messages, ModelError, ModelRequest, ModelResponse};
 use crate::run_ctx::{RunCtx, RunError};
 use crate::tools;
@@ -139,7 +140,7 @@ async fn call_model(
     }
     if xml {
         // The fitted history without the counted system message, rendered with the real one.
-        let history = Arc::unwrap_or_clone(messages.history);
+        let history = Arc::unwrap_or_clone(messages.history).into_messages();
         messages = Messages::from(crate::xml_calls::to_xml_history(
             system.into_iter().chain(history).collect(),
             &tools,
@@ -218,7 +219,7 @@ fn model_span(model: &str, messages: usize) -> tracing::Span {
 
 /// The history the model sees: read by the claim of a fresh run, else from Postgres on the
 /// holding's first turn, then kept in memory.
-async fn history(ctx: &RunCtx) -> Result<Arc<Vec<Value>>, RunError> {
+async fn history(ctx: &RunCtx) -> Result<Arc<History>, RunError> {
     let cached = ctx.history.lock().expect("history lock").clone();
     if let Some(history) = cached {
         return Ok(history);
@@ -226,8 +227,8 @@ async fn history(ctx: &RunCtx) -> Result<Arc<Vec<Value>>, RunError> {
     // Read once the results this holding settled are committed: read before, their calls
     // would look unanswered (and be "repaired" as never run).
     ctx.outcomes_committed().await?;
-    let loaded =
-        Arc::new(Box::pin(messages::llm_history(&ctx.shared.pool, ctx.run.thread_id)).await?);
+    let loaded = Box::pin(messages::llm_history(&ctx.shared.pool, ctx.run.thread_id)).await?;
+    let loaded = Arc::new(History::from(loaded));
     *ctx.history.lock().expect("history lock") = Some(Arc::clone(&loaded));
     Ok(loaded)
 }

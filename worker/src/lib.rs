@@ -1,7 +1,8 @@
 //! agentfleet-worker: takes runs from the queue and executes the agent loop.
 //!
 //! A run's life, file by file: `intake` (deliveries into slots) → `claim` (lease + attempt) →
-//! `lease` (heartbeat) → `run` (the driver, over `run_ctx`) → `iteration` (one model turn) → `model_call` →
+//! `lease` (heartbeat) → `run` (the driver, over `run_ctx`) → `iteration` (one model turn, over
+//! the `history`) → `model_call` →
 //! `tools` (settle the calls) → `pause` (ask, confirm) → `drain` (shutdown). `sweeper`
 //! re-enqueues what should be moving and is not; `control` carries cancel hints.
 
@@ -15,6 +16,7 @@ pub mod dispatch;
 pub mod drain;
 pub mod emitter;
 pub mod health;
+pub mod history;
 pub mod intake;
 pub mod iteration;
 pub mod lease;

@@ -21,6 +21,7 @@ use agentfleet_shared::sanitize::strip_nul_in;
 
 use crate::bounded::{self, LimitError};
 use crate::emitter::{Emitter, Fenced};
+use crate::history::History;
 pub use crate::model_stream::{ModelResponse, ModelToolCall, Usage};
 use crate::model_stream::{StreamError, StreamParser, truncate};
 use crate::xml_calls::XmlCalls;
@@ -117,13 +118,13 @@ pub struct ModelRequest<'a> {
 }
 
 /// A request's messages: the system prompt (if any), then the history. A history sent as it is
-/// shares the holding's copy (`RunCtx::history`): a long run's history would otherwise be
-/// cloned, then dropped, at every model call (`perf`, ten tool turns of 2 KB: an eighth of a
-/// worker's samples).
+/// shares the holding's copy (`RunCtx::history`), serialised as it is kept: a long run's history
+/// would otherwise be cloned, dropped and serialised again at every model call (`perf`, ten
+/// tool turns of 2 KB: the clone an eighth of a worker's samples, the serialisation a tenth).
 #[derive(Debug, Clone, Default)]
 pub struct Messages {
     pub system: Option<Value>,
-    pub history: Arc<Vec<Value>>,
+    pub history: Arc<History>,
 }
 
 impl Messages {
@@ -138,6 +139,19 @@ impl Messages {
     pub fn iter(&self) -> impl Iterator<Item = &Value> {
         self.system.iter().chain(self.history.iter())
     }
+
+    /// Appends the messages as a JSON array: the history's JSON as it is kept.
+    fn write_json(&self, out: &mut Vec<u8>) {
+        out.push(b'[');
+        if let Some(system) = &self.system {
+            serde_json::to_writer(&mut *out, system).expect("a JSON value serialises");
+            if !self.history.is_empty() {
+                out.push(b',');
+            }
+        }
+        out.extend_from_slice(self.history.json());
+        out.push(b']');
+    }
 }
 
 /// Messages built for one request (no system prompt apart).
@@ -145,44 +159,54 @@ impl From<Vec<Value>> for Messages {
     fn from(messages: Vec<Value>) -> Messages {
         Messages {
             system: None,
-            history: Arc::new(messages),
+            history: Arc::new(History::from(messages)),
         }
     }
 }
 
-impl serde::Serialize for Messages {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.iter())
-    }
-}
-
-/// The body of a chat-completions request, serialised straight from the run's history: a
-/// `serde_json::Value` built for it would copy the whole history (and the tool definitions)
-/// once per model call. Fields in the order `json!` used to give them (sorted).
+/// The fields of a chat-completions body besides its messages and tools, in the order `json!`
+/// used to give them (sorted). Those two follow as JSON already written: the history as the
+/// holding keeps it serialised, the tools as their catalog serialised them (it is shared by
+/// the holdings of one agent).
 #[derive(serde::Serialize)]
-struct RequestBody<'a> {
+struct RequestHead<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u32>,
-    messages: &'a Messages,
     model: &'a str,
     stream: bool,
     stream_options: StreamOptions,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f32>,
-    #[serde(skip_serializing_if = "<[Value]>::is_empty")]
-    tools: &'a [Value],
 }
 
-/// `body` serialised with `tools` (JSON already serialised) as its last field, where
-/// serialising the field would have put it (`tools` sorts last).
-fn with_tools(body: &RequestBody<'_>, tools: &str) -> Vec<u8> {
-    let mut out = serde_json::to_vec(body).expect("a request body serialises");
-    if tools != "[]" {
-        out.pop(); // the closing brace
-        out.extend_from_slice(b",\"tools\":");
-        out.extend_from_slice(tools.as_bytes());
-        out.push(b'}');
+/// The request's body, built once per model call (every attempt sends the same bytes).
+fn body(req: &ModelRequest<'_>) -> Vec<u8> {
+    let head = RequestHead {
+        max_tokens: req.model.max_tokens,
+        model: &req.model.model,
+        stream: true,
+        stream_options: StreamOptions {
+            include_usage: true,
+        },
+        temperature: req.model.temperature,
+    };
+    let mut out = serde_json::to_vec(&head).expect("a request head serialises");
+    out.pop(); // its closing brace
+    out.extend_from_slice(b",\"messages\":");
+    req.messages.write_json(&mut out);
+    match req.tools_json {
+        Some("[]") => {}
+        Some(tools) => {
+            out.extend_from_slice(b",\"tools\":");
+            out.extend_from_slice(tools.as_bytes());
+        }
+        None if req.tools.is_empty() => {}
+        None => {
+            out.extend_from_slice(b",\"tools\":");
+            serde_json::to_writer(&mut out, &*req.tools).expect("tool definitions serialise");
+        }
     }
+    out.push(b'}');
     out
 }
 
@@ -217,7 +241,8 @@ pub async fn call(
         .with_max_times(settings.model_max_retries)
         .with_jitter();
     let retry_after_max = Duration::from_millis(settings.model_retry_after_max_ms);
-    let attempt = || async { call_once(http, settings, req, emitter, policy).await };
+    let body = bytes::Bytes::from(body(req));
+    let attempt = || async { call_once(http, settings, req, body.clone(), emitter, policy).await };
     let result = tokio::time::timeout(
         total,
         attempt
@@ -244,34 +269,17 @@ async fn call_once(
     http: &reqwest::Client,
     settings: &WorkerSettings,
     req: &ModelRequest<'_>,
+    body: bytes::Bytes,
     emitter: &Emitter,
     policy: &DeltaPolicy,
 ) -> Result<ModelResponse, ModelError> {
-    let body = RequestBody {
-        max_tokens: req.model.max_tokens,
-        messages: &req.messages,
-        model: &req.model.model,
-        stream: true,
-        stream_options: StreamOptions {
-            include_usage: true,
-        },
-        temperature: req.model.temperature,
-        tools: if req.tools_json.is_some() {
-            &[]
-        } else {
-            &req.tools
-        },
-    };
     let builder = match req.model.chat_completions_url() {
         Some(url) => http.post(url.clone()),
         None => http.post(req.model.chat_completions_text()),
     };
-    let mut builder = match req.tools_json {
-        None => builder.json(&body),
-        Some(tools) => builder
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(with_tools(&body, tools)),
-    };
+    let mut builder = builder
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body);
     // W3C trace context of the `model.call` span (nothing when traces are not exported), so a
     // gateway that traces joins the run's trace.
     for (name, value) in agentfleet_shared::telemetry::current_trace_headers() {
@@ -467,91 +475,101 @@ mod tests {
 
     use super::*;
 
-    fn body<'a>(
-        messages: &'a Messages,
-        tools: &'a [Value],
-        (max_tokens, temperature): (Option<u32>, Option<f32>),
-    ) -> RequestBody<'a> {
-        RequestBody {
-            max_tokens,
+    fn model(max_tokens: Option<u32>, temperature: Option<f32>) -> ModelSettings {
+        serde_json::from_value(json!({"base_url": "http://127.0.0.1:1/v1", "model": "m",
+                                      "max_tokens": max_tokens, "temperature": temperature}))
+        .unwrap()
+    }
+
+    /// The body of a request, as text and parsed.
+    fn sent(
+        model: &ModelSettings,
+        messages: Messages,
+        tools: &[Value],
+        tools_json: Option<&str>,
+    ) -> (String, Value) {
+        let req = ModelRequest {
+            model,
             messages,
-            model: "m",
-            stream: true,
-            stream_options: StreamOptions {
-                include_usage: true,
-            },
-            temperature,
-            tools,
-        }
+            tools: Cow::Borrowed(tools),
+            tools_json,
+        };
+        let text = String::from_utf8(body(&req)).unwrap();
+        let parsed = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        (text, parsed)
     }
 
     /// Tools serialised once by the catalog go out exactly as the body would have written
-    /// them, with or without the optional fields after `messages`.
+    /// them; none (or `[]`) leaves the field out.
     #[test]
-    fn tools_serialised_ahead_are_spliced_where_they_belong() {
-        let messages = Messages::from(vec![json!({"role": "user", "content": "hi \"there\""})]);
+    fn tools_serialised_ahead_go_out_as_serialising_them_would() {
+        let messages = || Messages::from(vec![json!({"role": "user", "content": "hi \"there\""})]);
         let tools = vec![
             json!({"type": "function", "function": {"name": "echo", "parameters": {"type": "object"}}}),
             json!({"type": "function", "function": {"name": "ask_user"}}),
         ];
         let tools_json = serde_json::to_string(&tools).unwrap();
-        for set in [(None, None), (Some(64), Some(0.7))] {
-            let whole = serde_json::to_vec(&body(&messages, &tools, set)).unwrap();
-            let spliced = with_tools(&body(&messages, &[], set), &tools_json);
-            assert_eq!(
-                String::from_utf8(spliced).unwrap(),
-                String::from_utf8(whole).unwrap()
-            );
+        for m in [model(None, None), model(Some(64), Some(0.7))] {
+            let (whole, parsed) = sent(&m, messages(), &tools, None);
+            let (spliced, _) = sent(&m, messages(), &[], Some(&tools_json));
+            assert_eq!(spliced, whole);
+            assert_eq!(parsed["tools"], json!(tools));
+            for (tools, json) in [(&[][..], None), (&[][..], Some("[]"))] {
+                let (_, parsed) = sent(&m, messages(), tools, json);
+                assert!(parsed.get("tools").is_none(), "{parsed}");
+            }
         }
-        let none = body(&messages, &[], (None, None));
-        assert_eq!(with_tools(&none, "[]"), serde_json::to_vec(&none).unwrap());
     }
 
-    /// The body borrows the history and leaves out what the model's settings do not set; a
-    /// temperature goes out as written (`0.7`, not the `f64` widening of an `f32`).
+    /// The body leaves out what the model's settings do not set; a temperature goes out as
+    /// written (`0.7`, not the `f64` widening of an `f32`).
     #[test]
     fn a_request_body_carries_only_what_is_set() {
-        let messages = Messages::from(vec![json!({"role": "user", "content": "hi"})]);
+        let messages = || Messages::from(vec![json!({"role": "user", "content": "hi"})]);
         let tools = vec![json!({"type": "function", "function": {"name": "echo"}})];
-        let body = |max_tokens, temperature, tools: &[Value]| {
-            serde_json::to_string(&body(&messages, tools, (max_tokens, temperature))).unwrap()
-        };
-        let parsed = |text: String| serde_json::from_str::<Value>(&text).unwrap();
+        let (_, parsed) = sent(&model(None, None), messages(), &[], None);
         assert_eq!(
-            parsed(body(None, None, &[])),
-            json!({"model": "m", "messages": messages, "stream": true,
+            parsed,
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true,
                    "stream_options": {"include_usage": true}})
         );
-        let text = body(Some(256), Some(0.7), &tools);
-        let full = parsed(text.clone());
+        let (text, full) = sent(&model(Some(256), Some(0.7)), messages(), &tools, None);
         assert_eq!(full["max_tokens"], 256);
         assert_eq!(full["tools"], json!(tools));
         assert!(text.contains(r#""temperature":0.7"#), "{text}");
     }
 
-    /// The system prompt goes first, then the history, which the body shares with the
-    /// holding's copy instead of cloning it.
+    /// The system prompt goes first, then the history as the holding keeps it serialised,
+    /// shared rather than copied; an empty part leaves no stray comma.
     #[test]
     fn a_shared_history_goes_out_after_the_system_prompt() {
-        let history = Arc::new(vec![
+        let system = json!({"role": "system", "content": "be brief"});
+        let kept = vec![
             json!({"role": "user", "content": "hi"}),
-            json!({"role": "assistant", "content": "hello"}),
-        ]);
+            json!({"role": "assistant", "content": "hello \u{1F600} \"quoted\"\n"}),
+        ];
+        let history = Arc::new(History::from(kept.clone()));
+        let cases = [
+            (
+                Some(system.clone()),
+                Arc::clone(&history),
+                json!([system, kept[0], kept[1]]),
+            ),
+            (None, Arc::clone(&history), json!(kept)),
+            (Some(system.clone()), Arc::default(), json!([system])),
+            (None, Arc::default(), json!([])),
+        ];
+        for (system, history, expected) in cases {
+            let messages = Messages { system, history };
+            assert_eq!(messages.len(), expected.as_array().unwrap().len());
+            let (_, parsed) = sent(&model(None, None), messages, &[], None);
+            assert_eq!(parsed["messages"], expected);
+        }
         let messages = Messages {
-            system: Some(json!({"role": "system", "content": "be brief"})),
+            system: None,
             history: Arc::clone(&history),
         };
-        assert_eq!(messages.len(), 3);
-        let sent: Value = serde_json::from_slice(
-            &serde_json::to_vec(&body(&messages, &[], (None, None))).unwrap(),
-        )
-        .unwrap();
-        assert_eq!(
-            sent["messages"],
-            json!([{"role": "system", "content": "be brief"},
-                   {"role": "user", "content": "hi"},
-                   {"role": "assistant", "content": "hello"}])
-        );
         assert_eq!(Arc::strong_count(&history), 2, "shared, not copied");
+        drop(messages);
     }
 }

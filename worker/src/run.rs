@@ -64,7 +64,9 @@ pub async fn execute(
         shared.settings.limits.tokens_per_day,
     );
     let budget = Budget::new(claimed.run.agent.max_tokens_total, spent);
-    let history = claimed.history.map(std::sync::Arc::new);
+    let history = claimed
+        .history
+        .map(|h| std::sync::Arc::new(crate::history::History::from(h)));
     let run = claimed.run;
     if run.interrupt_requested_at.is_some() {
         // Asked before this claim (the hint went to a holder that is gone).

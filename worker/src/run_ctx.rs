@@ -12,6 +12,7 @@ use agentfleet_shared::store::{Fence, StoreError};
 
 use crate::budget::Budget;
 use crate::emitter::{Emitter, Fenced};
+use crate::history::History;
 use crate::model_call::ModelError;
 use crate::shared::Shared;
 use crate::stop::StopSignal;
@@ -32,7 +33,7 @@ pub struct RunCtx {
     /// by the first turn) and kept up to date by this holder's own writes (it is the only
     /// writer while it holds the run).
     /// Shared with the model request that sends it as it is (`model_call::Messages`).
-    pub history: Mutex<Option<Arc<Vec<serde_json::Value>>>>,
+    pub history: Mutex<Option<Arc<History>>>,
     /// Token budgets, with the figures of the claim and then of each turn commit.
     pub budget: Budget,
     /// The tools offered to the model (MCP servers listed), built once per holding.

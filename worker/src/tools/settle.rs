@@ -492,7 +492,7 @@ async fn execute(
             Target::ExpandMessage => {
                 let history = ctx.history.lock().expect("history lock");
                 builtin::expand(
-                    history.as_deref().map_or(&[][..], Vec::as_slice),
+                    history.as_deref().map_or(&[][..], |h| h),
                     &args,
                     ctx.shared.settings.context.expand_max_bytes,
                 )
