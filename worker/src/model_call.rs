@@ -190,7 +190,10 @@ fn body(req: &ModelRequest<'_>) -> Vec<u8> {
         },
         temperature: req.model.temperature,
     };
-    let mut out = serde_json::to_vec(&head).expect("a request head serialises");
+    // Sized for what is known up front, so a long history is copied once, not regrown.
+    let known = req.messages.history.json().len() + req.tools_json.map_or(0, str::len);
+    let mut out = Vec::with_capacity(known + 512);
+    serde_json::to_writer(&mut out, &head).expect("a request head serialises");
     out.pop(); // its closing brace
     out.extend_from_slice(b",\"messages\":");
     req.messages.write_json(&mut out);
