@@ -81,6 +81,60 @@ async fn a_run_with_one_http_tool_call_completes() {
     );
 }
 
+/// Every model request of a run of several tool turns carries the system prompt, then exactly
+/// the thread's messages so far, in order: the holding keeps its history (and its JSON) in
+/// memory between turns, and what it sends must be what Postgres holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_model_request_carries_the_thread_as_stored() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let call = |text: &str| json!({"tool_calls": [{"name": "echo", "arguments": {"text": text}}]});
+    let body = scripted_run(
+        json!([
+            call("a \"quoted\" word"),
+            call("two\nlines and a tab\t"),
+            call("unicode \u{e9}\u{1F600} and a backslash \\"),
+            {"content": "all done"}
+        ]),
+        json!([http_tool(&env, "echo", "/echo")]),
+    );
+    let run = app.start_run(&body).await;
+    let run_id = run["id"].as_str().unwrap();
+    let done = app.wait_status(run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+
+    let stored: Vec<Value> = app
+        .messages(run["thread_id"].as_str().unwrap())
+        .await
+        .into_iter()
+        .map(|m| m["body"].clone())
+        .collect();
+    let roles: Vec<&str> = stored.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(
+        roles,
+        [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant"
+        ]
+    );
+    let requests = env.llm.requests();
+    assert_eq!(requests.len(), 4);
+    for (k, request) in requests.iter().enumerate() {
+        let sent = request["messages"].as_array().unwrap();
+        assert_eq!(sent[0]["role"], "system", "request {k}");
+        // Request k follows the user's message and k turns (an assistant message and its
+        // tool result each).
+        assert_eq!(&sent[1..], &stored[..1 + 2 * k], "request {k}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_ids_are_gap_free_and_replay_equals_live() {
     // Small deltas, so each message streams as several.
