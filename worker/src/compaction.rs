@@ -26,14 +26,15 @@ use crate::usage::TurnUsage;
 /// Largest summarising response read.
 const MAX_SUMMARY_RESPONSE_BYTES: usize = 256 * 1024;
 
-/// The request's messages: the system prompt (if any), then the history fitted to the budget;
+/// The request's messages: the system prompt (no message, or one), then the history fitted to
+/// the budget;
 /// and what the summarising calls made for it used (billed with the iteration). `tools` are
 /// the request's tool definitions; `expand_message`'s is reserved for whether or not it is
 /// offered.
 pub async fn prompt(
     ctx: &RunCtx,
     model: &ModelSettings,
-    system: Option<Value>,
+    system: Arc<History>,
     tools: &[Value],
     history: Arc<History>,
     iteration: i32,
@@ -51,7 +52,7 @@ pub async fn prompt(
     // The common case, without tokenizing: everything fits by its byte count alone.
     let fixed_upper = *state.fixed_upper.get_or_insert_with(|| {
         system
-            .as_ref()
+            .first()
             .map_or(0, |s| tokens::message_upper_bound(tokenizer, s))
             + tokens::upper_bound_of_len(
                 tokenizer,
@@ -69,7 +70,7 @@ pub async fn prompt(
     let (fixed, system) = {
         let fixed_tools = fixed_tools();
         tokio::task::spawn_blocking(move || {
-            let fixed = system.as_ref().map_or(0, |s| tokens::message(tokenizer, s))
+            let fixed = system.first().map_or(0, |s| tokens::message(tokenizer, s))
                 + tokens::tools(tokenizer, &fixed_tools)
                 + tokens::REPLY_PRIMING;
             (fixed, system)
@@ -169,7 +170,7 @@ pub async fn prompt(
         }
         ctx.emitter.emit(EventType::ContextCompacted, event).await?;
     }
-    let history = Arc::new(History::from(view));
+    let history = Arc::new(History::for_one_request(view));
     Ok((Messages { system, history }, used))
 }
 

@@ -8,29 +8,69 @@ use std::ops::Deref;
 
 use serde_json::Value;
 
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct History {
     messages: Vec<Value>,
-    /// The messages' JSON, comma-separated: what goes between a request's `[` and `]`.
-    json: Vec<u8>,
+    /// The messages' JSON, comma-separated: what goes between a request's `[` and `]`. `None`
+    /// for messages built for one request (a compacted view, an XML rendering), serialised
+    /// straight into that request's body instead.
+    json: Option<Vec<u8>>,
+}
+
+impl Default for History {
+    fn default() -> History {
+        History {
+            messages: Vec::new(),
+            json: Some(Vec::new()),
+        }
+    }
 }
 
 impl History {
-    pub fn push(&mut self, message: Value) {
-        if !self.messages.is_empty() {
-            self.json.push(b',');
+    /// Messages one request sends once: not kept serialised.
+    pub fn for_one_request(messages: Vec<Value>) -> History {
+        History {
+            messages,
+            json: None,
         }
-        serde_json::to_writer(&mut self.json, &message).expect("a JSON value serialises");
+    }
+
+    pub fn push(&mut self, message: Value) {
+        if let Some(json) = &mut self.json {
+            if !self.messages.is_empty() {
+                json.push(b',');
+            }
+            serde_json::to_writer(json, &message).expect("a JSON value serialises");
+        }
         self.messages.push(message);
     }
 
-    /// The messages' JSON, comma-separated (empty for an empty history).
-    pub fn json(&self) -> &[u8] {
-        &self.json
+    /// Bytes of the kept JSON (0 when it is not kept).
+    pub fn json_len(&self) -> usize {
+        self.json.as_ref().map_or(0, Vec::len)
     }
 
-    pub fn into_messages(self) -> Vec<Value> {
-        self.messages
+    /// Appends the messages' JSON, comma-separated (nothing for an empty history).
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        match &self.json {
+            Some(json) => out.extend_from_slice(json),
+            None => {
+                for (i, message) in self.messages.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    serde_json::to_writer(&mut *out, message).expect("a JSON value serialises");
+                }
+            }
+        }
+    }
+
+    /// The messages, without the JSON: taken when this is the only holder, else copied.
+    pub fn into_messages(this: std::sync::Arc<History>) -> Vec<Value> {
+        match std::sync::Arc::try_unwrap(this) {
+            Ok(history) => history.messages,
+            Err(shared) => shared.messages.clone(),
+        }
     }
 }
 
@@ -38,7 +78,7 @@ impl From<Vec<Value>> for History {
     fn from(messages: Vec<Value>) -> History {
         let mut history = History {
             messages: Vec::with_capacity(messages.len()),
-            json: Vec::new(),
+            json: Some(Vec::new()),
         };
         for message in messages {
             history.push(message);
@@ -57,11 +97,20 @@ impl Deref for History {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use serde_json::json;
 
     use super::*;
 
-    /// The kept JSON is the messages' own serialisation, whichever way they joined.
+    fn written(history: &History) -> String {
+        let mut out = Vec::new();
+        history.write_json(&mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    /// The kept JSON is the messages' own serialisation, whichever way they joined; messages
+    /// for one request write the same bytes without keeping them.
     #[test]
     fn the_kept_json_is_the_messages_serialised() {
         let messages = vec![
@@ -71,19 +120,27 @@ mod tests {
                                    "function": {"name": "echo", "arguments": "{\"x\":1}"}}]}),
         ];
         let mut pushed = History::default();
-        assert_eq!(pushed.json(), b"");
+        assert_eq!(written(&pushed), "");
         for m in messages.clone() {
             pushed.push(m);
         }
         let built = History::from(messages.clone());
         assert_eq!(pushed, built);
-        let array = format!("[{}]", String::from_utf8(built.json().to_vec()).unwrap());
-        assert_eq!(
-            serde_json::from_str::<Value>(&array).unwrap(),
-            json!(messages)
-        );
+        let array = format!("[{}]", written(&built));
         assert_eq!(array, serde_json::to_string(&messages).unwrap());
+        assert_eq!(built.json_len(), array.len() - 2);
+        let once = History::for_one_request(messages.clone());
+        assert_eq!(written(&once), written(&built));
+        assert_eq!(once.json_len(), 0);
         assert_eq!(&*built, &messages[..]);
-        assert_eq!(built.into_messages(), messages);
+
+        let shared = Arc::new(built);
+        let kept = Arc::clone(&shared);
+        assert_eq!(
+            History::into_messages(shared),
+            messages,
+            "copied while shared"
+        );
+        assert_eq!(History::into_messages(kept), messages, "taken when alone");
     }
 }

@@ -104,11 +104,11 @@ async fn call_model(
         .models
         .get(&agent.model)
         .ok_or_else(|| ModelError::UnknownModel(agent.model.clone()))?;
-    let system = agent
-        .system_prompt
-        .as_deref()
-        .filter(|s| !s.is_empty())
-        .map(|system| json!({"role": "system", "content": system}));
+    let system = Arc::clone(ctx.system.get_or_init(|| {
+        let prompt = agent.system_prompt.as_deref().filter(|s| !s.is_empty());
+        let message = prompt.map(|prompt| json!({"role": "system", "content": prompt}));
+        Arc::new(History::from(message.into_iter().collect::<Vec<_>>()))
+    }));
     let catalog = ctx.catalog().await?;
     let mut tools = Cow::Borrowed(catalog.definitions());
     let xml = model.tool_calling == ToolCalling::Xml;
@@ -118,13 +118,13 @@ async fn call_model(
         all.push(tools::builtin::expand_definition());
         let section = crate::xml_calls::tools_section(&all);
         let text = system
-            .as_ref()
+            .first()
             .and_then(|s| s["content"].as_str())
             .unwrap_or_default();
         let system = json!({"role": "system", "content": format!("{text}\n\n{section}")});
-        (Some(system), &[][..])
+        (Arc::new(History::from(vec![system])), &[][..])
     } else {
-        (system.clone(), catalog.definitions())
+        (Arc::clone(&system), catalog.definitions())
     };
     let (mut messages, summary_usage) = crate::compaction::prompt(
         ctx,
@@ -140,9 +140,9 @@ async fn call_model(
     }
     if xml {
         // The fitted history without the counted system message, rendered with the real one.
-        let history = Arc::unwrap_or_clone(messages.history).into_messages();
+        let history = History::into_messages(messages.history);
         messages = Messages::from(crate::xml_calls::to_xml_history(
-            system.into_iter().chain(history).collect(),
+            system.iter().cloned().chain(history).collect(),
             &tools,
         ));
         tools = Cow::Borrowed(&[]);

@@ -117,19 +117,21 @@ pub struct ModelRequest<'a> {
     pub tools_json: Option<&'a str>,
 }
 
-/// A request's messages: the system prompt (if any), then the history. A history sent as it is
-/// shares the holding's copy (`RunCtx::history`), serialised as it is kept: a long run's history
-/// would otherwise be cloned, dropped and serialised again at every model call (`perf`, ten
-/// tool turns of 2 KB: the clone an eighth of a worker's samples, the serialisation a tenth).
+/// A request's messages: the system prompt, then the history, both as the holding keeps them
+/// serialised (`RunCtx::system`, `RunCtx::history`) and shared: a long run's history, or a long
+/// system prompt, would otherwise be cloned, dropped and serialised again at every model call
+/// (`perf`, ten tool turns of 2 KB: the clone an eighth of a worker's samples, the
+/// serialisation a tenth).
 #[derive(Debug, Clone, Default)]
 pub struct Messages {
-    pub system: Option<Value>,
+    /// No message, or the system message.
+    pub system: Arc<History>,
     pub history: Arc<History>,
 }
 
 impl Messages {
     pub fn len(&self) -> usize {
-        usize::from(self.system.is_some()) + self.history.len()
+        self.system.len() + self.history.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -143,13 +145,11 @@ impl Messages {
     /// Appends the messages as a JSON array: the history's JSON as it is kept.
     fn write_json(&self, out: &mut Vec<u8>) {
         out.push(b'[');
-        if let Some(system) = &self.system {
-            serde_json::to_writer(&mut *out, system).expect("a JSON value serialises");
-            if !self.history.is_empty() {
-                out.push(b',');
-            }
+        self.system.write_json(out);
+        if !self.system.is_empty() && !self.history.is_empty() {
+            out.push(b',');
         }
-        out.extend_from_slice(self.history.json());
+        self.history.write_json(out);
         out.push(b']');
     }
 }
@@ -158,8 +158,8 @@ impl Messages {
 impl From<Vec<Value>> for Messages {
     fn from(messages: Vec<Value>) -> Messages {
         Messages {
-            system: None,
-            history: Arc::new(History::from(messages)),
+            system: Arc::default(),
+            history: Arc::new(History::for_one_request(messages)),
         }
     }
 }
@@ -190,24 +190,20 @@ fn body(req: &ModelRequest<'_>) -> Vec<u8> {
         },
         temperature: req.model.temperature,
     };
+    let tools: Cow<'_, [u8]> = match req.tools_json {
+        Some(tools) => Cow::Borrowed(tools.as_bytes()),
+        None => Cow::Owned(serde_json::to_vec(&*req.tools).expect("tool definitions serialise")),
+    };
     // Sized for what is known up front, so a long history is copied once, not regrown.
-    let known = req.messages.history.json().len() + req.tools_json.map_or(0, str::len);
+    let known = req.messages.system.json_len() + req.messages.history.json_len() + tools.len();
     let mut out = Vec::with_capacity(known + 512);
     serde_json::to_writer(&mut out, &head).expect("a request head serialises");
     out.pop(); // its closing brace
     out.extend_from_slice(b",\"messages\":");
     req.messages.write_json(&mut out);
-    match req.tools_json {
-        Some("[]") => {}
-        Some(tools) => {
-            out.extend_from_slice(b",\"tools\":");
-            out.extend_from_slice(tools.as_bytes());
-        }
-        None if req.tools.is_empty() => {}
-        None => {
-            out.extend_from_slice(b",\"tools\":");
-            serde_json::to_writer(&mut out, &*req.tools).expect("tool definitions serialise");
-        }
+    if &*tools != b"[]" {
+        out.extend_from_slice(b",\"tools\":");
+        out.extend_from_slice(&tools);
     }
     out.push(b'}');
     out
@@ -552,15 +548,16 @@ mod tests {
             json!({"role": "assistant", "content": "hello \u{1F600} \"quoted\"\n"}),
         ];
         let history = Arc::new(History::from(kept.clone()));
+        let lead = Arc::new(History::from(vec![system.clone()]));
         let cases = [
             (
-                Some(system.clone()),
+                Arc::clone(&lead),
                 Arc::clone(&history),
                 json!([system, kept[0], kept[1]]),
             ),
-            (None, Arc::clone(&history), json!(kept)),
-            (Some(system.clone()), Arc::default(), json!([system])),
-            (None, Arc::default(), json!([])),
+            (Arc::default(), Arc::clone(&history), json!(kept)),
+            (Arc::clone(&lead), Arc::default(), json!([system])),
+            (Arc::default(), Arc::default(), json!([])),
         ];
         for (system, history, expected) in cases {
             let messages = Messages { system, history };
@@ -569,10 +566,11 @@ mod tests {
             assert_eq!(parsed["messages"], expected);
         }
         let messages = Messages {
-            system: None,
+            system: Arc::clone(&lead),
             history: Arc::clone(&history),
         };
         assert_eq!(Arc::strong_count(&history), 2, "shared, not copied");
+        assert_eq!(Arc::strong_count(&lead), 2, "shared, not copied");
         drop(messages);
     }
 }

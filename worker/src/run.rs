@@ -95,6 +95,7 @@ pub async fn execute(
         timing: IterationTiming::default(),
         finished_timing: Default::default(),
         history: std::sync::Mutex::new(history),
+        system: Default::default(),
         budget,
         catalog: Default::default(),
         compaction: Default::default(),

@@ -34,6 +34,9 @@ pub struct RunCtx {
     /// writer while it holds the run).
     /// Shared with the model request that sends it as it is (`model_call::Messages`).
     pub history: Mutex<Option<Arc<History>>>,
+    /// The agent's system prompt as every request of the holding sends it (no message, or
+    /// one), serialised once.
+    pub system: std::sync::OnceLock<Arc<History>>,
     /// Token budgets, with the figures of the claim and then of each turn commit.
     pub budget: Budget,
     /// The tools offered to the model (MCP servers listed), built once per holding.

@@ -128,7 +128,11 @@ async fn each_model_request_carries_the_thread_as_stored() {
     assert_eq!(requests.len(), 4);
     for (k, request) in requests.iter().enumerate() {
         let sent = request["messages"].as_array().unwrap();
-        assert_eq!(sent[0]["role"], "system", "request {k}");
+        assert_eq!(
+            sent[0],
+            json!({"role": "system", "content": body["agent"]["system_prompt"]}),
+            "request {k}"
+        );
         // Request k follows the user's message and k turns (an assistant message and its
         // tool result each).
         assert_eq!(&sent[1..], &stored[..1 + 2 * k], "request {k}");

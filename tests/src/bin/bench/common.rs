@@ -96,7 +96,11 @@ impl Ctx {
         tools.extend(self.extra_tools());
         // Every tool turn is an iteration, and so is the answer.
         let max_iterations = (self.args.tool_turns + 1).max(10);
-        json!({"model": "mock", "tools": tools, "max_iterations": max_iterations})
+        let mut agent = json!({"model": "mock", "tools": tools, "max_iterations": max_iterations});
+        if self.args.system_prompt_bytes > 0 {
+            agent["system_prompt"] = json!(words(self.args.system_prompt_bytes));
+        }
+        agent
     }
 
     /// The `--agent-tools` tools (none by default).
@@ -224,4 +228,39 @@ impl Ctx {
             .map(|_| self.env.spawn_worker_process(extra))
             .collect()
     }
+}
+
+/// `len` bytes of words drawn from a small vocabulary by a fixed sequence (the same text in
+/// every round).
+pub fn words(len: usize) -> String {
+    const VOCABULARY: [&str; 16] = [
+        "the",
+        "result",
+        "of",
+        "search",
+        "returned",
+        "twelve",
+        "documents",
+        "about",
+        "quarterly",
+        "revenue",
+        "in",
+        "region",
+        "north",
+        "with",
+        "figures",
+        "attached",
+    ];
+    let mut text = String::with_capacity(len + 16);
+    let mut state: u32 = 2_463_534_242;
+    while text.len() < len {
+        // xorshift32: a fixed, cheap sequence.
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        text.push_str(VOCABULARY[(state % 16) as usize]);
+        text.push(' ');
+    }
+    text.truncate(len);
+    text
 }

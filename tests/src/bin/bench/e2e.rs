@@ -9,7 +9,7 @@ use agentfleet_tests::harness::ChildProcess;
 use agentfleet_tests::mock_llm::script;
 
 use crate::Report;
-use crate::common::{Ctx, percentile, sorted};
+use crate::common::{Ctx, percentile, sorted, words};
 use crate::cpu::{CpuSampler, Group};
 use crate::profile::Window;
 
@@ -230,41 +230,6 @@ fn turns(tool_turns: usize, result_bytes: usize) -> serde_json::Value {
         call["repeat"] = json!(tool_turns);
     }
     json!([call, {"content": "done"}])
-}
-
-/// `len` bytes of words drawn from a small vocabulary by a fixed sequence (the same text in
-/// every round).
-fn words(len: usize) -> String {
-    const VOCABULARY: [&str; 16] = [
-        "the",
-        "result",
-        "of",
-        "search",
-        "returned",
-        "twelve",
-        "documents",
-        "about",
-        "quarterly",
-        "revenue",
-        "in",
-        "region",
-        "north",
-        "with",
-        "figures",
-        "attached",
-    ];
-    let mut text = String::with_capacity(len + 16);
-    let mut state: u32 = 2_463_534_242;
-    while text.len() < len {
-        // xorshift32: a fixed, cheap sequence.
-        state ^= state << 13;
-        state ^= state >> 17;
-        state ^= state << 5;
-        text.push_str(VOCABULARY[(state % 16) as usize]);
-        text.push(' ');
-    }
-    text.truncate(len);
-    text
 }
 
 /// Every process a run passes through; the client group is the benchmark process, which also

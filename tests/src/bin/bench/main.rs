@@ -74,13 +74,18 @@ struct Args {
     agent_tools: Option<String>,
     /// Tool turns per run in the end-to-end section: the scripted model calls `echo` once a
     /// turn this many times, then answers (1: the no-op run every figure of issue 13 uses).
-    /// Longer runs send a longer history with every model call, as a working agent does.
+    /// Longer runs send a longer history with every model call, as a working agent does; the
+    /// figures keep their names ("no-op runs/s") and the one-turn run's goals.
     #[arg(long, default_value_t = 1)]
     tool_turns: usize,
     /// Bytes of text in each `echo` call's arguments in the end-to-end section, which the
     /// tool returns as its result (0: `{"x": 1}`, the no-op run's).
     #[arg(long, default_value_t = 0)]
     tool_result_bytes: usize,
+    /// Bytes of words in the agent's system prompt (enqueue and end-to-end sections; 0: none),
+    /// which every model call sends, as a product's agent carries one.
+    #[arg(long, default_value_t = 0)]
+    system_prompt_bytes: usize,
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench.json")]
     out: String,
@@ -88,6 +93,54 @@ struct Args {
     /// events, resume, recovery, memory, redis).
     #[arg(long)]
     only: Vec<String>,
+}
+
+/// The scripted runs must stay within the defaults the benchmark keeps, or they would fail, or
+/// complete having done less than asked: the tool's answer within `worker.max_tool_result_bytes`
+/// (64 KiB; more is cut), a run's history within the scripted model's context without compaction
+/// (100,000 tokens less the 4,096 reserved; compaction would cut the script the model reads from
+/// the first message), and a submission within `api.max_batch_body_bytes` (32 MiB).
+fn scripted_runs_fit(args: &Args, extra_tools: &[serde_json::Value]) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=200).contains(&args.tool_turns),
+        "--tool-turns must be within 1..=200"
+    );
+    anyhow::ensure!(
+        args.tool_result_bytes <= 60_000,
+        "--tool-result-bytes must be at most 60000: the tool echoes the arguments, and an answer \
+         past worker.max_tool_result_bytes (65536) is cut"
+    );
+    anyhow::ensure!(
+        args.system_prompt_bytes <= 200_000,
+        "--system-prompt-bytes must be at most 200000 (agent.system_prompt's limit)"
+    );
+    let tools = serde_json::to_string(extra_tools)?.len();
+    // Every turn adds the arguments (in the assistant message) and the result (in the tool
+    // message), each with some framing; the script in the first message holds the text once.
+    let history = (2 * args.tool_turns + 1) * (args.tool_result_bytes + 200)
+        + args.system_prompt_bytes
+        + tools
+        + 2_000;
+    // Counted in bytes: English words with their JSON take several bytes a token, so 270,000
+    // bytes stay within the 95,904 tokens the scripted model leaves for the history.
+    anyhow::ensure!(
+        history <= 270_000,
+        "--tool-turns {} with --tool-result-bytes {} and --system-prompt-bytes {}: a run's \
+         history would reach about {history} bytes, more than the scripted model's context \
+         takes without compaction (which would cut the script it reads); ask for less",
+        args.tool_turns,
+        args.tool_result_bytes,
+        args.system_prompt_bytes
+    );
+    let body =
+        args.submit_batch * (args.tool_result_bytes + args.system_prompt_bytes + tools + 4_096);
+    anyhow::ensure!(
+        body <= 32 << 20,
+        "--submit-batch {} runs of about {} bytes each exceed api.max_batch_body_bytes (32 MiB)",
+        args.submit_batch,
+        body / args.submit_batch
+    );
+    Ok(())
 }
 
 #[tokio::main]
@@ -112,10 +165,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         (1..=200).contains(&args.tool_turns),
         "--tool-turns must be within 1..=200"
     );
-    anyhow::ensure!(
-        args.tool_result_bytes <= 1 << 20,
-        "--tool-result-bytes must be at most 1048576 (the tool server's and the worker's limits)"
-    );
     let extra_tools = match &args.agent_tools {
         None => Vec::new(),
         Some(path) => {
@@ -126,6 +175,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             schemas
         }
     };
+    scripted_runs_fit(&args, &extra_tools)?;
     agentfleet_shared::telemetry::install_crypto();
     let env = TestEnv::with(&[
         ("database.max_connections", "24"),
