@@ -27,10 +27,9 @@ use crate::usage::TurnUsage;
 const MAX_SUMMARY_RESPONSE_BYTES: usize = 256 * 1024;
 
 /// The request's messages: the system prompt (no message, or one), then the history fitted to
-/// the budget;
-/// and what the summarising calls made for it used (billed with the iteration). `tools` are
-/// the request's tool definitions; `expand_message`'s is reserved for whether or not it is
-/// offered.
+/// the budget; and what the summarising calls made for it used (billed with the iteration).
+/// `tools` are the request's tool definitions; `expand_message`'s is reserved for whether or
+/// not it is offered.
 pub async fn prompt(
     ctx: &RunCtx,
     model: &ModelSettings,
