@@ -122,7 +122,7 @@ pub struct ModelRequest<'a> {
 /// system prompt, would otherwise be cloned, dropped and serialised again at every model call
 /// (`perf`, ten tool turns of 2 KB: the clone an eighth of a worker's samples, the
 /// serialisation a tenth).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug)]
 pub struct Messages {
     /// No message, or the system message.
     pub system: Arc<History>,
