@@ -13,6 +13,10 @@ use agentfleet_tests::harness::{ChildProcess, TestEnv, amqp_url, wait_for};
 
 use crate::Args;
 
+/// Most requests in flight when submissions are paced (`--rate`): enough that the pace, not
+/// this bound, sets the rate a fleet that keeps up sees, and a bound all the same.
+pub const PACED_IN_FLIGHT: usize = 512;
+
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -140,7 +144,7 @@ impl Ctx {
     pub async fn run_batch(&self, n: usize, body: &Value, limit: Duration) -> anyhow::Result<f64> {
         let done_before = self.count("completed").await;
         Ok(self
-            .submit_and_wait(n, body, 1, limit, done_before)
+            .submit_and_wait(n, body, 1, None, limit, done_before)
             .await?
             .secs)
     }
@@ -149,11 +153,17 @@ impl Ctx {
     /// measuring right before the first POST. `per_request` 1 submits each run with its own
     /// `POST /v1/runs` (32 in flight); more submits them `per_request` at a time through
     /// `POST /v1/runs/batch` (4 requests in flight, as a producer with a few threads would).
+    ///
+    /// With a `rate` (runs per second), each request is sent at its moment of a steady stream
+    /// of that many runs a second, whether or not earlier ones have been answered (up to
+    /// [`PACED_IN_FLIGHT`] requests in flight): an offered load, as independent clients make
+    /// it, instead of as much as the requests in flight let through.
     pub async fn submit_and_wait(
         &self,
         n: usize,
         body: &Value,
         per_request: usize,
+        rate: Option<f64>,
         limit: Duration,
         done_before: i64,
     ) -> anyhow::Result<Batch> {
@@ -163,11 +173,22 @@ impl Ctx {
         } else {
             ("/v1/runs", 32)
         };
+        let in_flight = if rate.is_some() {
+            PACED_IN_FLIGHT
+        } else {
+            in_flight
+        };
+        let start = tokio::time::Instant::now();
         let sem = Arc::new(Semaphore::new(in_flight));
         let mut tasks = Vec::new();
         let mut left = n;
         while left > 0 {
             let size = left.min(per_request.max(1));
+            if let Some(rate) = rate {
+                // The moment the first run of this request is due in a steady stream.
+                let due = (n - left) as f64 / rate;
+                tokio::time::sleep_until(start + Duration::from_secs_f64(due)).await;
+            }
             left -= size;
             let body = if per_request > 1 {
                 json!({"runs": vec![body; size]})

@@ -85,7 +85,14 @@ async fn round(ctx: &Ctx, report: &mut Report, limits: &HashMap<&str, f64>) -> a
     let sampler = CpuSampler::new(groups(ctx, &workers, postmaster));
     let window = Window::open(ctx, sampler).await?;
     let batch = ctx
-        .submit_and_wait(n, &body, ctx.args.submit_batch, limit, done_before)
+        .submit_and_wait(
+            n,
+            &body,
+            ctx.args.submit_batch,
+            ctx.args.rate,
+            limit,
+            done_before,
+        )
         .await?;
     let profile = window.close(ctx, n, batch.polls).await?;
     let rate = n as f64 / batch.secs;
@@ -104,6 +111,10 @@ async fn round(ctx: &Ctx, report: &mut Report, limits: &HashMap<&str, f64>) -> a
             "ratio",
             None,
         );
+    }
+    if let Some(offered) = ctx.args.rate {
+        // Paced: the completion rate cannot pass the offered one, so its goal says little.
+        report.add("e2e", "offered runs/s (--rate)", offered, "/s", None);
     }
     report.add(
         "e2e",

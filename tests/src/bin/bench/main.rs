@@ -66,6 +66,12 @@ struct Args {
     /// `POST /v1/runs/batch` (at most `api.max_batch_runs`), 4 requests in flight.
     #[arg(long, default_value_t = 1)]
     submit_batch: usize,
+    /// Runs per second offered in the end-to-end section: submissions go out at a steady pace
+    /// (up to 512 requests in flight) instead of as fast as the requests in flight are
+    /// answered, so the figures are those of a fleet under that load rather than at its
+    /// limit. Without it, the section measures the fleet saturated.
+    #[arg(long)]
+    rate: Option<f64>,
     /// A JSON file holding an array of tool parameter schemas: each becomes one more tool
     /// (`tool_1`, `tool_2`, …, at the echo tool's URL) of the agent that the enqueue and
     /// end-to-end sections submit, as a product's agent carries several; the scripted model
@@ -165,6 +171,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         (1..=200).contains(&args.tool_turns),
         "--tool-turns must be within 1..=200"
     );
+    if let Some(rate) = args.rate {
+        anyhow::ensure!(
+            rate.is_finite() && (1.0..=100_000.0).contains(&rate),
+            "--rate must be within 1..=100000 runs per second"
+        );
+    }
     let extra_tools = match &args.agent_tools {
         None => Vec::new(),
         Some(path) => {
