@@ -57,17 +57,19 @@ pub async fn announce_all(state: &AppState, runs: &[RunRow]) {
 }
 
 /// After `transitions::cancel` moved a run to `cancelled`: `run_cancelled` (with the final
-/// fence, so nothing follows it) and the hint that stops its worker at once.
+/// fence, so nothing follows it) and the hint that stops its worker at once. `error`: the one
+/// the cancel recorded (a newer message's interrupt), which the event repeats.
 pub async fn cancelled(
     state: &AppState,
     id: Uuid,
     thread_id: Uuid,
     previous: RunStatus,
+    error: Option<&Value>,
     last_event_id: i64,
 ) {
     metrics::counter!("agentfleet_runs_total", "status" => "cancelled").increment(1);
     // The final fence shuts the stream to the worker: nothing follows run_cancelled.
-    let data = json!({"previous_status": previous});
+    let data = agentfleet_shared::events::cancelled_data(Some(previous), error);
     let event = NewEvent {
         run_id: id,
         thread_id,

@@ -287,7 +287,7 @@ async fn cancel_runs(state: &AppState, tenant: Uuid, ids: &[Uuid]) -> usize {
                     last_event_id,
                     ..
                 }) => {
-                    crate::announce::cancelled(state, id, thread_id, previous, last_event_id).await;
+                    crate::announce::cancelled(state, id, thread_id, previous, None, last_event_id).await;
                 }
                 Ok(Cancelled::Already) | Err(StoreError::WrongStatus { .. }) => {}
                 Err(e) => {

@@ -354,7 +354,13 @@ impl<'a> Follower<'a> {
                     .map(|e| e.0.clone())
                     .unwrap_or(Value::Null),
             ),
-            agentfleet_shared::domain::RunStatus::Cancelled => (EventType::RunCancelled, json!({})),
+            agentfleet_shared::domain::RunStatus::Cancelled => (
+                EventType::RunCancelled,
+                agentfleet_shared::events::cancelled_data(
+                    durable.cancelled_from,
+                    durable.error.as_ref().map(|e| &e.0),
+                ),
+            ),
             _ => return Ok(()),
         };
         let raw = envelope(last_durable, durable.id, durable.thread_id, kind, data);
@@ -385,7 +391,13 @@ impl<'a> Follower<'a> {
                     .map(|e| e.0.clone())
                     .unwrap_or(Value::Null),
             ),
-            RunStatus::Cancelled => (EventType::RunCancelled, json!({})),
+            RunStatus::Cancelled => (
+                EventType::RunCancelled,
+                agentfleet_shared::events::cancelled_data(
+                    run.cancelled_from,
+                    run.error.as_ref().map(|e| &e.0),
+                ),
+            ),
             _ => return Ok(()),
         };
         let floor = Floor::Recorded((run.last_event_id as u64).max(listed).saturating_sub(1));

@@ -834,12 +834,50 @@ pub fn pending_event(pending: &Value) -> (EventType, Value) {
     }
 }
 
+/// `run_cancelled`'s data, built in one place so that the event the API restores from Postgres
+/// (Redis lost it, or its append failed) says what the live one said: the status the run was
+/// cancelled from (unknown for runs cancelled before migration 0024 recorded it) and, when a
+/// newer message interrupted the run, the `code` and `message` of its `error`.
+pub fn cancelled_data(previous: Option<crate::domain::RunStatus>, error: Option<&Value>) -> Value {
+    let mut data = serde_json::Map::new();
+    if let Some(previous) = previous {
+        data.insert("previous_status".into(), Value::from(previous.as_str()));
+    }
+    if let Some(Value::Object(error)) = error {
+        for key in ["code", "message"] {
+            if let Some(v) = error.get(key) {
+                data.insert(key.into(), v.clone());
+            }
+        }
+    }
+    Value::Object(data)
+}
+
 #[cfg(test)]
 mod tests {
     use redis::AsyncCommands;
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn run_cancelled_says_where_from_and_why_when_it_is_known() {
+        use crate::domain::RunStatus;
+        assert_eq!(
+            cancelled_data(Some(RunStatus::WaitingForInput), None),
+            json!({"previous_status": "waiting_for_input"})
+        );
+        assert_eq!(
+            cancelled_data(
+                Some(RunStatus::Running),
+                Some(&json!({"code": "interrupted", "message": "m", "other": 1}))
+            ),
+            json!({"previous_status": "running", "code": "interrupted", "message": "m"})
+        );
+        // A run cancelled before the status was recorded, with no error.
+        assert_eq!(cancelled_data(None, None), json!({}));
+        assert_eq!(cancelled_data(None, Some(&Value::Null)), json!({}));
+    }
 
     #[test]
     fn run_keys_are_named_as_documented_and_read_back() {

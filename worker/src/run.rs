@@ -254,9 +254,10 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
                     publish_promoted(ctx, promoted).await;
                     Ok((
                         EventType::RunCancelled,
-                        json!({"previous_status": RunStatus::Running,
-                               "code": double_text::INTERRUPTED,
-                               "message": double_text::INTERRUPTED_MESSAGE}),
+                        agentfleet_shared::events::cancelled_data(
+                            Some(RunStatus::Running),
+                            Some(&double_text::interrupted_error()),
+                        ),
                         "cancelled",
                     ))
                 }

@@ -64,7 +64,7 @@ pub async fn cancel_run(
         ..
     } = outcome
     {
-        crate::announce::cancelled(&state, id, thread_id, previous, last_event_id).await;
+        crate::announce::cancelled(&state, id, thread_id, previous, None, last_event_id).await;
         if previous != RunStatus::WaitingForThread {
             publish_promoted(&state, thread_id).await;
         }

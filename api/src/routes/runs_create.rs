@@ -394,7 +394,10 @@ async fn create_on_thread(
 async fn after_double_text(state: &AppState, created: &double_text::Created) {
     let thread_id = created.run.thread_id;
     if let Some((id, previous, last_event_id)) = created.cancelled {
-        crate::announce::cancelled(state, id, thread_id, previous, last_event_id).await;
+        // Cancelled by this newer message: its error says so (`double_text::create`).
+        let error = double_text::interrupted_error();
+        crate::announce::cancelled(state, id, thread_id, previous, Some(&error), last_event_id)
+            .await;
     }
     if let Some(id) = created.interrupting
         && let Err(e) = state.bus.send_control(id, "interrupt").await

@@ -31,6 +31,11 @@ pub enum IfBusy {
 pub const INTERRUPTED: &str = "interrupted";
 pub const INTERRUPTED_MESSAGE: &str = "interrupted by a newer message";
 
+/// The `error` of a run a newer message interrupted, which its `run_cancelled` repeats.
+pub fn interrupted_error() -> serde_json::Value {
+    json!({"code": INTERRUPTED, "message": INTERRUPTED_MESSAGE})
+}
+
 /// A creation with `if_busy`.
 #[derive(Debug)]
 pub struct Created {
@@ -88,13 +93,12 @@ pub async fn create(
             sqlx::query(
                 "UPDATE runs SET status = 'cancelled', cancel_requested_at = now(),
                                  pending = NULL, held = false, error = $2,
-                                 finished_at = now(), updated_at = now()
+                                 finished_at = now(), updated_at = now(), cancelled_from = $3
                  WHERE id = $1",
             )
             .bind(id)
-            .bind(Json(
-                json!({"code": INTERRUPTED, "message": INTERRUPTED_MESSAGE}),
-            ))
+            .bind(Json(interrupted_error()))
+            .bind(status.as_str())
             .execute(&mut *conn)
             .await?;
             cancelled = Some((id, status, last_event_id));
@@ -190,13 +194,12 @@ pub async fn interrupt(
     sqlx::query(
         "UPDATE runs SET status = 'cancelled', error = $2, lease_owner = NULL,
                          lease_expires_at = NULL, finished_at = now(), updated_at = now(),
-                         last_event_id = GREATEST(last_event_id, $3)
+                         last_event_id = GREATEST(last_event_id, $3),
+                         cancelled_from = 'running'
          WHERE id = $1",
     )
     .bind(fence.run_id)
-    .bind(Json(
-        json!({"code": INTERRUPTED, "message": INTERRUPTED_MESSAGE}),
-    ))
+    .bind(Json(interrupted_error()))
     .bind(last_event_id as i64)
     .execute(&mut *tx)
     .await?;

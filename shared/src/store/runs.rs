@@ -41,6 +41,10 @@ pub struct RunRow {
     pub tool_calls: i32,
     pub error: Option<Json<Value>>,
     pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// For a cancelled run: the status it was cancelled from (migration 0024; `None` for runs
+    /// cancelled before it). Absent from statements that list their columns.
+    #[sqlx(default)]
+    pub cancelled_from: Option<RunStatus>,
     /// `if_busy = interrupt` asked for the run to end at its next safe point.
     pub interrupt_requested_at: Option<DateTime<Utc>>,
     pub last_event_id: i64,

@@ -638,10 +638,12 @@ pub async fn cancel(pool: &PgPool, tenant: Uuid, run_id: Uuid) -> Result<Cancell
     sqlx::query(
         "UPDATE runs SET status = 'cancelled', cancel_requested_at = now(), pending = NULL,
                          lease_owner = NULL, lease_expires_at = NULL, held = false,
-                         queued_input = NULL, finished_at = now(), updated_at = now()
+                         queued_input = NULL, finished_at = now(), updated_at = now(),
+                         cancelled_from = $2
          WHERE id = $1",
     )
     .bind(run_id)
+    .bind(status.as_str())
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;

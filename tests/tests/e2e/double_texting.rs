@@ -256,7 +256,21 @@ async fn interrupt_of_a_paused_run_cancels_it_at_once_with_its_question_answered
         .await;
     assert_eq!(done["status"], "completed", "{done}");
     let events = app.events(&first_id, 0, T).await;
-    assert_eq!(events.last().unwrap()["type"], "run_cancelled");
+    let live = events.last().unwrap().clone();
+    assert_eq!(live["type"], "run_cancelled");
+    assert_eq!(
+        live["data"],
+        json!({"previous_status": "waiting_for_input", "code": "interrupted",
+               "message": "interrupted by a newer message"}),
+        "{live}"
+    );
+    // Redis loses the stream: the end restored from Postgres says what the live one said.
+    env.flush_redis_keys().await;
+    let rebuilt = app.events(&first_id, 0, T).await;
+    let restored = rebuilt.last().unwrap();
+    assert_eq!(restored["type"], "run_cancelled", "{rebuilt:#?}");
+    assert_eq!(restored["id"], live["id"], "{rebuilt:#?}");
+    assert_eq!(restored["data"], live["data"], "{rebuilt:#?}");
 
     let req = request_ending_with(&env, "second");
     let roles: Vec<&str> = req.iter().map(|m| m["role"].as_str().unwrap()).collect();

@@ -416,10 +416,43 @@ async fn an_end_that_never_reached_redis_still_ends_a_stream_following_the_run()
 /// nothing and closed (on every reconnect too); it now appends the end it never had.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_whose_event_was_never_appended_still_ends_the_stream() {
-    let end =
-        end_without_its_event("status = 'cancelled', pending = NULL, finished_at = now()").await;
+    let end = end_without_its_event(
+        "status = 'cancelled', pending = NULL, finished_at = now(),
+         cancelled_from = 'waiting_for_input'",
+    )
+    .await;
     assert_eq!(end.kind, "run_cancelled", "{:?}", end.event);
     assert_eq!(end.event["id"], end.pause_id + 1, "the next id");
+    assert_eq!(
+        end.event["data"],
+        json!({"previous_status": "waiting_for_input"}),
+        "as the API would have appended it"
+    );
+}
+
+/// A cancelled run whose stream Redis lost: a client reading it again gets the end restored
+/// from Postgres with the same id and the same data as the live `run_cancelled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_run_s_restored_end_says_what_the_live_one_said() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let (id, _) = paused_run(&env, &app).await;
+    let cancel = app.post(&format!("/v1/runs/{id}/cancel"), &json!({})).await;
+    assert!(cancel.status().is_success(), "{}", cancel.status());
+    let live = app.events(&id, 0, T).await.last().unwrap().clone();
+    assert_eq!(live["type"], "run_cancelled", "{live}");
+    assert_eq!(
+        live["data"],
+        json!({"previous_status": "waiting_for_input"}),
+        "{live}"
+    );
+    env.flush_redis_keys().await;
+    let rebuilt = app.events(&id, 0, T).await;
+    assert_eq!(rebuilt[0]["type"], "stream_rebuilt", "{rebuilt:#?}");
+    let restored = rebuilt.last().unwrap();
+    assert_eq!(restored["type"], "run_cancelled", "{rebuilt:#?}");
+    assert_eq!(restored["id"], live["id"], "{rebuilt:#?}");
+    assert_eq!(restored["data"], live["data"], "{rebuilt:#?}");
 }
 
 struct EndSeen {
