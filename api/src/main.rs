@@ -75,7 +75,15 @@ async fn run() -> anyhow::Result<()> {
         Command::Migrate => {
             let pool =
                 infra::postgres(&settings.database, settings.startup.dependency_wait()).await?;
-            db::migrate(&pool).await.context("applying migrations")?;
+            // No log here: what the attempts were is said with the error.
+            let d = &settings.database;
+            db::migrate(&pool, d).await.with_context(|| {
+                format!(
+                    "applying migrations ({} attempts, each waiting at most \
+                     database.migration_lock_timeout_ms = {} ms for a lock)",
+                    d.migration_attempts, d.migration_lock_timeout_ms
+                )
+            })?;
             println!("migrations applied");
         }
         Command::CreateTenant { name } => {

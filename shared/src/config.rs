@@ -60,6 +60,13 @@ pub struct DatabaseSettings {
     pub connect_timeout_ms: u64,
     /// Apply migrations when a binary starts (the `migrate` subcommand always can).
     pub migrate_on_start: bool,
+    /// How long a migration waits for a lock (`lock_timeout` of its connection; 0: no limit)
+    /// before it is rolled back and tried again: while a migration that alters a table waits
+    /// for the transactions using it, every later statement on that table queues behind it.
+    pub migration_lock_timeout_ms: u64,
+    /// Attempts of the migrations, in all, while a lock wait is what fails them (backing off
+    /// from 0.5 s to 10 s between them): then the binary gives up and says why.
+    pub migration_attempts: u32,
     /// Postgres ends a transaction left idle this long (a frozen or partitioned process), so
     /// its row locks cannot block other workers' claims. Keep it below `worker.lease_ms`.
     pub idle_in_transaction_timeout_ms: u64,
@@ -782,6 +789,8 @@ url = "postgres://postgres@127.0.0.1:5432/agentfleet"
 max_connections = 20
 connect_timeout_ms = 5000
 migrate_on_start = false
+migration_lock_timeout_ms = 2000
+migration_attempts = 30
 idle_in_transaction_timeout_ms = 5000
 statement_timeout_ms = 10000
 lock_timeout_ms = 5000
@@ -1203,6 +1212,18 @@ impl Settings {
         }
         if !(1..=64).contains(&self.api.max_schema_compiles) {
             return Err(invalid("api.max_schema_compiles", "must be within 1..=64"));
+        }
+        if self.database.migration_lock_timeout_ms > 600_000 {
+            return Err(invalid(
+                "database.migration_lock_timeout_ms",
+                "must be within 0..=600000 (0: no limit)",
+            ));
+        }
+        if !(1..=1000).contains(&self.database.migration_attempts) {
+            return Err(invalid(
+                "database.migration_attempts",
+                "must be within 1..=1000",
+            ));
         }
         if self.database.agent_cache_kib > 1_048_576 {
             return Err(invalid(

@@ -63,7 +63,9 @@ impl Worker {
         let wait = settings.startup.dependency_wait();
         let pool = infra::postgres(&settings.database, wait).await?;
         if settings.database.migrate_on_start {
-            db::migrate(&pool).await.context("applying migrations")?;
+            db::migrate(&pool, &settings.database)
+                .await
+                .context("applying migrations")?;
         }
         let redis = infra::redis(&settings.redis, wait).await?;
         let bus = EventBus::new(

@@ -64,7 +64,9 @@ impl TestEnv {
             .connect(&database_url)
             .await
             .expect("connect test db");
-        agentfleet_shared::db::migrate(&pool)
+        let defaults = Settings::load_with(None, Vec::<(String, String)>::new(), false)
+            .expect("the default settings are valid");
+        agentfleet_shared::db::migrate(&pool, &defaults.database)
             .await
             .expect("migrations apply");
         let llm = MockLlm::start().await.expect("mock llm starts");

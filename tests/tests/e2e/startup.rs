@@ -22,14 +22,19 @@ struct Observed {
 
 impl Observed {
     fn spawn(env: &TestEnv, extra: &[(&str, &str)]) -> Observed {
-        let mut child = Command::new(binary("agentfleet-worker"))
+        Self::spawn_binary("agentfleet-worker", &[], env, extra)
+    }
+
+    fn spawn_binary(name: &str, args: &[&str], env: &TestEnv, extra: &[(&str, &str)]) -> Observed {
+        let mut child = Command::new(binary(name))
+            .args(args)
             .envs(env.env_vars(extra))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("spawn worker");
+            .expect("spawn the binary");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let out = child.stdout.take().expect("stdout");
         let err = child.stderr.take().expect("stderr");
@@ -146,4 +151,50 @@ async fn a_worker_that_cannot_reach_redis_exits_naming_it_and_never_claims_to_st
     // One line, the cause said once.
     let last = out.lines().find(|l| l.contains(&named)).unwrap();
     assert_eq!(last.matches("Connection refused").count(), 1, "{last}");
+}
+
+/// The upgrade's migration Job (`agentfleet-api migrate`) behind a long transaction on a table
+/// it needs: each attempt gives up after `database.migration_lock_timeout_ms` (so the table's
+/// traffic never queues behind it for longer), and once `database.migration_attempts` are used
+/// up the Job fails saying why; when the transaction has ended, the same Job succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_migration_job_behind_a_long_transaction_fails_saying_why() {
+    let env = TestEnv::new().await;
+    // Every run of the migrations reads the table of applied migrations first.
+    let mut holder = env.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE _sqlx_migrations IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let limits = [
+        ("database.migration_lock_timeout_ms", "100"),
+        ("database.migration_attempts", "2"),
+    ];
+    let mut job = Observed::spawn_binary("agentfleet-api", &["migrate"], &env, &limits);
+    let code = wait_for("the migration Job to give up", T, || {
+        let exited = job.child.try_wait().expect("wait");
+        async move { exited }
+    })
+    .await;
+    assert!(!code.success(), "exits non-zero");
+    job.wait_line("applying migrations").await;
+    let out = job.output();
+    assert!(out.contains("lock timeout"), "says why: {out}");
+    assert!(
+        out.contains(
+            "2 attempts, each waiting at most database.migration_lock_timeout_ms = 100 ms"
+        ),
+        "and what it tried: {out}"
+    );
+    assert!(!out.contains("migrations applied"), "{out}");
+
+    holder.rollback().await.unwrap();
+    let mut job = Observed::spawn_binary("agentfleet-api", &["migrate"], &env, &limits);
+    let code = wait_for("the migration Job to end", T, || {
+        let exited = job.child.try_wait().expect("wait");
+        async move { exited }
+    })
+    .await;
+    job.wait_line("migrations applied").await;
+    assert!(code.success(), "{}", job.output());
 }
