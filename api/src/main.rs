@@ -64,24 +64,27 @@ async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let mut settings = Settings::load(cli.config.as_deref())?;
     let command = cli.command.unwrap_or(Command::Serve);
-    if !matches!(command, Command::Serve) {
+    if !matches!(command, Command::Serve | Command::Migrate) {
         // An operator's command (a listing of stuck runs over a large table, a replay of
         // thousands, one waiting for a run's row) may take longer than a statement of the
-        // API's own requests should; it is interrupted with Ctrl-C instead.
+        // API's own requests should; it is interrupted with Ctrl-C instead. (The migrations
+        // set their own bounds, from the fleet's: `DatabaseSettings::migration_lock_timeout`.)
         settings.database.statement_timeout_ms = 0;
         settings.database.lock_timeout_ms = 0;
     }
     match command {
         Command::Migrate => {
+            // The Job's log shows each retry (docs/operations.md, "Upgrade").
+            let _guard = telemetry::init(&settings.telemetry, "api")?;
             let pool =
                 infra::postgres(&settings.database, settings.startup.dependency_wait()).await?;
-            // No log here: what the attempts were is said with the error.
             let d = &settings.database;
             db::migrate(&pool, d).await.with_context(|| {
                 format!(
-                    "applying migrations ({} attempts, each waiting at most \
-                     database.migration_lock_timeout_ms = {} ms for a lock)",
-                    d.migration_attempts, d.migration_lock_timeout_ms
+                    "applying migrations ({} attempts, each waiting at most {} ms for a lock: \
+                     database.migration_lock_timeout_ms)",
+                    d.migration_attempts,
+                    d.migration_lock_timeout()
                 )
             })?;
             println!("migrations applied");

@@ -63,9 +63,13 @@ pub struct DatabaseSettings {
     /// How long a migration waits for a lock (`lock_timeout` of its connection; 0: no limit)
     /// before it is rolled back and tried again: while a migration that alters a table waits
     /// for the transactions using it, every later statement on that table queues behind it.
+    /// At most half of the fleet's own non-zero lock timeout
+    /// ([`DatabaseSettings::migration_lock_timeout`]), so a statement queued behind a waiting
+    /// migration never fails first.
     pub migration_lock_timeout_ms: u64,
     /// Attempts of the migrations, in all, while a lock wait is what fails them (backing off
-    /// from 0.5 s to 10 s between them): then the binary gives up and says why.
+    /// 0.5–10 s between them, jittered): then the binary gives up and says why. Waiting for
+    /// another process that applies the migrations is such a lock wait too.
     pub migration_attempts: u32,
     /// Postgres ends a transaction left idle this long (a frozen or partitioned process), so
     /// its row locks cannot block other workers' claims. Keep it below `worker.lease_ms`.
@@ -104,6 +108,18 @@ impl DatabaseSettings {
     pub fn write_timeout(&self) -> Option<std::time::Duration> {
         (self.statement_timeout_ms > 0)
             .then(|| std::time::Duration::from_millis(self.statement_timeout_ms + 1000))
+    }
+
+    /// The `lock_timeout` of a migration's connection, in ms (0: never):
+    /// `migration_lock_timeout_ms`, capped at half of a non-zero [`Self::lock_timeout`]. The
+    /// fleet's statements queued behind a migration's waiting `ALTER TABLE` wait for it as for
+    /// any lock; capped, the migration always gives up first and they go on.
+    pub fn migration_lock_timeout(&self) -> u64 {
+        match (self.migration_lock_timeout_ms, self.lock_timeout()) {
+            (0, _) => 0,
+            (migration, 0) => migration,
+            (migration, fleet) => migration.min(fleet / 2).max(1),
+        }
     }
 
     /// The `lock_timeout` connections carry, in ms (0: never): `lock_timeout_ms`, capped at
@@ -1342,6 +1358,20 @@ mod tests {
             .lock_timeout()
         };
         assert_eq!(load(&[]).unwrap().database.lock_timeout(), 5000);
+        let migration =
+            |pairs: &[(&str, &str)]| load(pairs).unwrap().database.migration_lock_timeout();
+        assert_eq!(migration(&[]), 2000, "within the fleet's default");
+        assert_eq!(
+            migration(&[("database.lock_timeout_ms", "1000")]),
+            500,
+            "half of the fleet's: a statement queued behind it never fails first"
+        );
+        assert_eq!(
+            migration(&[("database.lock_timeout_ms", "0")]),
+            2000,
+            "the fleet waits forever"
+        );
+        assert_eq!(migration(&[("database.migration_lock_timeout_ms", "0")]), 0);
         assert_eq!(effective("4000", "10000"), 4000);
         assert_eq!(effective("10000", "10000"), 5000, "capped at half");
         assert_eq!(effective("5000", "500"), 250, "capped at half");

@@ -499,24 +499,6 @@ pub async fn close_unanswered_calls(
     Ok(done.rows_affected())
 }
 
-/// `running -> cancelled`, when the holder honours a cancel request.
-pub async fn acknowledge_cancel(
-    pool: &PgPool,
-    fence: Fence,
-    last_event_id: u64,
-) -> Result<(), StoreError> {
-    end(
-        pool,
-        Ending {
-            fence,
-            status: RunStatus::Cancelled,
-            last_event_id,
-            timing: None,
-        },
-    )
-    .await
-}
-
 /// `running -> waiting_for_input | waiting_for_confirmation`, releasing the lease. The pending
 /// item is what `GET /v1/runs/{id}` shows and what a resume must settle.
 pub async fn wait(

@@ -181,10 +181,12 @@ async fn the_migration_job_behind_a_long_transaction_fails_saying_why() {
     let out = job.output();
     assert!(out.contains("lock timeout"), "says why: {out}");
     assert!(
-        out.contains(
-            "2 attempts, each waiting at most database.migration_lock_timeout_ms = 100 ms"
-        ),
+        out.contains("2 attempts, each waiting at most 100 ms for a lock"),
         "and what it tried: {out}"
+    );
+    assert!(
+        out.contains("a migration waited too long for a lock"),
+        "the retry is in the Job's log: {out}"
     );
     assert!(!out.contains("migrations applied"), "{out}");
 
