@@ -71,6 +71,8 @@ pub struct Batch {
     pub secs: f64,
     /// Queries the wait for completion sent.
     pub polls: u64,
+    /// Paced (`rate`): how far behind its moment the latest request was sent.
+    pub late: Duration,
 }
 
 impl Ctx {
@@ -182,12 +184,13 @@ impl Ctx {
         let sem = Arc::new(Semaphore::new(in_flight));
         let mut tasks = Vec::new();
         let mut left = n;
+        let mut late = Duration::ZERO;
         while left > 0 {
             let size = left.min(per_request.max(1));
-            if let Some(rate) = rate {
-                // The moment the first run of this request is due in a steady stream.
-                let due = (n - left) as f64 / rate;
-                tokio::time::sleep_until(start + Duration::from_secs_f64(due)).await;
+            // The moment the first run of this request is due in a steady stream.
+            let due = rate.map(|rate| start + Duration::from_secs_f64((n - left) as f64 / rate));
+            if let Some(due) = due {
+                tokio::time::sleep_until(due).await;
             }
             left -= size;
             let body = if per_request > 1 {
@@ -196,6 +199,10 @@ impl Ctx {
                 body.clone()
             };
             let permit = sem.clone().acquire_owned().await?;
+            if let Some(due) = due {
+                // Past its moment: the bound on requests in flight held it back.
+                late = late.max(tokio::time::Instant::now().saturating_duration_since(due));
+            }
             let (http, url, key) = (
                 self.http.clone(),
                 format!("{}{path}", self.base),
@@ -220,6 +227,7 @@ impl Ctx {
         Ok(Batch {
             secs: t.elapsed().as_secs_f64(),
             polls: polls.into_inner(),
+            late,
         })
     }
 

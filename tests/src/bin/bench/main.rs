@@ -67,9 +67,9 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     submit_batch: usize,
     /// Runs per second offered in the end-to-end section: submissions go out at a steady pace
-    /// (up to 512 requests in flight) instead of as fast as the requests in flight are
-    /// answered, so the figures are those of a fleet under that load rather than at its
-    /// limit. Without it, the section measures the fleet saturated.
+    /// (up to 512 requests in flight) instead of as fast as the requests in flight (32, or 4
+    /// with --submit-batch) are answered, so the figures are those of a fleet under that load
+    /// rather than at its limit. Without it, the section measures the fleet saturated.
     #[arg(long)]
     rate: Option<f64>,
     /// A JSON file holding an array of tool parameter schemas: each becomes one more tool
