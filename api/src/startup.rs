@@ -17,9 +17,9 @@ use agentfleet_shared::config::Settings;
 use agentfleet_shared::events::{EventBus, Keys};
 use agentfleet_shared::infra;
 use agentfleet_shared::queue::Topology;
-use agentfleet_shared::store::batch::{Batcher, write_fn};
+use agentfleet_shared::store::group_commit::{Batcher, write_fn};
 use agentfleet_shared::store::transitions::NewRun;
-use agentfleet_shared::store::{create_many, dispatch};
+use agentfleet_shared::store::{create_many, fair_dispatch};
 use agentfleet_shared::{db, telemetry};
 
 use crate::hub::{Hub, HubSettings};
@@ -106,7 +106,7 @@ impl Application {
                 Box::pin(async move { create_many::create_on_new_threads(conn, &runs).await })
             }),
         );
-        let dispatches = dispatch::grouped(
+        let dispatches = fair_dispatch::grouped(
             pool.clone(),
             settings.limits.max_running_runs,
             settings.database.write_timeout(),

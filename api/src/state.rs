@@ -3,7 +3,7 @@ use std::sync::Arc;
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::events::EventBus;
 use agentfleet_shared::queue::Publisher;
-use agentfleet_shared::store::batch::Batcher;
+use agentfleet_shared::store::group_commit::Batcher;
 use agentfleet_shared::store::runs::RunRow;
 use agentfleet_shared::store::transitions::NewRun;
 use sqlx::PgPool;
@@ -34,7 +34,7 @@ pub struct AppStateInner {
     pub pool: PgPool,
     /// Run creations on new threads, written together when they arrive at once.
     pub creates: Batcher<NewRun, RunRow>,
-    /// Fair dispatch of limited tenants' held runs (`crate::dispatch`): per tenant, the runs
+    /// Fair dispatch of limited tenants' held runs (`crate::fair_dispatch`): per tenant, the runs
     /// to publish.
     pub dispatches: Batcher<uuid::Uuid, Vec<uuid::Uuid>>,
     pub bus: EventBus,

@@ -20,8 +20,8 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use agentfleet_shared::compaction::{self, Header};
 use agentfleet_shared::domain::RunStatus;
+use agentfleet_shared::event_compaction::{self, Header};
 use agentfleet_shared::events::{
     EventType, FINAL_FENCE, Floor, NewEvent, peek, pending_event, timestamp,
 };
@@ -192,9 +192,9 @@ impl<'a> Follower<'a> {
     }
 
     /// The stored element at `id` as it was appended: a compacted delta range (see
-    /// `agentfleet_shared::compaction`) is expanded back into its original events.
+    /// `agentfleet_shared::event_compaction`) is expanded back into its original events.
     async fn expand<'r>(&mut self, id: u64, raw: &'r str) -> Result<Cow<'r, str>, FollowError> {
-        let header = compaction::parse_header(raw);
+        let header = event_compaction::parse_header(raw);
         if header.is_none() && !raw.is_empty() {
             return Ok(Cow::Borrowed(raw));
         }
@@ -230,7 +230,7 @@ impl<'a> Follower<'a> {
                     None => runs::get(&self.state.pool, self.run_id).await?.thread_id,
                 };
                 self.thread_id = Some(thread_id);
-                Ok(Cow::Owned(compaction::superseded_delta(
+                Ok(Cow::Owned(event_compaction::superseded_delta(
                     id,
                     self.run_id,
                     thread_id,
@@ -248,7 +248,11 @@ impl<'a> Follower<'a> {
         while to >= 1 {
             let from = to.saturating_sub(PAGE - 1).max(1);
             let items = self.state.bus.read_range(self.run_id, from, to).await?;
-            if let Some(h) = items.iter().rev().find_map(|r| compaction::parse_header(r)) {
+            if let Some(h) = items
+                .iter()
+                .rev()
+                .find_map(|r| event_compaction::parse_header(r))
+            {
                 return Ok(Some(h).filter(|h| h.covers(id)));
             }
             if items.is_empty() || from == 1 {

@@ -1,12 +1,12 @@
 //! agentfleet-shared: the domain, configuration, Postgres store, queue topology, event bus and
 //! telemetry used by both the API and the workers.
 
-pub mod compaction;
 pub mod config;
 pub mod db;
 pub mod domain;
 pub mod egress;
 pub mod egress_client;
+pub mod event_compaction;
 pub mod events;
 pub mod failpoint;
 pub mod infra;

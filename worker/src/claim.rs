@@ -17,7 +17,7 @@ use agentfleet_shared::store::runs;
 use agentfleet_shared::store::transitions::{self, Claimed};
 use agentfleet_shared::telemetry;
 
-use crate::shared::Shared;
+use crate::deps::Deps;
 
 pub enum ClaimOutcome {
     Claimed(Box<Claimed>),
@@ -36,12 +36,12 @@ pub enum Settle {
     DeadLetter,
 }
 
-pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<ClaimOutcome> {
+pub async fn claim(deps: &Arc<Deps>, delivery: &Delivery) -> anyhow::Result<ClaimOutcome> {
     let Ok(message) = serde_json::from_slice::<RunMessage>(&delivery.data) else {
         tracing::warn!("malformed run message dead-lettered");
         return Ok(ClaimOutcome::Skipped(Settle::DeadLetter));
     };
-    let claimed = shared.writes.claims.write(message.run_id).await?;
+    let claimed = deps.writes.claims.write(message.run_id).await?;
     let Some(claimed) = claimed else {
         metrics::counter!("agentfleet_stale_messages_total").increment(1);
         return Ok(ClaimOutcome::Skipped(Settle::Ack));
@@ -49,14 +49,14 @@ pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<
     if claimed.took_over {
         metrics::counter!("agentfleet_lease_expiries_total").increment(1);
     }
-    if claimed.run.recoveries > shared.settings.worker.max_recoveries {
+    if claimed.run.recoveries > deps.settings.worker.max_recoveries {
         let fence = claimed.fence();
         // The list may be gone (expired, or Redis restarted): ids continue past the last one
         // recorded, and the id of `run_failed` is recorded too, with the same message.
-        let listed = shared.bus.len(fence.run_id).await.unwrap_or(0);
+        let listed = deps.bus.len(fence.run_id).await.unwrap_or(0);
         let floor = (claimed.run.last_event_id as u64).max(listed);
         let message = Box::pin(transitions::fail_poisoned(
-            &shared.pool,
+            &deps.pool,
             fence,
             claimed.run.recoveries,
             floor + 1,
@@ -69,7 +69,7 @@ pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<
             kind: EventType::RunFailed,
             data: &data,
         };
-        let appended = shared
+        let appended = deps
             .bus
             .append(
                 event,
@@ -80,7 +80,7 @@ pub async fn claim(shared: &Arc<Shared>, delivery: &Delivery) -> anyhow::Result<
             .await;
         if let Ok(appended) = appended {
             let _ = Box::pin(runs::record_last_event_id(
-                &shared.pool,
+                &deps.pool,
                 fence.run_id,
                 appended.id,
             ))
@@ -147,12 +147,12 @@ pub fn earlier_deliveries(properties: &BasicProperties) -> u64 {
 /// sweeper, or handed back. When the message carried another context (a resume request's, a
 /// hand-back's), the span links to it. A run without a stored context (created with export
 /// off) follows its message's context, if any.
-pub fn attempt_span(shared: &Shared, claimed: &Claimed, delivery: &Delivery) -> tracing::Span {
+pub fn attempt_span(deps: &Deps, claimed: &Claimed, delivery: &Delivery) -> tracing::Span {
     let span = tracing::info_span!(
         "run.attempt",
         run_id = %claimed.run.id,
         attempt = claimed.run.attempt,
-        worker = %shared.worker_id,
+        worker = %deps.worker_id,
         recovered = claimed.recovered,
     );
     if !telemetry::exporting() {

@@ -1,5 +1,5 @@
 //! Fits a thread's history into the model's context budget, in tiers (the async half, which
-//! calls the model for summaries and records what happened, is `compaction`):
+//! calls the model for summaries and records what happened, is `context_summary`):
 //!
 //! 1. old tool results are cut to a head and a handle (`m<position>`) the built-in
 //!    `expand_message` tool reads back;

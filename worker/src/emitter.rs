@@ -47,7 +47,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use uuid::Uuid;
 
-use agentfleet_shared::compaction::{DeltaRecord, Header};
+use agentfleet_shared::event_compaction::{DeltaRecord, Header};
 use agentfleet_shared::events::{
     AppendError, Appended, EventBus, EventType, Expiry, Floor, NewEvent,
 };

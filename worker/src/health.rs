@@ -7,9 +7,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 
-use crate::shared::Shared;
+use crate::deps::Deps;
 
-pub fn router(shared: Arc<Shared>) -> Router {
+pub fn router(deps: Arc<Deps>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -17,12 +17,12 @@ pub fn router(shared: Arc<Shared>) -> Router {
             "/metrics",
             get(|| async { agentfleet_shared::telemetry::metrics_handle().render() }),
         )
-        .with_state(shared)
+        .with_state(deps)
 }
 
-async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str) {
-    let db = agentfleet_shared::db::ping(&shared.pool).await;
-    let broker = tokio::time::timeout(std::time::Duration::from_secs(2), shared.publisher.check())
+async fn readyz(State(deps): State<Arc<Deps>>) -> (StatusCode, &'static str) {
+    let db = agentfleet_shared::db::ping(&deps.pool).await;
+    let broker = tokio::time::timeout(std::time::Duration::from_secs(2), deps.publisher.check())
         .await
         .unwrap_or(false);
     if db && broker {

@@ -33,12 +33,12 @@ use tracing::Instrument;
 use crate::claim::{
     ClaimOutcome, Settle, attempt_span, claim, claim_retry_wait, earlier_deliveries,
 };
+use crate::deps::Deps;
 use crate::run;
-use crate::shared::Shared;
 use crate::stop::StopSignal;
 
 pub struct Intake {
-    pub shared: Arc<Shared>,
+    pub deps: Arc<Deps>,
     pub slots: Arc<Semaphore>,
     pub freed: Arc<Notify>,
     pub tracker: TaskTracker,
@@ -83,7 +83,7 @@ impl Intake {
     /// Consumes until `stop`; returns with the consumer cancelled.
     pub async fn run(&self, channel: &Channel, stop: CancellationToken) -> anyhow::Result<()> {
         self.unacked.new_channel();
-        let queue = self.shared.publisher.topology().queue.clone();
+        let queue = self.deps.publisher.topology().queue.clone();
         let mut consumer: Option<Consumer> = None;
         loop {
             if consumer.is_none() && self.slots.available_permits() > 0 {
@@ -108,7 +108,7 @@ impl Intake {
                 };
                 // A broker that stops answering (an alarm, a stalled node) must hold neither
                 // this session, which then reconnects, nor a drain asked for meanwhile.
-                let limit = self.shared.settings.amqp.timeout();
+                let limit = self.deps.settings.amqp.timeout();
                 consumer = Some(tokio::select! {
                     started = tokio::time::timeout(limit, start) => started.map_err(|_| {
                         anyhow::anyhow!("RabbitMQ did not answer the consumer's start within amqp.timeout_ms")
@@ -151,25 +151,25 @@ impl Intake {
     /// Claims and executes the run of `delivery` in the slot `permit`; acknowledges the
     /// delivery when the slot is let go (or after `worker.max_delivery_hold_ms`).
     fn start(&self, delivery: Delivery, permit: tokio::sync::OwnedSemaphorePermit) {
-        let shared = self.shared.clone();
+        let deps = self.deps.clone();
         let freed = self.freed.clone();
         let draining = self.draining.clone();
         let unacked = self.unacked.clone();
         let channel = unacked.taken();
         self.tracker.spawn(async move {
             // What the delivery still needs once the slot is free (`None`: acked early).
-            let settle = match claim(&shared, &delivery).await {
+            let settle = match claim(&deps, &delivery).await {
                 Ok(ClaimOutcome::Claimed(claimed)) => {
                     let run_id = claimed.run.id;
-                    let span = attempt_span(&shared, &claimed, &delivery);
+                    let span = attempt_span(&deps, &claimed, &delivery);
                     let stop = StopSignal::default();
-                    shared.active.insert(run_id, stop.clone());
+                    deps.active.insert(run_id, stop.clone());
                     metrics::gauge!("agentfleet_runs_in_flight").increment(1.0);
-                    let hold = Duration::from_millis(shared.settings.worker.max_delivery_hold_ms);
+                    let hold = Duration::from_millis(deps.settings.worker.max_delivery_hold_ms);
                     // Boxed: the run's future is the largest of the worker (about 11 KB);
                     // inline, this task would hold it more than once and every move of the
                     // task (its spawn) would copy it.
-                    let run = run::execute(shared.clone(), *claimed, stop, draining);
+                    let run = run::execute(deps.clone(), *claimed, stop, draining);
                     let execute = Box::pin(async move {
                         // A panic ends this run's attempt, not the slot's bookkeeping below:
                         // the run's lease lapses (its heartbeat is dropped with it) and the
@@ -189,7 +189,7 @@ impl Intake {
                     };
                     let acked = hold_delivery(execute, early, hold).await;
                     metrics::gauge!("agentfleet_runs_in_flight").decrement(1.0);
-                    shared.active.remove(run_id);
+                    deps.active.remove(run_id);
                     (!acked).then_some(Settle::Ack)
                 }
                 Ok(ClaimOutcome::Skipped(how)) => Some(how),
@@ -197,7 +197,7 @@ impl Intake {
                     // Postgres down, or this run's row locked elsewhere: the message goes back
                     // for any worker, after a wait that grows with its earlier deliveries.
                     let earlier = earlier_deliveries(&delivery.properties);
-                    let cap = Duration::from_millis(shared.settings.worker.claim_retry_max_ms);
+                    let cap = Duration::from_millis(deps.settings.worker.claim_retry_max_ms);
                     let wait = claim_retry_wait(earlier, cap);
                     metrics::counter!("agentfleet_claim_failures_total").increment(1);
                     tracing::warn!(error = %agentfleet_shared::report::one_line(&e),
@@ -231,7 +231,7 @@ impl Intake {
         let tag = consumer.tag();
         // Bounded: a broker that stopped answering must not hold the drain (the messages it
         // holds for this consumer go back to the queue when the connection closes).
-        let timeout = self.shared.settings.amqp.timeout();
+        let timeout = self.deps.settings.amqp.timeout();
         match tokio::time::timeout(
             timeout,
             channel.basic_cancel(tag, BasicCancelOptions::default()),

@@ -73,7 +73,7 @@ pub async fn model_turn(
     if ending {
         // Closed now that the commit has answered; the next turn of any run carries it.
         let timing = closed_timing(ctx, iteration, started, ctx.timing.take());
-        ctx.shared
+        ctx.deps
             .late_timings
             .lock()
             .expect("timings lock")
@@ -99,7 +99,7 @@ async fn call_model(
     let taken = tool_call_ids(&history);
     let agent = &ctx.run.agent.0;
     let model = ctx
-        .shared
+        .deps
         .settings
         .models
         .get(&agent.model)
@@ -126,7 +126,7 @@ async fn call_model(
     } else {
         (Arc::clone(&system), catalog.definitions())
     };
-    let (mut messages, summary_usage) = crate::compaction::prompt(
+    let (mut messages, summary_usage) = crate::context_summary::prompt(
         ctx,
         model,
         counted_system,
@@ -156,7 +156,7 @@ async fn call_model(
         tools_json: as_cataloged.then(|| catalog.definitions_json()),
         tools,
     };
-    let events = &ctx.shared.settings.events;
+    let events = &ctx.deps.settings.events;
     let policy = DeltaPolicy {
         flush_after: std::time::Duration::from_millis(events.delta_flush_ms),
         flush_bytes: events.delta_flush_bytes,
@@ -165,8 +165,8 @@ async fn call_model(
     let model_started = Instant::now();
     let span = model_span(&model.model, request.messages.len());
     let response = model_call::call(
-        &ctx.shared.http,
-        &ctx.shared.settings.worker,
+        &ctx.deps.http,
+        &ctx.deps.settings.worker,
         &request,
         &ctx.emitter,
         &policy,
@@ -227,7 +227,7 @@ async fn history(ctx: &RunCtx) -> Result<Arc<History>, RunError> {
     // Read once the results this holding settled are committed: read before, their calls
     // would look unanswered (and be "repaired" as never run).
     ctx.outcomes_committed().await?;
-    let loaded = Box::pin(messages::llm_history(&ctx.shared.pool, ctx.run.thread_id)).await?;
+    let loaded = Box::pin(messages::llm_history(&ctx.deps.pool, ctx.run.thread_id)).await?;
     let loaded = Arc::new(History::from(loaded));
     *ctx.history.lock().expect("history lock") = Some(Arc::clone(&loaded));
     Ok(loaded)
@@ -334,17 +334,17 @@ async fn persist(
             false => ctx.emitter.last_id().await,
         },
         timing: ctx.take_finished_timing(),
-        carried: std::mem::take(&mut *ctx.shared.late_timings.lock().expect("timings lock")),
+        carried: std::mem::take(&mut *ctx.deps.late_timings.lock().expect("timings lock")),
         ends: ending,
     };
-    let Some(committed) = ctx.shared.writes.turns.write(turn).await? else {
+    let Some(committed) = ctx.deps.writes.turns.write(turn).await? else {
         return Err(ctx.fence.lost().into());
     };
     ctx.budget.update(Spent::read(
         committed.run_tokens,
         committed.tenant_tokens_today,
         committed.tenant_tokens_per_day.as_ref(),
-        ctx.shared.settings.limits.tokens_per_day,
+        ctx.deps.settings.limits.tokens_per_day,
     ));
     let kind = if usage.estimated {
         "estimated"
@@ -438,12 +438,12 @@ fn closed_timing(
 }
 
 /// Writes the final iterations' timings that no turn carried (the sweeper's tick, shutdown).
-pub async fn write_late_timings(shared: &crate::shared::Shared) {
-    let late = std::mem::take(&mut *shared.late_timings.lock().expect("timings lock"));
+pub async fn write_late_timings(deps: &crate::deps::Deps) {
+    let late = std::mem::take(&mut *deps.late_timings.lock().expect("timings lock"));
     if late.is_empty() {
         return;
     }
-    if let Err(e) = Box::pin(turns::record_timings(&shared.pool, &late)).await {
+    if let Err(e) = Box::pin(turns::record_timings(&deps.pool, &late)).await {
         tracing::debug!(error = %e, timings = late.len(), "iteration timings not recorded");
     }
 }
@@ -458,7 +458,7 @@ pub async fn flush_timing(ctx: &RunCtx) {
     let Some(timing) = ctx.take_finished_timing() else {
         return;
     };
-    if let Err(e) = Box::pin(turns::record_timing(&ctx.shared.pool, &timing)).await {
+    if let Err(e) = Box::pin(turns::record_timing(&ctx.deps.pool, &timing)).await {
         tracing::debug!(error = %e, "iteration timing not recorded");
     }
 }

@@ -11,18 +11,18 @@ use agentfleet_shared::domain::RunStatus;
 use agentfleet_shared::store::transitions::{self, Lease};
 use agentfleet_shared::store::{Fence, StoreError};
 
-use crate::shared::Shared;
+use crate::deps::Deps;
 use crate::stop::{StopReason, StopSignal};
 
-pub fn spawn(shared: Arc<Shared>, fence: Fence, stop: StopSignal) -> JoinHandle<()> {
+pub fn spawn(deps: Arc<Deps>, fence: Fence, stop: StopSignal) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let settings = &shared.settings.worker;
+        let settings = &deps.settings.worker;
         let (lease, every) = (settings.lease(), settings.lease_renew());
         let mut last_renewed = Instant::now();
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
             ticker.tick().await;
-            match transitions::renew_lease(&shared.pool, fence, lease).await {
+            match transitions::renew_lease(&deps.pool, fence, lease).await {
                 Ok(Lease::Held) => last_renewed = Instant::now(),
                 // The control hint may have been lost: the renewal carries the request too.
                 Ok(Lease::InterruptRequested) => {
@@ -31,7 +31,7 @@ pub fn spawn(shared: Arc<Shared>, fence: Fence, stop: StopSignal) -> JoinHandle<
                 }
                 Ok(Lease::CancelRequested) => return stop.stop(StopReason::Cancelled),
                 Err(StoreError::LeaseLost { .. }) => {
-                    let cancelled = agentfleet_shared::store::runs::get(&shared.pool, fence.run_id)
+                    let cancelled = agentfleet_shared::store::runs::get(&deps.pool, fence.run_id)
                         .await
                         .is_ok_and(|r| r.status == RunStatus::Cancelled);
                     return stop.stop(if cancelled {

@@ -9,12 +9,13 @@
 pub mod bounded;
 pub mod budget;
 pub mod claim;
-pub mod compaction;
+pub mod context_summary;
 pub mod context_window;
 pub mod control;
-pub mod dispatch;
+pub mod deps;
 pub mod drain;
 pub mod emitter;
+pub mod fair_dispatch;
 pub mod health;
 pub mod history;
 pub mod intake;
@@ -25,7 +26,6 @@ pub mod model_stream;
 pub mod pause;
 pub mod run;
 pub mod run_ctx;
-pub mod shared;
 pub mod stop;
 pub mod sweeper;
 pub mod tokens;
@@ -47,10 +47,10 @@ use agentfleet_shared::infra::{self, Server};
 use agentfleet_shared::queue::{self, Topology};
 use agentfleet_shared::{db, telemetry};
 
-use crate::shared::Shared;
+use crate::deps::Deps;
 
 pub struct Worker {
-    shared: Arc<Shared>,
+    deps: Arc<Deps>,
     health: Option<tokio::net::TcpListener>,
 }
 
@@ -137,7 +137,7 @@ impl Worker {
                     })?,
             )
         };
-        let writes = shared::Writes::spawn(&pool, &settings, &worker_id);
+        let writes = deps::Writes::spawn(&pool, &settings, &worker_id);
         let mcp_key = settings.mcp.key().context("mcp.encryption_key")?;
         let mcp_tools =
             tools::mcp::ToolCache::new(Duration::from_millis(settings.mcp.tools_ttl_ms));
@@ -145,7 +145,7 @@ impl Worker {
             settings.worker.max_compiled_schema_kib,
             settings.worker.max_compiled_schema_kib_per_tenant,
         )));
-        let shared = Arc::new(Shared {
+        let deps = Arc::new(Deps {
             mcp_key,
             mcp_tools,
             schemas,
@@ -162,11 +162,11 @@ impl Worker {
             worker_id,
             active: Default::default(),
         });
-        Ok(Worker { shared, health })
+        Ok(Worker { deps, health })
     }
 
     pub fn id(&self) -> &str {
-        &self.shared.worker_id
+        &self.deps.worker_id
     }
 
     pub fn health_port(&self) -> Option<u16> {
@@ -181,20 +181,20 @@ impl Worker {
         self,
         stop: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let shared = self.shared.clone();
+        let deps = self.deps.clone();
         let background = CancellationToken::new();
         let intake_stop = CancellationToken::new();
         let draining = CancellationToken::new();
         let tracker = TaskTracker::new();
-        crate::sweeper::spawn(shared.clone(), background.clone());
+        crate::sweeper::spawn(deps.clone(), background.clone());
         crate::control::spawn_listener(
-            shared.settings.redis.url.clone(),
-            Keys::new(&shared.settings.redis.prefix),
-            shared.active.clone(),
+            deps.settings.redis.url.clone(),
+            Keys::new(&deps.settings.redis.prefix),
+            deps.active.clone(),
             background.clone(),
         );
         if let Some(listener) = self.health {
-            let router = crate::health::router(shared.clone());
+            let router = crate::health::router(deps.clone());
             let token = background.clone();
             tokio::spawn(async move {
                 let _ = axum::serve(listener, router)
@@ -203,8 +203,8 @@ impl Worker {
             });
         }
         let intake = intake::Intake {
-            shared: shared.clone(),
-            slots: Arc::new(Semaphore::new(shared.settings.worker.concurrency as usize)),
+            deps: deps.clone(),
+            slots: Arc::new(Semaphore::new(deps.settings.worker.concurrency as usize)),
             freed: Arc::new(Notify::new()),
             tracker: tracker.clone(),
             draining: draining.clone(),
@@ -215,24 +215,24 @@ impl Worker {
             stop.await;
             stopper.cancel();
         });
-        tracing::info!(worker = %shared.worker_id, concurrency = shared.settings.worker.concurrency, "worker started");
+        tracing::info!(worker = %deps.worker_id, concurrency = deps.settings.worker.concurrency, "worker started");
         // The consumer's connection is re-made whenever it fails (broker restart, network);
         // a session returns `Ok` once the intake has stopped.
         infra::reconnecting(
             "the run intake",
             Server::RabbitMq,
-            &shared.settings.amqp.url,
+            &deps.settings.amqp.url,
             &intake_stop,
             || async {
                 // Bounded, and given up on a stop, as every later step of the session: a broker
                 // that takes the connection but never answers must not hold the drain.
                 let opened = async {
-                    let conn = queue::connect(&shared.settings.amqp.url, &shared.worker_id).await?;
+                    let conn = queue::connect(&deps.settings.amqp.url, &deps.worker_id).await?;
                     let channel = conn.create_channel().await?;
                     anyhow::Ok((conn, channel))
                 };
                 let (conn, channel) = tokio::select! {
-                    opened = tokio::time::timeout(shared.settings.amqp.timeout(), opened) => {
+                    opened = tokio::time::timeout(deps.settings.amqp.timeout(), opened) => {
                         opened.map_err(|_| anyhow::anyhow!(
                             "RabbitMQ did not open the intake's connection within amqp.timeout_ms"
                         ))??
@@ -241,16 +241,16 @@ impl Worker {
                 };
                 let result = intake.run(&channel, intake_stop.clone()).await;
                 let closing = conn.close(200, "intake stopped".into());
-                let _ = tokio::time::timeout(shared.settings.amqp.timeout(), closing).await;
+                let _ = tokio::time::timeout(deps.settings.amqp.timeout(), closing).await;
                 result
             },
         )
         .await;
-        let grace = Duration::from_millis(shared.settings.worker.drain_grace_ms);
-        crate::drain::drain(&tracker, &draining, &shared.active, grace).await;
-        crate::iteration::write_late_timings(&shared).await;
+        let grace = Duration::from_millis(deps.settings.worker.drain_grace_ms);
+        crate::drain::drain(&tracker, &draining, &deps.active, grace).await;
+        crate::iteration::write_late_timings(&deps).await;
         background.cancel();
-        shared.publisher.close().await;
+        deps.publisher.close().await;
         Ok(())
     }
 }

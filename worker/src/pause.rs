@@ -94,7 +94,7 @@ async fn pause(
 ) -> Result<(), RunError> {
     // Read before the transaction: it waits for the holder's appends still in flight.
     let next_id = ctx.emitter.next_id().await;
-    let mut tx = Box::pin(ctx.shared.pool.begin())
+    let mut tx = Box::pin(ctx.deps.pool.begin())
         .await
         .map_err(StoreError::from)?;
     lock_fenced(&mut tx, ctx.fence).await?;

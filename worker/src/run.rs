@@ -23,10 +23,10 @@ use agentfleet_shared::store::transitions::{self, Claimed, Ending};
 use agentfleet_shared::store::{StoreError, double_text};
 
 use crate::budget::{Budget, Exceeded, Spent};
+use crate::deps::Deps;
 use crate::emitter::Emitter;
 use crate::iteration::{self, Turned};
 use crate::run_ctx::{IterationTiming, RunCtx, RunError};
-use crate::shared::Shared;
 use crate::stop::{StopReason, StopSignal};
 use crate::tools::settle::{Settled, settle};
 
@@ -48,7 +48,7 @@ enum Outcome {
 }
 
 pub async fn execute(
-    shared: Arc<Shared>,
+    deps: Arc<Deps>,
     claimed: Claimed,
     stop: StopSignal,
     draining: CancellationToken,
@@ -61,7 +61,7 @@ pub async fn execute(
             .saturating_add(claimed.run.completion_tokens),
         claimed.tenant_tokens_today,
         claimed.tenant_tokens_per_day.as_ref(),
-        shared.settings.limits.tokens_per_day,
+        deps.settings.limits.tokens_per_day,
     );
     let budget = Budget::new(claimed.run.agent.max_tokens_total, spent);
     let history = claimed
@@ -76,18 +76,18 @@ pub async fn execute(
     // list as it stands (the API may have appended `run_resumed` after the pause). Read here
     // rather than taken from the first append's answer: should every append of this holding
     // fail, the ids it records in Postgres (pause, end, hand-back) must still pass the list's.
-    let listed = shared.bus.len(run.id).await.unwrap_or(0);
+    let listed = deps.bus.len(run.id).await.unwrap_or(0);
     let floor = (run.last_event_id as u64).max(listed);
     let emitter = Emitter::new(
-        shared.bus.clone(),
+        deps.bus.clone(),
         run.id,
         run.thread_id,
         fence.attempt,
         floor,
-        shared.settings.events.compact_deltas,
+        deps.settings.events.compact_deltas,
     );
     let ctx = RunCtx {
-        shared,
+        deps,
         fence,
         run,
         emitter,
@@ -104,7 +104,7 @@ pub async fn execute(
     // Aborted when dropped too: if the run's task panics, its lease must lapse for the sweeper
     // to hand the run to another attempt (a heartbeat left behind renewed it for ever).
     let lease = tokio_util::task::AbortOnDropHandle::new(crate::lease::spawn(
-        ctx.shared.clone(),
+        ctx.deps.clone(),
         fence,
         ctx.stop.clone(),
     ));
@@ -117,7 +117,7 @@ pub async fn execute(
     finish(&ctx, result).await;
     if ctx.run.fair {
         // Its slot of the tenant's running limit may be free now (ended, paused, cancelled).
-        crate::dispatch::after_holding(ctx.shared.clone(), ctx.run.tenant_id);
+        crate::fair_dispatch::after_holding(ctx.deps.clone(), ctx.run.tenant_id);
     }
 }
 
@@ -129,13 +129,13 @@ async fn drive(
     let (kind, data) = if recovered {
         (
             EventType::RunRecovered,
-            json!({"attempt": ctx.fence.attempt, "worker": ctx.shared.worker_id,
+            json!({"attempt": ctx.fence.attempt, "worker": ctx.deps.worker_id,
             "iteration": ctx.run.iteration}),
         )
     } else {
         (
             EventType::RunStarted,
-            json!({"attempt": ctx.fence.attempt, "worker": ctx.shared.worker_id}),
+            json!({"attempt": ctx.fence.attempt, "worker": ctx.deps.worker_id}),
         )
     };
     // Goes out with the holding's first step (its `iteration_started`, or whatever comes first).
@@ -180,7 +180,7 @@ async fn drive(
         }
         // Between iterations only: the last turn's calls are settled above.
         if let Err(exceeded) = ctx.budget.check(chrono::Utc::now().date_naive()) {
-            let on = ctx.shared.settings.worker.on_budget_exceeded;
+            let on = ctx.deps.settings.worker.on_budget_exceeded;
             // Only the tenant's daily budget can change while the run waits (an operator
             // raises it, or the UTC day turns); the run's own is part of its agent and a
             // resume cannot raise it, so that pause could only end in another.
@@ -249,7 +249,7 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
             }
         }
         Ok(Outcome::Interrupted) | Err(RunError::Interrupted) => {
-            match Box::pin(double_text::interrupt(&ctx.shared.pool, ctx.fence, next_id)).await {
+            match Box::pin(double_text::interrupt(&ctx.deps.pool, ctx.fence, next_id)).await {
                 Ok(promoted) => {
                     publish_promoted(ctx, promoted).await;
                     Ok((
@@ -293,7 +293,7 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
             return;
         }
         Err(RunError::Store(e)) if e.is_transient() => {
-            let max = ctx.shared.settings.worker.max_handbacks;
+            let max = ctx.deps.settings.worker.max_handbacks;
             if ctx.run.handbacks < max {
                 tracing::warn!(%run_id, error = %report::error_line(&e),
                     "database error; handing the run back");
@@ -336,7 +336,7 @@ async fn complete(ctx: &RunCtx, next_id: u64) -> Result<Option<Uuid>, StoreError
         last_event_id: next_id,
         timing: ctx.take_finished_timing(),
     };
-    match ctx.shared.writes.endings.write(ending).await? {
+    match ctx.deps.writes.endings.write(ending).await? {
         ended if ended.held => Ok(ended.promoted),
         _ => Err(ctx.fence.lost()),
     }
@@ -350,7 +350,7 @@ async fn fail(
     next_id: u64,
 ) -> Result<(EventType, serde_json::Value, &'static str), StoreError> {
     Box::pin(transitions::fail(
-        &ctx.shared.pool,
+        &ctx.deps.pool,
         ctx.fence,
         code,
         &msg,
@@ -358,7 +358,7 @@ async fn fail(
     ))
     .await?;
     // Off the hot path: a failed run's end may have promoted a run waiting for its thread.
-    match Box::pin(ctx.shared.pool.acquire()).await {
+    match Box::pin(ctx.deps.pool.acquire()).await {
         Ok(mut conn) => {
             let promoted = double_text::runnable_on_thread(&mut conn, ctx.run.thread_id).await;
             drop(conn);
@@ -380,7 +380,7 @@ async fn publish_promoted(ctx: &RunCtx, promoted: Option<uuid::Uuid>) {
     let Some(id) = promoted else { return };
     // The fault suite crashes here: the promotion is committed, its message not sent.
     agentfleet_shared::failpoint::hit("promoted:before_publish");
-    if let Err(e) = ctx.shared.publisher.publish_run(id).await {
+    if let Err(e) = ctx.deps.publisher.publish_run(id).await {
         tracing::warn!(run_id = %id, error = %e, "publish of a promoted run failed; the sweeper will re-enqueue");
     }
 }
@@ -389,10 +389,10 @@ async fn publish_promoted(ctx: &RunCtx, promoted: Option<uuid::Uuid>) {
 /// run), published again after a back-off that grows with each hand-back.
 async fn hand_back_after_failure(ctx: &RunCtx) {
     let run_id = ctx.fence.run_id;
-    let settings = &ctx.shared.settings.worker;
+    let settings = &ctx.deps.settings.worker;
     let last_id = ctx.emitter.last_id().await;
     match Box::pin(transitions::hand_back_after_failure(
-        &ctx.shared.pool,
+        &ctx.deps.pool,
         ctx.fence,
         last_id,
     ))
@@ -410,7 +410,7 @@ async fn hand_back_after_failure(ctx: &RunCtx) {
             tracing::info!(%run_id, handbacks, delay_ms = delay.as_millis() as u64,
                 "run handed back after a failure");
             tokio::time::sleep(delay).await;
-            if let Err(e) = ctx.shared.publisher.publish_run(run_id).await {
+            if let Err(e) = ctx.deps.publisher.publish_run(run_id).await {
                 tracing::warn!(%run_id, error = %e, "re-publish failed; the sweeper will re-enqueue");
             }
         }
@@ -425,7 +425,7 @@ async fn hand_back(ctx: &RunCtx, interrupted: bool) {
     let run_id = ctx.fence.run_id;
     let last_id = ctx.emitter.last_id().await;
     match Box::pin(transitions::release(
-        &ctx.shared.pool,
+        &ctx.deps.pool,
         ctx.fence,
         interrupted,
         last_id,
@@ -433,7 +433,7 @@ async fn hand_back(ctx: &RunCtx, interrupted: bool) {
     .await
     {
         Ok(()) => {
-            if let Err(e) = ctx.shared.publisher.publish_run(run_id).await {
+            if let Err(e) = ctx.deps.publisher.publish_run(run_id).await {
                 tracing::warn!(%run_id, error = %e, "re-publish failed; the sweeper will re-enqueue");
             }
             tracing::info!(%run_id, interrupted, "run handed back to the queue");

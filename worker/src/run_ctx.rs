@@ -11,16 +11,17 @@ use agentfleet_shared::store::turns;
 use agentfleet_shared::store::{Fence, StoreError};
 
 use crate::budget::Budget;
+use crate::deps::Deps;
 use crate::emitter::{Emitter, Fenced};
 use crate::history::History;
 use crate::model_call::ModelError;
-use crate::shared::Shared;
 use crate::stop::StopSignal;
 use crate::tools::catalog::{self, Catalog};
+use crate::tools::offer;
 
 /// Everything one run's execution needs.
 pub struct RunCtx {
-    pub shared: Arc<Shared>,
+    pub deps: Arc<Deps>,
     pub fence: Fence,
     pub run: RunRow,
     pub emitter: Emitter,
@@ -41,7 +42,7 @@ pub struct RunCtx {
     pub budget: Budget,
     /// The tools offered to the model (MCP servers listed), built once per holding.
     pub catalog: tokio::sync::OnceCell<Arc<Catalog>>,
-    /// What compaction did to the history so far in this holding (`compaction`).
+    /// What compaction did to the history so far in this holding (`context_summary`).
     pub compaction: Mutex<crate::context_window::Compaction>,
     /// Tool outcomes sent to Postgres whose answers are still to be awaited: the next model
     /// call starts while they commit (`tools::settle`), and every write of the run after them
@@ -59,8 +60,8 @@ impl RunCtx {
         self.catalog
             .get_or_try_init(|| async {
                 let (tenant, agent) = (self.run.tenant_id, &self.run.agent.0);
-                let build = catalog::build(&self.shared, tenant, agent);
-                self.shared
+                let build = offer::build(&self.deps, tenant, agent);
+                self.deps
                     .catalogs
                     .get_or_build(tenant, agent, build)
                     .await

@@ -2,7 +2,7 @@
 //! transaction-scoped Postgres advisory lock sweeps; the lock is never held between ticks, so
 //! a worker that is stopped or partitioned cannot block sweeping. It re-enqueues runs whose
 //! lease expired and queued runs whose message seems lost, and dispatches held runs of
-//! tenants with room in their running limit (`crate::dispatch`).
+//! tenants with room in their running limit (`crate::fair_dispatch`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,14 +11,14 @@ use tokio_util::sync::CancellationToken;
 
 use agentfleet_shared::store::runs;
 
-use crate::shared::Shared;
+use crate::deps::Deps;
 
 /// Runs re-enqueued per tick at most; the next tick takes the rest.
 const SWEEP_LIMIT: i64 = 500;
 
-pub fn spawn(shared: Arc<Shared>, shutdown: CancellationToken) {
+pub fn spawn(deps: Arc<Deps>, shutdown: CancellationToken) {
     tokio::spawn(async move {
-        let every = Duration::from_millis(shared.settings.worker.sweep_interval_ms);
+        let every = Duration::from_millis(deps.settings.worker.sweep_interval_ms);
         let mut ticker = tokio::time::interval(every);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -26,32 +26,32 @@ pub fn spawn(shared: Arc<Shared>, shutdown: CancellationToken) {
                 _ = ticker.tick() => {}
                 _ = shutdown.cancelled() => return,
             }
-            if let Err(e) = sweep_if_elected(&shared).await {
+            if let Err(e) = sweep_if_elected(&deps).await {
                 tracing::warn!(error = %agentfleet_shared::report::one_line(&e), "sweep failed");
             }
-            crate::iteration::write_late_timings(&shared).await;
-            if let Err(e) = crate::dispatch::export_backlog(&shared).await {
+            crate::iteration::write_late_timings(&deps).await;
+            if let Err(e) = crate::fair_dispatch::export_backlog(&deps).await {
                 tracing::debug!(error = %agentfleet_shared::report::one_line(&e), "backlog not exported");
             }
         }
     });
 }
 
-async fn sweep_if_elected(shared: &Shared) -> anyhow::Result<()> {
+async fn sweep_if_elected(deps: &Deps) -> anyhow::Result<()> {
     // Publishing happens after the election's transaction (two sweepers publishing the same
     // run is harmless: claims are idempotent).
-    let requeue_after = Duration::from_millis(shared.settings.worker.requeue_after_ms);
-    let Some(ids) = runs::stale_if_elected(&shared.pool, requeue_after, SWEEP_LIMIT).await? else {
+    let requeue_after = Duration::from_millis(deps.settings.worker.requeue_after_ms);
+    let Some(ids) = runs::stale_if_elected(&deps.pool, requeue_after, SWEEP_LIMIT).await? else {
         return Ok(());
     };
-    publish(shared, &ids).await?;
-    crate::dispatch::heal(shared).await?;
+    publish(deps, &ids).await?;
+    crate::fair_dispatch::heal(deps).await?;
     Ok(())
 }
 
-async fn publish(shared: &Shared, ids: &[uuid::Uuid]) -> anyhow::Result<()> {
+async fn publish(deps: &Deps, ids: &[uuid::Uuid]) -> anyhow::Result<()> {
     for id in ids {
-        shared.publisher.publish_run(*id).await?;
+        deps.publisher.publish_run(*id).await?;
         metrics::counter!("agentfleet_sweeper_requeued_total").increment(1);
     }
     if !ids.is_empty() {
@@ -61,12 +61,12 @@ async fn publish(shared: &Shared, ids: &[uuid::Uuid]) -> anyhow::Result<()> {
 }
 
 /// One sweep regardless of the election (tests and tools).
-pub async fn sweep_once(shared: &Shared) -> anyhow::Result<usize> {
-    let requeue_after = Duration::from_millis(shared.settings.worker.requeue_after_ms);
-    let mut conn = shared.pool.acquire().await?;
+pub async fn sweep_once(deps: &Deps) -> anyhow::Result<usize> {
+    let requeue_after = Duration::from_millis(deps.settings.worker.requeue_after_ms);
+    let mut conn = deps.pool.acquire().await?;
     let ids = runs::stale(&mut conn, requeue_after, SWEEP_LIMIT).await?;
     drop(conn);
-    publish(shared, &ids).await?;
-    let dispatched = crate::dispatch::heal(shared).await?;
+    publish(deps, &ids).await?;
+    let dispatched = crate::fair_dispatch::heal(deps).await?;
     Ok(ids.len() + dispatched)
 }

@@ -18,7 +18,7 @@ use uuid::Uuid;
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::queue::{self, Publisher, RunMessage, Topology};
 use agentfleet_shared::store::dead_letters::{self, DeadLetter, ReplayError, Stuck};
-use agentfleet_shared::store::dispatch;
+use agentfleet_shared::store::fair_dispatch;
 
 use super::{parse_duration, print, when};
 
@@ -161,11 +161,11 @@ async fn replay(
             .filter(|r| r.fair)
             .map(|r| r.tenant_id)
             .collect();
-        let dispatched = dispatch::next(
+        let dispatched = fair_dispatch::next(
             pool,
             &fair,
             settings.limits.max_running_runs,
-            dispatch::MAX_PER_TENANT,
+            fair_dispatch::MAX_PER_TENANT,
         )
         .await?;
         publish.extend(dispatched.ids());

@@ -155,7 +155,7 @@ pub async fn resume_tenant(
         .map_err(tenant_error)?;
     state.announcer.announce(Invalidation::Tenant(id)).await;
     // Its held runs go now rather than at the next sweep.
-    crate::dispatch::dispatch_and_publish(&state, id).await;
+    crate::fair_dispatch::dispatch_and_publish(&state, id).await;
     Ok(Json(view(&state, tenant)))
 }
 

@@ -140,7 +140,7 @@ pub async fn submit_batch(
         metadata,
         idempotency_key: key.clone(),
         request_hash: Some(hash.clone()),
-        fair: crate::dispatch::is_fair(&state.settings, &caller),
+        fair: crate::fair_dispatch::is_fair(&state.settings, &caller),
         lease: Some((owner.clone(), state.settings.api.batch_lease_ms)),
         traceparent: agentfleet_shared::telemetry::current_traceparent(),
     };

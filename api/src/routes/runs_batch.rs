@@ -69,7 +69,7 @@ pub async fn create_batch(
             .map(|(i, r)| (format!("runs[{i}]."), &r.agent)),
     )
     .await?;
-    let fair = crate::dispatch::is_fair(&state.settings, &caller);
+    let fair = crate::fair_dispatch::is_fair(&state.settings, &caller);
     let mut on_threads = Vec::new();
     let mut on_new_threads = Vec::with_capacity(body.runs.len());
     // Every run of the request joins the request's trace.

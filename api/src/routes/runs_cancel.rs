@@ -74,7 +74,7 @@ pub async fn cancel_run(
         .map_err(ApiError::unexpected)?;
     if run.fair {
         // Its slot of the tenant's running limit is free: the next held run goes.
-        crate::dispatch::dispatch_and_publish(&state, run.tenant_id).await;
+        crate::fair_dispatch::dispatch_and_publish(&state, run.tenant_id).await;
     }
     Ok(Json(view::run(&run)))
 }
@@ -87,7 +87,7 @@ async fn publish_promoted(state: &AppState, thread_id: uuid::Uuid) {
         Err(e) => Err(e.into()),
     };
     match promoted {
-        Ok(Some(id)) => crate::dispatch::publish(state, &[id]).await,
+        Ok(Some(id)) => crate::fair_dispatch::publish(state, &[id]).await,
         Ok(None) => {}
         Err(e) => {
             tracing::warn!(%thread_id, error = %e, "promoted run not looked up; the sweeper will publish it");

@@ -116,7 +116,7 @@ pub async fn create_run(
     crate::suspension::require_active(&caller)?;
     let key = idempotency_key(&headers)?;
     crate::quota::check_active_runs(&state, &caller, 1, key.as_deref()).await?;
-    let fair = crate::dispatch::is_fair(&state.settings, &caller);
+    let fair = crate::fair_dispatch::is_fair(&state.settings, &caller);
     // Boxed: `submit`'s future is ~17.6 KB (sqlx's), and every layer of the router moved the
     // handler's future holding it (memcpy was 15 % of the API's instructions in callgrind).
     let run = Box::pin(submit(&state, caller.tenant_id, fair, body, key)).await?;
@@ -405,11 +405,11 @@ async fn after_double_text(state: &AppState, created: &double_text::Created) {
         tracing::warn!(run_id = %id, error = %e, "could not hint the worker to interrupt");
     }
     if let Some(id) = created.promoted {
-        crate::dispatch::publish(state, &[id]).await;
+        crate::fair_dispatch::publish(state, &[id]).await;
     }
     if created.run.fair && (created.cancelled.is_some() || created.promoted.is_some()) {
         // A slot of the tenant's running limit may be free, and a promoted run is held.
-        crate::dispatch::dispatch_and_publish(state, created.run.tenant_id).await;
+        crate::fair_dispatch::dispatch_and_publish(state, created.run.tenant_id).await;
     }
 }
 
@@ -429,7 +429,7 @@ fn is_idempotency_race(e: &sqlx::Error) -> bool {
 /// `run_queued` is always event 1). The run is already durable, so a failure here is logged,
 /// not returned: the sweeper re-publishes queued runs it finds idle. The publish is bounded
 /// so a stalled broker cannot hold the request. A held run (its tenant has a running limit)
-/// is not published: its tenant's runs are dispatched in turn instead (`crate::dispatch`).
+/// is not published: its tenant's runs are dispatched in turn instead (`crate::fair_dispatch`).
 pub async fn announce(state: &AppState, run: &RunRow) {
     let data = crate::announce::queued_data();
     let event = NewEvent {
@@ -450,7 +450,7 @@ pub async fn announce(state: &AppState, run: &RunRow) {
         return;
     }
     if run.held {
-        crate::dispatch::dispatch_and_publish(state, run.tenant_id).await;
+        crate::fair_dispatch::dispatch_and_publish(state, run.tenant_id).await;
         return;
     }
     // Bounded by the publisher's `amqp.timeout_ms`: a stalled broker cannot hold the request.

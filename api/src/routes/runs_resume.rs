@@ -170,7 +170,7 @@ pub async fn resume_run(
     }
     if run.held {
         // Its tenant has a running limit: the run waits its turn like a new one.
-        crate::dispatch::dispatch_and_publish(&state, run.tenant_id).await;
+        crate::fair_dispatch::dispatch_and_publish(&state, run.tenant_id).await;
     } else if let Err(e) = state.publisher.publish_run(run_id).await {
         tracing::warn!(%run_id, error = %e, "publish failed; the sweeper will re-enqueue");
     }

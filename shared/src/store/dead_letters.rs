@@ -69,7 +69,7 @@ pub enum ReplayError {
 }
 
 /// What a replay put back: the caller publishes a run that is not `fair`, and dispatches the
-/// tenant of one that is (`store::dispatch`).
+/// tenant of one that is (`store::fair_dispatch`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Replayed {
     pub run_id: Uuid,

@@ -39,8 +39,8 @@ macro_rules! timing_cte {
 }
 
 pub mod agents;
-pub mod batch;
 pub mod batches;
+pub mod group_commit;
 
 /// `status = 'running'` as a parameter of the grouped fenced writes (`turns::record_many`,
 /// `tool_calls::finish_many`, `transitions::end_many`). From the literal, the planner proves
@@ -52,8 +52,8 @@ pub mod batches;
 pub(crate) const RUNNING: &str = "running";
 pub mod create_many;
 pub mod dead_letters;
-pub mod dispatch;
 pub mod double_text;
+pub mod fair_dispatch;
 pub mod keys;
 pub mod mcp_servers;
 pub mod messages;

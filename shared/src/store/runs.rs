@@ -27,7 +27,7 @@ pub struct RunRow {
     pub handbacks: i32,
     /// Queued but not dispatched: waiting for a slot of its tenant's running limit.
     pub held: bool,
-    /// Counts against its tenant's running limit (see `store::dispatch`).
+    /// Counts against its tenant's running limit (see `store::fair_dispatch`).
     pub fair: bool,
     pub interrupted: bool,
     pub lease_owner: Option<String>,

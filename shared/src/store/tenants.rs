@@ -174,7 +174,7 @@ pub async fn set_suspended(
     if suspended {
         // Nothing of it starts: its queued runs, dispatched or not, are held (a message
         // already in the queue then claims nothing); its running runs go on to their end.
-        // Lifting the suspension leaves them to the next dispatch (`store::dispatch`).
+        // Lifting the suspension leaves them to the next dispatch (`store::fair_dispatch`).
         sqlx::query(
             "UPDATE runs SET held = true, updated_at = now()
              WHERE tenant_id = $1 AND status = 'queued' AND NOT held",

@@ -127,7 +127,7 @@ pub async fn mark_dispatched(
 }
 
 /// A call's outcome and the tool message the model will see. Owned: it may wait to be
-/// written with other calls' outcomes (see [`super::batch`]).
+/// written with other calls' outcomes (see [`super::group_commit`]).
 pub struct Outcome {
     pub fence: Fence,
     pub thread_id: Uuid,

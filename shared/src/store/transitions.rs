@@ -33,7 +33,7 @@ pub struct NewRun {
     pub idempotency_key: Option<String>,
     pub request_hash: Option<Vec<u8>>,
     pub input: String,
-    /// Its tenant has a running limit: the run is created held, for [`super::dispatch`] to
+    /// Its tenant has a running limit: the run is created held, for [`super::fair_dispatch`] to
     /// dispatch in turn (and not published by its creator).
     pub fair: bool,
     /// W3C `traceparent` of the creating request (`runs.traceparent`); every attempt joins it.
@@ -324,7 +324,7 @@ pub async fn renew_lease(
 
 /// The end of a holding that needs no other write: `running -> completed | cancelled`, with
 /// the last iteration's timing. Owned: it may wait to be written with other runs' ends (see
-/// [`super::batch`]).
+/// [`super::group_commit`]).
 pub struct Ending {
     pub fence: Fence,
     pub status: RunStatus,
@@ -968,7 +968,7 @@ mod tests {
         n
     }
 
-    /// Grouped writes (`store::batch`): each item is fenced on its own, so a stale holder's
+    /// Grouped writes (`store::group_commit`): each item is fenced on its own, so a stale holder's
     /// item writes nothing while the others in its group commit.
     #[sqlx::test(migrations = "../migrations")]
     async fn a_group_writes_only_the_items_whose_fence_holds(pool: PgPool) {

@@ -17,7 +17,7 @@ use super::tool_calls::NewToolCall;
 use super::{Fence, StoreError};
 
 /// A model turn to commit. Owned: it may wait to be written with other runs' turns (see
-/// [`super::batch`]).
+/// [`super::group_commit`]).
 pub struct Turn {
     pub fence: Fence,
     pub thread_id: Uuid,

@@ -6,11 +6,6 @@ use std::sync::LazyLock;
 
 use serde_json::{Value, json};
 
-use agentfleet_shared::domain::Risk;
-use agentfleet_shared::tool_schema::Limits;
-
-use super::Parameters;
-use super::catalog::{Offered, Target};
 use super::http::HttpOutcome;
 
 pub const COMPLETE: &str = "complete";
@@ -53,7 +48,7 @@ pub fn complete_schema() -> &'static Value {
     &definitions()[0]["function"]["parameters"]
 }
 
-fn expand_parameters() -> Value {
+pub fn expand_parameters() -> Value {
     json!({"type": "object", "properties": {
         "id": {"type": "string", "pattern": "^m[0-9]{1,9}$",
                "description": "The id a compressed message names, e.g. \"m12\"."},
@@ -62,7 +57,7 @@ fn expand_parameters() -> Value {
     }, "required": ["id"], "additionalProperties": false})
 }
 
-const EXPAND_DESCRIPTION: &str = "Read back, whole, a message of this conversation that was \
+pub const EXPAND_DESCRIPTION: &str = "Read back, whole, a message of this conversation that was \
     compressed to fit the context window. Long messages come in pages: call again with \
     `offset` set to the `next_offset` of the previous page.";
 
@@ -71,19 +66,6 @@ pub fn expand_definition() -> Value {
     json!({"type": "function", "function": {
         "name": EXPAND_MESSAGE, "description": EXPAND_DESCRIPTION, "parameters": expand_parameters()
     }})
-}
-
-/// `expand_message` as the catalog holds it, so calls to it are checked, recorded and
-/// settled like any other low-risk call.
-pub fn expand_offered() -> Offered {
-    Offered {
-        name: EXPAND_MESSAGE.into(),
-        description: EXPAND_DESCRIPTION.into(),
-        parameters: Parameters::new(expand_parameters(), Limits::NONE),
-        risk: Risk::Low,
-        timeout_ms: None,
-        target: Target::ExpandMessage,
-    }
 }
 
 /// Answers `expand_message` from the thread's whole history (`history`, as the worker holds

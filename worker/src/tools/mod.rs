@@ -7,6 +7,7 @@ pub mod compiled;
 pub mod egress;
 pub mod http;
 pub mod mcp;
+pub mod offer;
 pub mod schema_memory;
 pub mod settle;
 pub mod weak_map;

@@ -126,7 +126,7 @@ pub async fn mark_dispatchable(ctx: &RunCtx, rows: &mut [ToolCallRow]) {
         let Some(spec) = ctx.catalog.get().and_then(|catalog| catalog.get(&c.name)) else {
             continue;
         };
-        let max_checks = ctx.shared.settings.worker.max_argument_checks;
+        let max_checks = ctx.deps.settings.worker.max_argument_checks;
         if let Ok(args) = spec.parameters.check(&c.raw_arguments, max_checks).await {
             ready.push((c.position as usize, args));
         }
@@ -154,7 +154,7 @@ pub async fn settle(
         Some(rows) => rows,
         None => {
             Box::pin(tool_calls::of_iteration(
-                &ctx.shared.pool,
+                &ctx.deps.pool,
                 ctx.fence.run_id,
                 iteration,
             ))
@@ -239,7 +239,7 @@ pub async fn settle(
 /// Tool calls of one response that run at once: the agent's `max_parallel_tool_calls`, never
 /// more than `worker.max_parallel_tool_calls`.
 fn parallel_cap(ctx: &RunCtx) -> usize {
-    let most = ctx.shared.settings.worker.max_parallel_tool_calls.max(1);
+    let most = ctx.deps.settings.worker.max_parallel_tool_calls.max(1);
     ctx.run
         .agent
         .max_parallel_tool_calls
@@ -257,7 +257,7 @@ async fn finish(
 ) -> Result<(), RunError> {
     let settled = (status, result, model_content);
     let (outcome, message) = outcome_of(ctx, iteration, call, settled);
-    if !ctx.shared.writes.outcomes.write(outcome).await? {
+    if !ctx.deps.writes.outcomes.write(outcome).await? {
         return Err(ctx.fence.lost().into());
     }
     ctx.remember(message);
@@ -312,7 +312,7 @@ fn send_outcome(
     if failpoint::error("store:outcome") {
         return std::future::ready(Err(StoreError::Db(sqlx::Error::PoolTimedOut))).boxed();
     }
-    let writes = ctx.shared.writes.outcomes.clone();
+    let writes = ctx.deps.writes.outcomes.clone();
     match failpoint::delay("store:outcome") {
         Some(delay) => async move {
             tokio::time::sleep(delay).await;
@@ -421,13 +421,13 @@ async fn execute(
             .parameters
             .check(
                 &call.raw_arguments,
-                ctx.shared.settings.worker.max_argument_checks,
+                ctx.deps.settings.worker.max_argument_checks,
             )
             .await
         {
             Ok(args) => {
                 let dispatch = Box::pin(tool_calls::mark_dispatched(
-                    &ctx.shared.pool,
+                    &ctx.deps.pool,
                     ctx.fence,
                     &call.tool_call_id,
                 ))
@@ -453,7 +453,7 @@ async fn execute(
         .emit_ahead(EventType::ToolStarted, json!({
             "tool_call_id": call.tool_call_id, "name": call.name, "arguments": args, "dispatch": dispatch,
         }));
-    let settings = &ctx.shared.settings.worker;
+    let settings = &ctx.deps.settings.worker;
     let timeout =
         std::time::Duration::from_millis(spec.timeout_ms.unwrap_or(settings.tool_timeout_ms));
     let started = std::time::Instant::now();
@@ -462,8 +462,8 @@ async fn execute(
         match &spec.target {
             Target::Http { url } => {
                 http::call(
-                    &ctx.shared.tools_http,
-                    &ctx.shared.egress,
+                    &ctx.deps.tools_http,
+                    &ctx.deps.egress,
                     url,
                     ctx.fence.run_id,
                     &call.tool_call_id,
@@ -477,8 +477,8 @@ async fn execute(
             // times an HTTP call's, and inline it would size every tool call's future.
             Target::Mcp { server, tool } => {
                 Box::pin(mcp::call(
-                    &ctx.shared.tools_http,
-                    &ctx.shared.egress,
+                    &ctx.deps.tools_http,
+                    &ctx.deps.egress,
                     server,
                     tool,
                     ctx.fence.run_id,
@@ -494,7 +494,7 @@ async fn execute(
                 builtin::expand(
                     history.as_deref().map_or(&[][..], |h| h),
                     &args,
-                    ctx.shared.settings.context.expand_max_bytes,
+                    ctx.deps.settings.context.expand_max_bytes,
                 )
             }
         }

@@ -1,4 +1,5 @@
-//! What every run task of a worker shares.
+//! The worker's dependencies: what every run task of a worker shares (pools, clients, caches,
+//! the grouped writers).
 
 use std::sync::Arc;
 
@@ -6,8 +7,8 @@ use agentfleet_shared::config::Settings;
 use agentfleet_shared::egress::EgressPolicy;
 use agentfleet_shared::events::EventBus;
 use agentfleet_shared::queue::Publisher;
-use agentfleet_shared::store::batch::{Batcher, write_fn};
-use agentfleet_shared::store::dispatch;
+use agentfleet_shared::store::fair_dispatch;
+use agentfleet_shared::store::group_commit::{Batcher, write_fn};
 use agentfleet_shared::store::tool_calls::{self, Outcome};
 use agentfleet_shared::store::transitions::{self, Claimed, Ending};
 use agentfleet_shared::store::turns::{self, Turn};
@@ -16,7 +17,7 @@ use uuid::Uuid;
 
 use crate::control::Registry;
 
-pub struct Shared {
+pub struct Deps {
     pub pool: PgPool,
     pub bus: EventBus,
     pub publisher: Publisher,
@@ -46,7 +47,7 @@ pub struct Shared {
     pub late_timings: std::sync::Mutex<Vec<agentfleet_shared::store::turns::IterationTiming>>,
 }
 
-/// The writes every run makes, grouped across this worker's runs (`store::batch`).
+/// The writes every run makes, grouped across this worker's runs (`store::group_commit`).
 pub struct Writes {
     /// Claims by this worker, with its lease (slots that free up together claim together).
     pub claims: Batcher<Uuid, Option<Claimed>>,
@@ -55,7 +56,7 @@ pub struct Writes {
     pub outcomes: Batcher<Outcome>,
     /// Per ending: whether its fence held, and the waiting run it promoted.
     pub endings: Batcher<Ending, transitions::Ended>,
-    /// Fair dispatch after a limited tenant's run ends or pauses (`store::dispatch`): per
+    /// Fair dispatch after a limited tenant's run ends or pauses (`store::fair_dispatch`): per
     /// tenant, the runs to publish.
     pub dispatches: Batcher<Uuid, Vec<Uuid>>,
 }
@@ -108,7 +109,11 @@ impl Writes {
                     Box::pin(async move { transitions::end_many(conn, &items).await })
                 }),
             ),
-            dispatches: dispatch::grouped(pool.clone(), settings.limits.max_running_runs, timeout),
+            dispatches: fair_dispatch::grouped(
+                pool.clone(),
+                settings.limits.max_running_runs,
+                timeout,
+            ),
         }
     }
 }

@@ -80,15 +80,12 @@ pub async fn prompt(
     // Room for at least a minimal history, whatever the system prompt and tools take.
     let limits = limits(ctx, tokenizer, window.saturating_sub(fixed).max(256));
     if !state.summary_loaded {
-        state.summary = Box::pin(messages::latest_summary(
-            &ctx.shared.pool,
-            ctx.run.thread_id,
-        ))
-        .await?
-        .map(|(covers, text)| Summary { covers, text });
+        state.summary = Box::pin(messages::latest_summary(&ctx.deps.pool, ctx.run.thread_id))
+            .await?
+            .map(|(covers, text)| Summary { covers, text });
         state.summary_loaded = true;
     }
-    let settings = &ctx.shared.settings.context;
+    let settings = &ctx.deps.settings.context;
     let mut history = history;
     let mut rounds = 0u8;
     let mut summary_failed = false;
@@ -156,7 +153,7 @@ pub async fn prompt(
         }
         ctx.outcomes_committed().await?;
         Box::pin(messages::insert_compaction(
-            &ctx.shared.pool,
+            &ctx.deps.pool,
             ctx.fence,
             ctx.run.thread_id,
             &record,
@@ -174,7 +171,7 @@ pub async fn prompt(
 }
 
 fn limits(ctx: &RunCtx, tokenizer: Tokenizer, budget: usize) -> Limits {
-    let c = &ctx.shared.settings.context;
+    let c = &ctx.deps.settings.context;
     Limits {
         tokenizer,
         budget,
@@ -206,7 +203,7 @@ async fn summarise(
     part: &[Value],
     limits: &Limits,
 ) -> Result<(String, TurnUsage), SummaryError> {
-    let settings = &ctx.shared.settings;
+    let settings = &ctx.deps.settings;
     let mut transcript = String::new();
     if let Some(p) = previous {
         transcript.push_str("Summary so far:\n");
@@ -241,7 +238,7 @@ async fn summarise(
         ],
     });
     let url = model.chat_completions_text();
-    let mut request = ctx.shared.http.post(url).json(&body);
+    let mut request = ctx.deps.http.post(url).json(&body);
     if !model.api_key.is_empty() {
         request = request.bearer_auth(&model.api_key);
     }

@@ -1,4 +1,4 @@
-//! Fair dispatch from the API (`store::dispatch`): a run of a tenant with a running limit is
+//! Fair dispatch from the API (`store::fair_dispatch`): a run of a tenant with a running limit is
 //! created held; then the tenant's held runs that fit its window are dispatched and published.
 
 use uuid::Uuid;

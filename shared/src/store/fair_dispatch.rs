@@ -22,7 +22,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::StoreError;
-use super::batch::Batcher;
+use super::group_commit::Batcher;
 
 /// Runs one dispatch may hand out for one tenant; the next dispatch or the sweeper takes the
 /// rest (only a tenant without a limit whose runs were held by a suspension has more).
@@ -97,7 +97,7 @@ pub fn grouped(
         1,
         256,
         timeout,
-        super::batch::write_fn(move |conn, tenants: Arc<Vec<Uuid>>| {
+        super::group_commit::write_fn(move |conn, tenants: Arc<Vec<Uuid>>| {
             Box::pin(async move {
                 let done = next(&mut *conn, &tenants, default_limit, MAX_PER_TENANT).await?;
                 let mut seen = std::collections::HashSet::new();

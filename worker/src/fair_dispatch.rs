@@ -1,4 +1,4 @@
-//! Fair dispatch from the worker (`store::dispatch`): when a run of a tenant with a running
+//! Fair dispatch from the worker (`store::fair_dispatch`): when a run of a tenant with a running
 //! limit leaves its slot (ends, pauses, is cancelled), the tenant's next held runs are
 //! dispatched and published; the sweeper dispatches whatever that missed.
 
@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
-use agentfleet_shared::store::dispatch;
+use agentfleet_shared::store::fair_dispatch;
 
-use crate::shared::Shared;
+use crate::deps::Deps;
 
 /// Tenants whose held runs one sweep dispatches at most; the next sweep takes the rest.
 const HEAL_TENANTS: i64 = 200;
@@ -20,10 +20,10 @@ static EXPORTED: std::sync::Mutex<Vec<Uuid>> = std::sync::Mutex::new(Vec::new())
 
 /// After a fair run's holding ended: dispatch the next of its tenant, without holding the
 /// run's slot while it is written.
-pub fn after_holding(shared: Arc<Shared>, tenant: Uuid) {
+pub fn after_holding(deps: Arc<Deps>, tenant: Uuid) {
     tokio::spawn(async move {
-        match shared.writes.dispatches.write(tenant).await {
-            Ok(ids) => publish(&shared, &ids).await,
+        match deps.writes.dispatches.write(tenant).await {
+            Ok(ids) => publish(&deps, &ids).await,
             Err(e) => {
                 tracing::warn!(%tenant, error = %e, "dispatch failed; the sweeper will dispatch");
             }
@@ -31,12 +31,12 @@ pub fn after_holding(shared: Arc<Shared>, tenant: Uuid) {
     });
 }
 
-async fn publish(shared: &Shared, ids: &[Uuid]) {
+async fn publish(deps: &Deps, ids: &[Uuid]) {
     if ids.is_empty() {
         return;
     }
     metrics::counter!("agentfleet_runs_dispatched_total").increment(ids.len() as u64);
-    if let Err(e) = shared.publisher.publish_runs(ids).await {
+    if let Err(e) = deps.publisher.publish_runs(ids).await {
         tracing::warn!(run_ids = ?e.failed, error = %e, "publish failed; the sweeper will re-enqueue");
     }
 }
@@ -44,19 +44,19 @@ async fn publish(shared: &Shared, ids: &[Uuid]) {
 /// The sweeper's part: dispatch the held runs of every tenant that has room (a dispatch
 /// missed by a process that died, a raised limit, a lifted suspension). Returns how many runs
 /// were dispatched.
-pub async fn heal(shared: &Shared) -> anyhow::Result<usize> {
-    let tenants = dispatch::tenants_with_held(&shared.pool, HEAL_TENANTS).await?;
+pub async fn heal(deps: &Deps) -> anyhow::Result<usize> {
+    let tenants = fair_dispatch::tenants_with_held(&deps.pool, HEAL_TENANTS).await?;
     if tenants.is_empty() {
         return Ok(0);
     }
-    let done = dispatch::next(
-        &shared.pool,
+    let done = fair_dispatch::next(
+        &deps.pool,
         &tenants,
-        shared.settings.limits.max_running_runs,
-        dispatch::MAX_PER_TENANT,
+        deps.settings.limits.max_running_runs,
+        fair_dispatch::MAX_PER_TENANT,
     )
     .await?;
-    publish(shared, &done.ids()).await;
+    publish(deps, &done.ids()).await;
     Ok(done.runs.len())
 }
 
@@ -64,8 +64,8 @@ pub async fn heal(shared: &Shared) -> anyhow::Result<usize> {
 /// `agentfleet_runnable_runs` (what workers may take now: the autoscaling signal),
 /// `agentfleet_held_runs` and, for the tenants holding most,
 /// `agentfleet_tenant_held_runs{tenant}`.
-pub async fn export_backlog(shared: &Shared) -> anyhow::Result<()> {
-    let backlog = dispatch::backlog(&shared.pool, BACKLOG_TENANTS).await?;
+pub async fn export_backlog(deps: &Deps) -> anyhow::Result<()> {
+    let backlog = fair_dispatch::backlog(&deps.pool, BACKLOG_TENANTS).await?;
     metrics::gauge!("agentfleet_runnable_runs").set(backlog.runnable as f64);
     metrics::gauge!("agentfleet_oldest_runnable_age_seconds").set(backlog.oldest_runnable_secs);
     metrics::gauge!("agentfleet_held_runs").set(backlog.held as f64);
