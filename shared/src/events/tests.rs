@@ -1,0 +1,228 @@
+use redis::AsyncCommands;
+use serde_json::json;
+
+use std::time::Duration;
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::*;
+
+#[test]
+fn run_cancelled_says_where_from_and_why_when_it_is_known() {
+    use crate::domain::RunStatus;
+    assert_eq!(
+        cancelled_data(Some(RunStatus::WaitingForInput), None),
+        json!({"previous_status": "waiting_for_input"})
+    );
+    assert_eq!(
+        cancelled_data(
+            Some(RunStatus::Running),
+            Some(&json!({"code": "interrupted", "message": "m", "other": 1}))
+        ),
+        json!({"previous_status": "running", "code": "interrupted", "message": "m"})
+    );
+    // A run cancelled before the status was recorded, with no error.
+    assert_eq!(cancelled_data(None, None), json!({}));
+    assert_eq!(cancelled_data(None, Some(&Value::Null)), json!({}));
+}
+
+#[test]
+fn run_keys_are_named_as_documented_and_read_back() {
+    let keys = Keys::new("af_x");
+    let run = Uuid::parse_str("0190A1B2-C3D4-7E5F-8A9B-0C1D2E3F4A5B").unwrap();
+    let id = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b";
+    assert_eq!(keys.events(run), format!("af_x:run:{id}:events"));
+    assert_eq!(keys.live(run), format!("af_x:run:{id}:live"));
+    assert_eq!(keys.control(run), format!("af_x:run:{id}:control"));
+    assert_eq!(keys.fence(run), format!("af_x:run:{id}:fence"));
+    assert_eq!(keys.base(run), format!("af_x:run:{id}:base"));
+    assert_eq!(keys.run_of_channel(&keys.live(run)), Some(run));
+    assert_eq!(keys.run_of_channel(&keys.control(run)), Some(run));
+}
+
+#[test]
+fn a_budget_pause_is_announced_as_input_required_with_its_figures() {
+    let pending = serde_json::json!({"kind": "budget", "budget": "tenant", "used": 160,
+            "limit": 100, "question": "raise it"});
+    let (kind, data) = pending_event(&pending);
+    assert_eq!(kind, EventType::InputRequired);
+    assert_eq!(data["kind"], "budget");
+    assert!(data["tool_call_id"].is_null());
+    assert_eq!(
+        (&data["used"], &data["limit"]),
+        (&pending["used"], &pending["limit"])
+    );
+    assert_eq!(data["question"], "raise it");
+    let ask = serde_json::json!({"kind": "input", "tool_call_id": "c1", "question": "q"});
+    let (kind, data) = pending_event(&ask);
+    assert_eq!(kind, EventType::InputRequired);
+    assert!(
+        data.get("kind").is_none(),
+        "an ask's event is unchanged: {data}"
+    );
+}
+
+#[test]
+fn keys_follow_the_design_names() {
+    let k = Keys::new("agentfleet");
+    let id = Uuid::nil();
+    assert_eq!(k.events(id), format!("agentfleet:run:{id}:events"));
+    assert_eq!(k.live(id), format!("agentfleet:run:{id}:live"));
+    assert_eq!(k.control(id), format!("agentfleet:run:{id}:control"));
+    assert_eq!(k.run_of_channel(&k.live(id)), Some(id));
+    assert_eq!(k.run_of_channel("other:run:x:live"), None);
+}
+
+fn bus_at(url: String, timeout_ms: u64) -> EventBus {
+    let settings = crate::config::Settings::load_with(
+        None,
+        [
+            ("redis.url".to_owned(), url),
+            ("redis.timeout_ms".to_owned(), timeout_ms.to_string()),
+        ],
+        false,
+    )
+    .unwrap();
+    let conn = redis_connection(&settings.redis).unwrap();
+    EventBus::new(conn, "t", 60).with_timeout(settings.redis.timeout())
+}
+
+async fn append_one(bus: &EventBus) -> Result<Appended, AppendError> {
+    let data = serde_json::json!({});
+    let event = NewEvent {
+        run_id: Uuid::new_v4(),
+        thread_id: Uuid::new_v4(),
+        kind: EventType::RunStarted,
+        data: &data,
+    };
+    bus.append(event, 2, Floor::Exact(0), Expiry::Keep).await
+}
+
+/// A holder's events sent as one pipeline get consecutive ids in order, each with its
+/// expiry, also right after Redis lost its script cache (the pipeline is sent without
+/// the script first, then again from the first invocation that found none).
+#[tokio::test]
+async fn events_of_one_run_appended_together_keep_their_order_after_a_script_flush() {
+    let bus = bus_at("redis://127.0.0.1:6379".to_owned(), 2_000);
+    let mut conn = bus.conn.clone();
+    let (run_id, thread_id) = (Uuid::new_v4(), Uuid::new_v4());
+    let data = [json!({"n": 1}), json!({"n": 2}), json!({"n": 3})];
+    let kinds = [
+        EventType::RunStarted,
+        EventType::IterationStarted,
+        EventType::RunCompleted,
+    ];
+    let expiries = [Expiry::Persist, Expiry::Keep, Expiry::Expire];
+    let events: Vec<(NewEvent<'_>, Expiry)> = (0..3)
+        .map(|i| {
+            let event = NewEvent {
+                run_id,
+                thread_id,
+                kind: kinds[i],
+                data: &data[i],
+            };
+            (event, expiries[i])
+        })
+        .collect();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let outcomes = bus
+        .append_run(&events[..2], 2, Floor::Exact(0))
+        .await
+        .unwrap();
+    let ids: Vec<u64> = outcomes.into_iter().map(|o| o.unwrap().id).collect();
+    assert_eq!(ids, [1, 2]);
+    let ttl: i64 = conn.ttl(bus.keys().events(run_id)).await.unwrap();
+    assert_eq!(ttl, -1, "kept: no expiry before the end");
+    let outcomes = bus
+        .append_run(&events[2..], 2, Floor::Exact(2))
+        .await
+        .unwrap();
+    assert_eq!(outcomes[0].as_ref().unwrap().id, 3);
+    let ttl: i64 = conn.ttl(bus.keys().events(run_id)).await.unwrap();
+    assert!(ttl > 0 && ttl <= 60, "the end sets the retention: {ttl}");
+    let listed = bus.read_after(run_id, 0).await.unwrap();
+    let seen: Vec<(u64, String)> = listed.iter().filter_map(|raw| peek(raw)).collect();
+    assert_eq!(
+        seen,
+        [
+            (1, "run_started".to_owned()),
+            (2, "iteration_started".to_owned()),
+            (3, "run_completed".to_owned())
+        ]
+    );
+    let fenced = bus
+        .append_run(&events[1..2], 1, Floor::Exact(3))
+        .await
+        .unwrap();
+    assert!(
+        matches!(fenced[0], Err(AppendError::Fenced { .. })),
+        "an older fence is refused"
+    );
+    let _: () = conn
+        .del(&[
+            bus.keys().events(run_id),
+            bus.keys().fence(run_id),
+            bus.keys().base(run_id),
+        ])
+        .await
+        .unwrap();
+}
+
+/// Appends are best-effort: with nobody listening, an append fails (as unavailable), and
+/// soon, however the reconnect policy goes.
+#[tokio::test]
+async fn an_append_to_a_closed_port_fails_within_the_timeout() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let bus = bus_at(format!("redis://127.0.0.1:{port}"), 400);
+    for _ in 0..3 {
+        let began = std::time::Instant::now();
+        let err = append_one(&bus).await.unwrap_err();
+        assert!(err.is_unavailable(), "{err}");
+        assert!(
+            began.elapsed() < Duration::from_millis(900),
+            "{:?}",
+            began.elapsed()
+        );
+    }
+}
+
+/// A server that accepts and never answers (a stalled Redis) holds an append for at most
+/// `redis.timeout_ms`.
+#[tokio::test]
+async fn an_append_to_a_silent_server_times_out() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            open.push(socket);
+        }
+    });
+    let bus = bus_at(format!("redis://127.0.0.1:{port}"), 300);
+    let began = std::time::Instant::now();
+    let err = append_one(&bus).await.unwrap_err();
+    assert!(matches!(err, AppendError::Timeout(_)), "{err}");
+    assert!(err.is_unavailable());
+    assert!(
+        began.elapsed() < Duration::from_millis(800),
+        "{:?}",
+        began.elapsed()
+    );
+    held.abort();
+}
+
+#[test]
+fn peek_reads_id_and_type() {
+    assert_eq!(
+        peek(r#"{"id":3,"type":"run_started","data":{}}"#),
+        Some((3, "run_started".into()))
+    );
+}
