@@ -1,5 +1,5 @@
-//! Every way a command can fail, and the exit code each one means (the table is in the README's
-//! "agentfleetctl" section; scripts depend on it, so codes never change meaning).
+//! Every way a command can fail, and the exit code each one means (the table is in docs/api.md,
+//! "The command line: agentfleetctl"; scripts depend on it, so codes never change meaning).
 
 use std::fmt;
 

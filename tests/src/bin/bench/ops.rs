@@ -153,7 +153,9 @@ async fn reset_statements(ctx: &Ctx) -> Result<(), sqlx::Error> {
 
 fn print_statements_unavailable(e: &sqlx::Error) {
     if e.to_string().contains("shared_preload_libraries") {
-        println!("postgres statements: pg_stat_statements not loaded (see README: profiling)");
+        println!(
+            "postgres statements: pg_stat_statements not loaded (see docs/benchmarks.md, \"Reading the output\")"
+        );
     } else {
         println!("postgres statements: pg_stat_statements not usable: {e}");
     }
