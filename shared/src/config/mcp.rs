@@ -1,0 +1,125 @@
+//! `[mcp]`: MCP tool servers: what a tenant may register, and how a worker lists their tools.
+
+use serde::Deserialize;
+
+use super::{ConfigError, invalid};
+
+/// MCP servers: what a tenant may register, and how the worker lists their tools.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpSettings {
+    /// Base64 of 32 bytes: seals registered servers' header values (ChaCha20-Poly1305) in
+    /// Postgres. Empty: servers can be registered without headers only. The API and every
+    /// worker need the same key. A secret.
+    pub encryption_key: String,
+    /// How long a server's tool list is reused before it is listed again (per tenant, server
+    /// and headers).
+    pub tools_ttl_ms: u64,
+    /// Deadline of listing a server's tools (connect, initialize, list).
+    pub list_timeout_ms: u64,
+    /// Most tools taken from one server; more fail the listing.
+    pub max_tools_per_server: usize,
+    /// Largest input schema of one MCP tool (serialized JSON); a larger one fails the listing.
+    pub max_schema_bytes: usize,
+    /// Patterns (`pattern`, `patternProperties` keys) one MCP tool's input schema may hold; a
+    /// call to a tool with more is refused (the worker compiles each at the tool's first call).
+    pub max_schema_patterns: usize,
+    /// States those patterns may be estimated to compile to together
+    /// (`tool_schema::pattern_states`).
+    pub max_schema_pattern_states: u64,
+    /// Largest listing response read from a server, and the most a whole listing (every
+    /// page's names, descriptions and schemas) may hold.
+    pub max_list_bytes: usize,
+    /// Servers one tenant may register.
+    pub max_servers_per_tenant: i64,
+    /// Headers one registered server may carry, and the longest value.
+    pub max_headers: usize,
+    pub max_header_value_bytes: usize,
+}
+
+impl McpSettings {
+    /// What one MCP tool's input schema may hold.
+    pub fn schema_limits(&self) -> crate::tool_schema::Limits {
+        crate::tool_schema::Limits {
+            max_patterns: self.max_schema_patterns,
+            max_states: self.max_schema_pattern_states,
+        }
+    }
+
+    /// The sealing key, when one is configured.
+    pub fn key(&self) -> Result<Option<[u8; 32]>, ConfigError> {
+        use base64::Engine;
+        if self.encryption_key.is_empty() {
+            return Ok(None);
+        }
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(self.encryption_key.trim())
+            .map_err(|_| invalid("mcp.encryption_key", "is not base64"))?;
+        let key: [u8; 32] = bytes
+            .try_into()
+            .map_err(|_| invalid("mcp.encryption_key", "must be base64 of exactly 32 bytes"))?;
+        Ok(Some(key))
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        self.key()?;
+        for (key, n) in [
+            ("mcp.tools_ttl_ms", self.tools_ttl_ms),
+            ("mcp.list_timeout_ms", self.list_timeout_ms),
+            ("mcp.max_tools_per_server", self.max_tools_per_server as u64),
+            ("mcp.max_schema_bytes", self.max_schema_bytes as u64),
+            ("mcp.max_schema_patterns", self.max_schema_patterns as u64),
+            (
+                "mcp.max_schema_pattern_states",
+                self.max_schema_pattern_states,
+            ),
+            ("mcp.max_list_bytes", self.max_list_bytes as u64),
+            (
+                "mcp.max_servers_per_tenant",
+                self.max_servers_per_tenant.max(0) as u64,
+            ),
+            (
+                "mcp.max_header_value_bytes",
+                self.max_header_value_bytes as u64,
+            ),
+        ] {
+            if n == 0 {
+                return Err(invalid(key, "must be positive"));
+            }
+        }
+        if self.max_headers > 64 {
+            return Err(invalid("mcp.max_headers", "must be within 0..=64"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::tests::load;
+
+    #[test]
+    fn the_mcp_sealing_key_is_32_bytes_of_base64_or_nothing() {
+        assert_eq!(load(&[]).unwrap().mcp.key().unwrap(), None);
+        let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+        let s = load(&[("mcp.encryption_key", key)]).unwrap();
+        assert_eq!(s.mcp.key().unwrap().unwrap()[31], 31);
+        for (bad, why) in [
+            ("not base64!", "is not base64"),
+            ("AAECAwQ=", "must be base64 of exactly 32 bytes"),
+        ] {
+            let err = load(&[("mcp.encryption_key", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("mcp.encryption_key") && err.contains(why),
+                "{err}"
+            );
+            assert!(!err.contains(bad), "the key is not echoed: {err}");
+        }
+        let err = load(&[("worker.max_parallel_tool_calls", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("worker.max_parallel_tool_calls"), "{err}");
+    }
+}
