@@ -1,5 +1,6 @@
 //! `[amqp]`: the RabbitMQ broker that carries runs to workers.
 
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -17,18 +18,15 @@ pub struct AmqpSettings {
     /// anything (RabbitMQ holds publishers during a memory or disk alarm) then fails the
     /// publish (the sweeper publishes the run again later) instead of holding the run that made
     /// it, and a drain goes on.
-    pub timeout_ms: u64,
+    pub timeout_ms: NonZeroU64,
 }
 
 impl AmqpSettings {
     pub fn timeout(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms)
+        Duration::from_millis(self.timeout_ms.get())
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if self.timeout_ms == 0 {
-            return Err(invalid("amqp.timeout_ms", "must be positive"));
-        }
         if !is_name(&self.prefix) {
             return Err(invalid("amqp.prefix", "must be non-empty [A-Za-z0-9._-]"));
         }

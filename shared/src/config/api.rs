@@ -1,5 +1,7 @@
 //! `[api]`: the HTTP API: its listener, request limits, batches, keys and the console.
 
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
+
 use serde::Deserialize;
 
 use super::{ConfigError, invalid};
@@ -56,20 +58,20 @@ pub struct ApiSettings {
     /// How long an authenticated API key is trusted without asking Postgres again (so a
     /// revocation takes effect within this time); 0 disables the cache.
     pub auth_cache_ttl_ms: u64,
-    pub auth_cache_max_keys: usize,
+    pub auth_cache_max_keys: NonZeroUsize,
     /// Operator token of the admin API (`/admin/v1/…`: tenants and keys), sent as
     /// `Authorization: Bearer <token>`. Empty disables the admin API (its paths answer 404).
     pub admin_token: String,
     /// How often each replica writes the `last_used_at` of the keys it saw, all in one
     /// statement: the column is that precise, and requests never write to Postgres for it.
-    pub key_last_used_flush_ms: u64,
+    pub key_last_used_flush_ms: NonZeroU64,
     /// Address of the API's Prometheus metrics listener, apart from the public `listen` port
     /// (metrics are not for tenants); empty disables it.
     pub metrics_listen: String,
     /// Largest `agent.max_tokens_total` (a run's own token budget) a run may ask for.
     pub max_tokens_total: i64,
     /// Widest `from..=to` range of `GET /v1/usage`, in days.
-    pub max_usage_days: u32,
+    pub max_usage_days: NonZeroU32,
     /// Most items of one `POST /v1/batches` (a tenant's `max_batch_size` may lower it).
     pub max_batch_items: usize,
     /// Request limit of `POST /v1/batches` alone (every other route keeps `max_body_bytes`).
@@ -82,7 +84,7 @@ pub struct ApiSettings {
     /// batch never holds locks other writers wait for.
     pub batch_chunk_size: usize,
     /// How often `GET /v1/batches/{id}/events` looks at the counts (one query per stream).
-    pub batch_progress_interval_ms: u64,
+    pub batch_progress_interval_ms: NonZeroU64,
     /// Chunks of a batch in creation that may fail in a row before the items still without a
     /// run get an error (`internal_error`) and the batch moves on: a chunk failing the same
     /// way every time is not retried for ever.
@@ -92,7 +94,7 @@ pub struct ApiSettings {
     pub batch_lease_ms: u64,
     /// How often each replica sweeps unfinished batches: takes over batches whose lease
     /// expired, and finishes batches whose runs have all ended.
-    pub batch_sweep_interval_ms: u64,
+    pub batch_sweep_interval_ms: NonZeroU64,
 }
 
 impl ApiSettings {
@@ -105,12 +107,6 @@ impl ApiSettings {
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if self.auth_cache_max_keys == 0 {
-            return Err(invalid("api.auth_cache_max_keys", "must be at least 1"));
-        }
-        if self.key_last_used_flush_ms == 0 {
-            return Err(invalid("api.key_last_used_flush_ms", "must be positive"));
-        }
         if !self.admin_token.is_empty() && self.admin_token.len() < 16 {
             return Err(invalid(
                 "api.admin_token",
@@ -119,9 +115,6 @@ impl ApiSettings {
         }
         if self.max_tokens_total < 1 {
             return Err(invalid("api.max_tokens_total", "must be at least 1"));
-        }
-        if self.max_usage_days == 0 {
-            return Err(invalid("api.max_usage_days", "must be at least 1"));
         }
         if !(1..=1_000_000).contains(&self.max_batch_items) {
             return Err(invalid("api.max_batch_items", "must be within 1..=1000000"));
@@ -144,18 +137,7 @@ impl ApiSettings {
         if !(1..=10_000).contains(&self.batch_chunk_size) {
             return Err(invalid("api.batch_chunk_size", "must be within 1..=10000"));
         }
-        for (key, ms) in [
-            (
-                "api.batch_progress_interval_ms",
-                self.batch_progress_interval_ms,
-            ),
-            ("api.batch_sweep_interval_ms", self.batch_sweep_interval_ms),
-        ] {
-            if ms == 0 {
-                return Err(invalid(key, "must be positive"));
-            }
-        }
-        if self.batch_lease_ms < 2 * self.batch_sweep_interval_ms.max(1000) {
+        if self.batch_lease_ms < 2 * self.batch_sweep_interval_ms.get().max(1000) {
             return Err(invalid(
                 "api.batch_lease_ms",
                 "must be at least twice api.batch_sweep_interval_ms, and at least 2000",

@@ -1,5 +1,7 @@
 //! `[events]`: a run's event list in Redis and the event streams the API serves from it.
 
+use std::num::NonZeroUsize;
+
 use serde::Deserialize;
 
 use super::{ConfigError, invalid};
@@ -24,7 +26,7 @@ pub struct EventSettings {
     pub keepalive_secs: u64,
     pub sse_retry_ms: u64,
     /// Events buffered per SSE client before a slow client is disconnected.
-    pub client_buffer: usize,
+    pub client_buffer: NonZeroUsize,
     /// How long a stream waits for the last event of a run Postgres already shows as ended,
     /// before serving that event from Postgres.
     pub final_event_grace_ms: u64,
@@ -65,9 +67,6 @@ impl EventSettings {
                 "events.lost_id_margin",
                 "must be at least 1000 (it must exceed the events appended between two records)",
             ));
-        }
-        if self.client_buffer == 0 {
-            return Err(invalid("events.client_buffer", "must be at least 1"));
         }
         for (name, ms) in [
             ("events.hub_linger_ms", self.hub_linger_ms),

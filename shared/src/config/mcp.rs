@@ -1,5 +1,7 @@
 //! `[mcp]`: MCP tool servers: what a tenant may register, and how a worker lists their tools.
 
+use std::num::{NonZeroU64, NonZeroUsize};
+
 use serde::Deserialize;
 
 use super::{ConfigError, invalid};
@@ -14,35 +16,35 @@ pub struct McpSettings {
     pub encryption_key: String,
     /// How long a server's tool list is reused before it is listed again (per tenant, server
     /// and headers).
-    pub tools_ttl_ms: u64,
+    pub tools_ttl_ms: NonZeroU64,
     /// Deadline of listing a server's tools (connect, initialize, list).
-    pub list_timeout_ms: u64,
+    pub list_timeout_ms: NonZeroU64,
     /// Most tools taken from one server; more fail the listing.
-    pub max_tools_per_server: usize,
+    pub max_tools_per_server: NonZeroUsize,
     /// Largest input schema of one MCP tool (serialized JSON); a larger one fails the listing.
-    pub max_schema_bytes: usize,
+    pub max_schema_bytes: NonZeroUsize,
     /// Patterns (`pattern`, `patternProperties` keys) one MCP tool's input schema may hold; a
     /// call to a tool with more is refused (the worker compiles each at the tool's first call).
-    pub max_schema_patterns: usize,
+    pub max_schema_patterns: NonZeroUsize,
     /// States those patterns may be estimated to compile to together
     /// (`tool_schema::pattern_states`).
-    pub max_schema_pattern_states: u64,
+    pub max_schema_pattern_states: NonZeroU64,
     /// Largest listing response read from a server, and the most a whole listing (every
     /// page's names, descriptions and schemas) may hold.
-    pub max_list_bytes: usize,
+    pub max_list_bytes: NonZeroUsize,
     /// Servers one tenant may register.
     pub max_servers_per_tenant: i64,
     /// Headers one registered server may carry, and the longest value.
     pub max_headers: usize,
-    pub max_header_value_bytes: usize,
+    pub max_header_value_bytes: NonZeroUsize,
 }
 
 impl McpSettings {
     /// What one MCP tool's input schema may hold.
     pub fn schema_limits(&self) -> crate::tool_schema::Limits {
         crate::tool_schema::Limits {
-            max_patterns: self.max_schema_patterns,
-            max_states: self.max_schema_pattern_states,
+            max_patterns: self.max_schema_patterns.get(),
+            max_states: self.max_schema_pattern_states.get(),
         }
     }
 
@@ -63,29 +65,8 @@ impl McpSettings {
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         self.key()?;
-        for (key, n) in [
-            ("mcp.tools_ttl_ms", self.tools_ttl_ms),
-            ("mcp.list_timeout_ms", self.list_timeout_ms),
-            ("mcp.max_tools_per_server", self.max_tools_per_server as u64),
-            ("mcp.max_schema_bytes", self.max_schema_bytes as u64),
-            ("mcp.max_schema_patterns", self.max_schema_patterns as u64),
-            (
-                "mcp.max_schema_pattern_states",
-                self.max_schema_pattern_states,
-            ),
-            ("mcp.max_list_bytes", self.max_list_bytes as u64),
-            (
-                "mcp.max_servers_per_tenant",
-                self.max_servers_per_tenant.max(0) as u64,
-            ),
-            (
-                "mcp.max_header_value_bytes",
-                self.max_header_value_bytes as u64,
-            ),
-        ] {
-            if n == 0 {
-                return Err(invalid(key, "must be positive"));
-            }
+        if self.max_servers_per_tenant < 1 {
+            return Err(invalid("mcp.max_servers_per_tenant", "must be positive"));
         }
         if self.max_headers > 64 {
             return Err(invalid("mcp.max_headers", "must be within 0..=64"));

@@ -38,7 +38,7 @@ pub use models::{ModelSettings, Tokenizer, ToolCalling};
 pub use rate_limit::RateLimitSettings;
 pub use redis::RedisSettings;
 pub use startup::StartupSettings;
-pub use telemetry::TelemetrySettings;
+pub use telemetry::{LogFormat, TelemetrySettings};
 pub use webhooks::WebhookSettings;
 pub use worker::{OnBudgetExceeded, WorkerSettings};
 
@@ -144,12 +144,10 @@ impl Settings {
         self.worker.validate()?;
         self.events.validate()?;
         self.telemetry.validate()?;
-        self.startup.validate()?;
         self.egress.validate()?;
         if let Err(e) = self.limits.check() {
             return Err(invalid(&format!("limits.{}", e.field), e.message));
         }
-        self.rate_limit.validate()?;
         self.webhooks.validate()?;
         self.mcp.validate()?;
         self.context.validate()?;

@@ -1,5 +1,6 @@
 //! `[redis]`: the event bus's server and the time limits of its calls.
 
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -15,11 +16,11 @@ pub struct RedisSettings {
     /// The longest one event-bus call (an append, a read) may take, waiting for a reconnect
     /// included: past it the call fails like an unreachable Redis (an append is logged and
     /// dropped, the run goes on).
-    pub timeout_ms: u64,
+    pub timeout_ms: NonZeroU64,
     /// One connection attempt.
-    pub connect_timeout_ms: u64,
+    pub connect_timeout_ms: NonZeroU64,
     /// One command's answer on an established connection.
-    pub response_timeout_ms: u64,
+    pub response_timeout_ms: NonZeroU64,
     /// How often a failed attempt to re-make the shared connection is repeated; calls made
     /// meanwhile wait for it. Once they are used up, the next call starts over.
     pub reconnect_retries: usize,
@@ -33,19 +34,10 @@ impl RedisSettings {
     pub const RECONNECT_MAX_BACKOFF: Duration = Duration::from_secs(2);
 
     pub fn timeout(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms)
+        Duration::from_millis(self.timeout_ms.get())
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        for (key, ms) in [
-            ("redis.timeout_ms", self.timeout_ms),
-            ("redis.connect_timeout_ms", self.connect_timeout_ms),
-            ("redis.response_timeout_ms", self.response_timeout_ms),
-        ] {
-            if ms == 0 {
-                return Err(invalid(key, "must be positive"));
-            }
-        }
         if !is_name(&self.prefix) {
             return Err(invalid("redis.prefix", "must be non-empty [A-Za-z0-9._-]"));
         }

@@ -11,20 +11,40 @@ pub struct TelemetrySettings {
     pub otlp_endpoint: String,
     pub service_name: String,
     /// `auto` (human-readable on a terminal, JSON otherwise), `json` or `pretty`.
-    pub log_format: String,
+    pub log_format: LogFormat,
     /// Which spans and events are exported (an `EnvFilter` directive, like `RUST_LOG`, but
     /// independent of it): by default agentfleet's own spans at `info`, warnings from all.
     pub trace_filter: String,
 }
 
+/// `telemetry.log_format`: how log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum LogFormat {
+    /// Human-readable lines on a terminal, JSON otherwise.
+    Auto,
+    /// One JSON object a line.
+    Json,
+    /// Human-readable lines.
+    Pretty,
+}
+
+impl TryFrom<String> for LogFormat {
+    type Error = String;
+
+    /// By hand, as `OnBudgetExceeded`: the message names the values allowed.
+    fn try_from(s: String) -> Result<LogFormat, String> {
+        match s.as_str() {
+            "auto" => Ok(LogFormat::Auto),
+            "json" => Ok(LogFormat::Json),
+            "pretty" => Ok(LogFormat::Pretty),
+            other => Err(format!("must be `auto`, `json` or `pretty`, not `{other}`")),
+        }
+    }
+}
+
 impl TelemetrySettings {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if !matches!(self.log_format.as_str(), "auto" | "json" | "pretty") {
-            return Err(invalid(
-                "telemetry.log_format",
-                "must be `auto`, `json` or `pretty`",
-            ));
-        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.trace_filter) {
             return Err(invalid(
                 "telemetry.trace_filter",
@@ -32,5 +52,29 @@ impl TelemetrySettings {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::tests::load;
+
+    #[test]
+    fn the_log_format_is_one_of_three_naming_the_key() {
+        assert_eq!(load(&[]).unwrap().telemetry.log_format, LogFormat::Auto);
+        for (text, format) in [
+            ("auto", LogFormat::Auto),
+            ("json", LogFormat::Json),
+            ("pretty", LogFormat::Pretty),
+        ] {
+            let s = load(&[("telemetry.log_format", text)]).unwrap();
+            assert_eq!(s.telemetry.log_format, format);
+        }
+        let err = load(&[("telemetry.log_format", "yaml")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`telemetry.log_format`"), "{err}");
+        assert!(err.contains("`auto`, `json` or `pretty`"), "{err}");
     }
 }

@@ -79,3 +79,46 @@ fn request_limits_are_checked_naming_the_key() {
         .is_ok()
     );
 }
+
+#[test]
+fn a_zero_where_a_count_or_time_must_be_positive_is_refused_naming_the_key() {
+    for key in [
+        "redis.timeout_ms",
+        "redis.connect_timeout_ms",
+        "redis.response_timeout_ms",
+        "amqp.timeout_ms",
+        "api.auth_cache_max_keys",
+        "api.key_last_used_flush_ms",
+        "api.max_usage_days",
+        "api.batch_progress_interval_ms",
+        "api.batch_sweep_interval_ms",
+        "worker.concurrency",
+        "worker.max_parallel_tool_calls",
+        "events.client_buffer",
+        "startup.dependency_wait_ms",
+        "rate_limit.redis_timeout_ms",
+        "rate_limit.local_max_tenants",
+        "webhooks.poll_interval_ms",
+        "webhooks.timeout_ms",
+        "webhooks.connect_timeout_ms",
+        "webhooks.backoff_base_ms",
+        "webhooks.retry_for_ms",
+        "webhooks.keep_finished_ms",
+        "mcp.tools_ttl_ms",
+        "mcp.list_timeout_ms",
+        "mcp.max_tools_per_server",
+        "mcp.max_schema_bytes",
+        "mcp.max_schema_patterns",
+        "mcp.max_schema_pattern_states",
+        "mcp.max_list_bytes",
+        "mcp.max_servers_per_tenant",
+        "mcp.max_header_value_bytes",
+    ] {
+        let err = load(&[(key, "0")]).unwrap_err().to_string();
+        assert!(
+            err.starts_with("invalid configuration: ") && err.contains(&format!("`{key}`")),
+            "{err}"
+        );
+        assert!(load(&[(key, "1")]).is_ok(), "{key} = 1");
+    }
+}

@@ -1,5 +1,6 @@
 //! `[webhooks]`: what a tenant may register, and how the API's deliverer sends.
 
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -15,10 +16,10 @@ pub struct WebhookSettings {
     pub enabled: bool,
     /// How often the deliverer looks for due deliveries when nothing wakes it sooner (a
     /// change that wrote deliveries notifies it on commit).
-    pub poll_interval_ms: u64,
+    pub poll_interval_ms: NonZeroU64,
     /// The deadline of one delivery attempt (connect, send, status line).
-    pub timeout_ms: u64,
-    pub connect_timeout_ms: u64,
+    pub timeout_ms: NonZeroU64,
+    pub connect_timeout_ms: NonZeroU64,
     /// Attempts in flight at once per replica.
     pub max_concurrency: usize,
     /// How long a claimed delivery is reserved for its replica: past it, a replica that died
@@ -26,10 +27,10 @@ pub struct WebhookSettings {
     pub claim_lease_ms: u64,
     /// Retry delay after the first failure; it doubles each attempt (with jitter) up to
     /// `backoff_max_ms`.
-    pub backoff_base_ms: u64,
+    pub backoff_base_ms: NonZeroU64,
     pub backoff_max_ms: u64,
     /// A delivery not acknowledged this long after its change is given up (`failed`).
-    pub retry_for_ms: u64,
+    pub retry_for_ms: NonZeroU64,
     /// A delivery is given up after this many attempts, whatever its age.
     pub max_attempts: i32,
     /// Bytes of a receiver's answer that are read (for the delivery's `last_error`); the rest
@@ -39,30 +40,18 @@ pub struct WebhookSettings {
     pub max_url_bytes: usize,
     /// Delivered and given-up deliveries are removed this long after they finished (the
     /// deliveries listing shows them until then).
-    pub keep_finished_ms: u64,
+    pub keep_finished_ms: NonZeroU64,
 }
 
 impl WebhookSettings {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        for (key, v) in [
-            ("webhooks.poll_interval_ms", self.poll_interval_ms),
-            ("webhooks.timeout_ms", self.timeout_ms),
-            ("webhooks.connect_timeout_ms", self.connect_timeout_ms),
-            ("webhooks.backoff_base_ms", self.backoff_base_ms),
-            ("webhooks.retry_for_ms", self.retry_for_ms),
-            ("webhooks.keep_finished_ms", self.keep_finished_ms),
-        ] {
-            if v == 0 {
-                return Err(invalid(key, "must be positive"));
-            }
-        }
-        if self.claim_lease_ms <= self.timeout_ms {
+        if self.claim_lease_ms <= self.timeout_ms.get() {
             return Err(invalid(
                 "webhooks.claim_lease_ms",
                 "must exceed webhooks.timeout_ms (a live attempt must not be claimed again)",
             ));
         }
-        if self.backoff_max_ms < self.backoff_base_ms {
+        if self.backoff_max_ms < self.backoff_base_ms.get() {
             return Err(invalid(
                 "webhooks.backoff_max_ms",
                 "must be at least webhooks.backoff_base_ms",
@@ -99,7 +88,7 @@ impl WebhookSettings {
     }
 
     pub fn timeout(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms)
+        Duration::from_millis(self.timeout_ms.get())
     }
 }
 
@@ -110,7 +99,7 @@ mod tests {
     #[test]
     fn webhook_settings_are_checked_naming_the_key() {
         let s = load(&[]).unwrap();
-        assert_eq!(s.webhooks.retry_for_ms, 86_400_000);
+        assert_eq!(s.webhooks.retry_for_ms.get(), 86_400_000);
         let err = load(&[("webhooks.claim_lease_ms", "10000")])
             .unwrap_err()
             .to_string();

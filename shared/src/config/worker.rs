@@ -1,6 +1,7 @@
 //! `[worker]`: what one worker runs at once, its leases and sweeps, and the limits of a run's
 //! model calls and tool calls.
 
+use std::num::{NonZeroU16, NonZeroUsize};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -11,7 +12,7 @@ use super::{ConfigError, invalid};
 #[serde(deny_unknown_fields)]
 pub struct WorkerSettings {
     /// Runs executed at once by one worker; also the consumer prefetch.
-    pub concurrency: u16,
+    pub concurrency: NonZeroU16,
     /// A run's message stays unacknowledged while the run holds its slot, so the prefetch
     /// alone keeps deliveries to free slots. A holding longer than this acknowledges early:
     /// RabbitMQ closes a channel whose delivery stays unacknowledged past its
@@ -41,7 +42,7 @@ pub struct WorkerSettings {
     pub max_tool_result_bytes: usize,
     /// Tool calls of one response that run at once (per run); an agent's
     /// `max_parallel_tool_calls` may lower it.
-    pub max_parallel_tool_calls: usize,
+    pub max_parallel_tool_calls: NonZeroUsize,
     /// One model response (the whole stream) may not exceed this many bytes; a longer one
     /// fails the call.
     pub max_model_response_bytes: usize,
@@ -116,15 +117,6 @@ impl WorkerSettings {
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if self.concurrency == 0 {
-            return Err(invalid("worker.concurrency", "must be at least 1"));
-        }
-        if self.max_parallel_tool_calls == 0 {
-            return Err(invalid(
-                "worker.max_parallel_tool_calls",
-                "must be at least 1",
-            ));
-        }
         if !(1_000..=1_500_000).contains(&self.max_delivery_hold_ms) {
             return Err(invalid(
                 "worker.max_delivery_hold_ms",

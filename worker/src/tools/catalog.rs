@@ -162,8 +162,8 @@ pub async fn build(
                 let settings = &shared.settings.mcp;
                 let schema_limits = settings.schema_limits();
                 let limits = mcp::Limits {
-                    timeout: Duration::from_millis(settings.list_timeout_ms),
-                    max_response_bytes: settings.max_list_bytes,
+                    timeout: Duration::from_millis(settings.list_timeout_ms.get()),
+                    max_response_bytes: settings.max_list_bytes.get(),
                 };
                 let remote = mcp::tools(
                     &shared.tools_http,
@@ -171,8 +171,8 @@ pub async fn build(
                     &shared.mcp_tools,
                     &server,
                     &limits,
-                    settings.max_tools_per_server,
-                    settings.max_schema_bytes,
+                    settings.max_tools_per_server.get(),
+                    settings.max_schema_bytes.get(),
                 )
                 .await
                 .map_err(|e| fail(e.to_string()))?;
