@@ -11,19 +11,19 @@ use super::{ConfigError, invalid};
 #[serde(deny_unknown_fields)]
 pub struct ContextSettings {
     /// Bytes kept of a compressed message (its head); the rest is read back with the built-in
-    /// `expand_message` tool.
+    /// `expand_message` tool. At most 16384.
     pub keep_head_bytes: usize,
-    /// A summary leaves the history at most this percentage of the budget, so the next
-    /// summary is many turns away.
+    /// A summary leaves the history at most this percentage of the budget, so the next summary is
+    /// many turns away. 10–90.
     pub summary_target_percent: u8,
-    /// Summaries one request may need at most (each summarises what fits in one model call);
-    /// past them the oldest turns are dropped.
+    /// Summaries one request may need at most (each summarises what fits in one model call); past
+    /// them the oldest turns are dropped.
     pub max_summary_rounds: u8,
-    /// Completion tokens of a summary.
+    /// Completion tokens of a summary; at least 64.
     pub summary_max_tokens: u32,
-    /// The system prompt of a summarising call.
+    /// The system prompt of a summarising call; not empty.
     pub summary_prompt: String,
-    /// Most bytes one `expand_message` call returns (it pages with `offset`).
+    /// Most bytes one `expand_message` call returns (it pages with `offset`); at least 256.
     pub expand_max_bytes: usize,
 }
 

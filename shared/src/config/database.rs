@@ -7,51 +7,62 @@ use super::{ConfigError, invalid};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
-    /// A server on this host (loopback or a Unix socket) is reached without TLS unless the URL
-    /// names `sslmode` (see `db::options`).
+    /// The database. A server on this host (loopback or a Unix socket) is reached without TLS
+    /// unless the URL names `sslmode` (TLS there protects nothing and costs Postgres about 7 %
+    /// of its CPU per run; see `db::options`).
     pub url: String,
+    /// Connections of a process's pool. Each grouped write in flight
+    /// (`api.create_groups_in_flight`, `worker.write_groups_in_flight`) keeps its own
+    /// connection besides these.
     pub max_connections: u32,
+    /// How long taking a connection from the pool may wait (a new connection included) before
+    /// the statement fails.
     pub connect_timeout_ms: u64,
     /// Apply migrations when a binary starts (the `migrate` subcommand always can).
     pub migrate_on_start: bool,
-    /// How long a migration waits for a lock (`lock_timeout` of its connection; 0: no limit)
-    /// before it is rolled back and tried again: while a migration that alters a table waits
-    /// for the transactions using it, every later statement on that table queues behind it.
-    /// At most half of the fleet's own non-zero lock timeout
+    /// How long a migration waits for a table's lock (`lock_timeout` of its connection; 0: no
+    /// limit) before it is rolled back and tried again: while a migration that alters a table
+    /// waits for the transactions using it, every later statement on that table queues behind
+    /// it. At most half of a non-zero `database.lock_timeout_ms`
     /// ([`DatabaseSettings::migration_lock_timeout`]), so a statement queued behind a waiting
-    /// migration never fails first.
+    /// migration never fails first (docs/operations.md, "Upgrade"). 0–600000.
     pub migration_lock_timeout_ms: u64,
     /// Attempts of the migrations, in all, while a lock wait is what fails them (backing off
-    /// 0.5–10 s between them, jittered): then the binary gives up and says why. Waiting for
-    /// another process that applies the migrations is such a lock wait too.
+    /// 0.5–10 s between them, jittered): then the binary fails with `… canceling statement due
+    /// to lock timeout`. Waiting for another process that applies the migrations is such a
+    /// lock wait too. 1–1000.
     pub migration_attempts: u32,
     /// Postgres ends a transaction left idle this long (a frozen or partitioned process), so
-    /// its row locks cannot block other workers' claims. Keep it below `worker.lease_ms`.
+    /// its row locks cannot block other workers' claims. Positive, and below
+    /// `worker.lease_ms`.
     pub idle_in_transaction_timeout_ms: u64,
-    /// Postgres cancels any statement of ours running longer (`statement_timeout`; 0: never),
-    /// so a statement stalled for any reason (a lock held elsewhere when `lock_timeout_ms` is
-    /// off, a stalled disk) fails instead of holding the runs behind it for as long as it
-    /// lasts. A grouped write also gives up on its own a second later, in case the server
-    /// cannot even answer. Migrations and the operator subcommands of `agentfleet-api` run
-    /// without it.
+    /// Postgres cancels any statement of the API or a worker running longer
+    /// (`statement_timeout`; 0: never), so a statement stalled for any reason (a lock held
+    /// elsewhere when `database.lock_timeout_ms` is off, a stalled disk) fails instead of
+    /// holding the runs grouped with it: the worker hands such a run back (counted by
+    /// `worker.max_handbacks`) and the API answers 503 `unavailable`. A grouped write also
+    /// gives up on its own a second later, in case the server cannot answer at all.
+    /// Migrations and the operator subcommands of `agentfleet-api` (`tenants`, `keys`,
+    /// `admin`) run without it.
     pub statement_timeout_ms: u64,
-    /// Postgres fails any statement of ours that waits longer than this for a lock
-    /// (`lock_timeout`, SQLSTATE 55P03; 0: never), at most half of a non-zero
-    /// `statement_timeout_ms` ([`DatabaseSettings::lock_timeout`]). Shorter than the
-    /// statement's, it tells a wait on a row locked elsewhere from a slow statement: a grouped
-    /// write that meets one is then written item by item, so only the write on the locked row
-    /// waits again and fails, while the other runs of its group go on (a group cancelled by
-    /// `statement_timeout_ms` fails whole). Migrations and the operator subcommands of
-    /// `agentfleet-api` run without it.
+    /// Postgres fails any statement of the API or a worker that waits longer than this for a
+    /// lock (`lock_timeout`, SQLSTATE 55P03; 0: never), at most half of a non-zero
+    /// `database.statement_timeout_ms` (capped there: [`DatabaseSettings::lock_timeout`]).
+    /// Shorter than the statement's, it tells a wait on a row locked elsewhere from a slow
+    /// statement: a worker writes a group that met a locked row again item by item (within
+    /// the group's time limit), so only the runs on locked rows are handed back (counted)
+    /// while the rest of the group is written (a group cancelled by
+    /// `database.statement_timeout_ms` fails whole); the API answers 503 `unavailable`.
+    /// Migrations and the operator subcommands of `agentfleet-api` run without it.
     pub lock_timeout_ms: u64,
-    /// Plan each prepared statement once per connection (`plan_cache_mode =
+    /// Postgres plans each prepared statement once per connection (`plan_cache_mode =
     /// force_generic_plan`) instead of re-planning it with each call's values: every hot
     /// statement has the same best plan whatever its values, and planning the grouped writes
     /// cost Postgres about a fifth of its CPU per run.
     pub generic_plans: bool,
-    /// Agent specs (as JSON) a process keeps parsed, in KiB, so that the runs of one agent
+    /// Agent specs (KiB of their JSON) a process keeps parsed, so that the runs of one agent
     /// share one parse (`store::agents`; the parsed form takes several times the text). 0
-    /// keeps none.
+    /// keeps none; at most 1048576 (1 GiB).
     pub agent_cache_kib: usize,
 }
 

@@ -8,11 +8,14 @@ use super::{ConfigError, invalid};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EgressSettings {
-    /// Comma-separated allowlist: IPs or CIDRs (optionally `:port`, IPv6 in brackets) and host
-    /// names (optionally `:port`). Empty: public addresses only.
+    /// What tool calls, MCP servers and webhook deliveries may reach besides public addresses: a
+    /// comma-separated allowlist of IPs or CIDRs (optionally `:port`, IPv6 in brackets) and host
+    /// names (optionally `:port`). Empty: public addresses only (loopback, private, link-local,
+    /// metadata and other special ranges are refused in every spelling, at connect time and on
+    /// every redirect hop). A webhook URL must be `https://` unless its address is listed here.
     pub allow: String,
     /// Redirects a tool call follows (each hop is checked); 0 returns a 3xx to the model as an
-    /// error result.
+    /// error result. 0–10.
     pub max_redirects: usize,
 }
 

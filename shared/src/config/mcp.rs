@@ -10,32 +10,36 @@ use super::{ConfigError, invalid};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpSettings {
-    /// Base64 of 32 bytes: seals registered servers' header values (ChaCha20-Poly1305) in
-    /// Postgres. Empty: servers can be registered without headers only. The API and every
-    /// worker need the same key. A secret.
+    /// Base64 of 32 bytes: seals registered servers' header values (ChaCha20-Poly1305) in Postgres.
+    /// Empty: servers can be registered without headers only. The API and every worker need the
+    /// same key. A secret (docs/operations.md, "Rotate secrets").
     pub encryption_key: String,
-    /// How long a server's tool list is reused before it is listed again (per tenant, server
+    /// How long a server's tool list is reused before it is listed again (per tenant, server URL
     /// and headers).
     pub tools_ttl_ms: NonZeroU64,
     /// Deadline of listing a server's tools (connect, initialize, list).
     pub list_timeout_ms: NonZeroU64,
-    /// Most tools taken from one server; more fail the listing.
+    /// Most tools taken from one server, over all the listing's pages (at most 64 pages); more fail
+    /// the listing, and the run with `mcp_server_unavailable`.
     pub max_tools_per_server: NonZeroUsize,
-    /// Largest input schema of one MCP tool (serialized JSON); a larger one fails the listing.
+    /// Largest input schema of one MCP tool (serialized JSON); a larger one fails the listing (the
+    /// run fails, `mcp_server_unavailable`).
     pub max_schema_bytes: NonZeroUsize,
-    /// Patterns (`pattern`, `patternProperties` keys) one MCP tool's input schema may hold; a
-    /// call to a tool with more is refused (the worker compiles each at the tool's first call).
+    /// Patterns (`pattern`, `patternProperties` keys) one MCP tool's input schema may hold; a call
+    /// to a tool with more is refused (the worker compiles each at the tool's first call).
     pub max_schema_patterns: NonZeroUsize,
-    /// States those patterns may be estimated to compile to together
-    /// (`tool_schema::pattern_states`).
+    /// States one MCP tool's patterns may be estimated to compile to together
+    /// (`tool_schema::pattern_states`); a call to a tool with more is refused.
     pub max_schema_pattern_states: NonZeroU64,
-    /// Largest listing response read from a server, and the most a whole listing (every
-    /// page's names, descriptions and schemas) may hold.
+    /// Largest listing response read from a server, and the most a whole listing (every page's
+    /// names, descriptions and schemas) may hold; past it the listing fails (the run fails,
+    /// `mcp_server_unavailable`).
     pub max_list_bytes: NonZeroUsize,
-    /// Servers one tenant may register.
+    /// Servers one tenant may register (409 `too_many_mcp_servers` past it); at least 1.
     pub max_servers_per_tenant: i64,
-    /// Headers one registered server may carry, and the longest value.
+    /// Headers one registered server may carry. 0–64.
     pub max_headers: usize,
+    /// The longest value of such a header.
     pub max_header_value_bytes: NonZeroUsize,
 }
 

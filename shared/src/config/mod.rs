@@ -70,27 +70,47 @@ fn is_name(s: &str) -> bool {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
+    /// The Postgres database: the truth of every run, thread, batch and tenant.
     pub database: DatabaseSettings,
+    /// Redis: each run's event list (what streams replay) and live events, and the shared
+    /// request-rate buckets. Not the truth: a lost list is recovered from Postgres
+    /// (docs/events.md).
     pub redis: RedisSettings,
+    /// RabbitMQ: the queue that carries runs to workers, and the dead letters.
     pub amqp: AmqpSettings,
+    /// The HTTP API (`agentfleet-api serve`): its listener, what one request may hold, batches,
+    /// keys, the console.
     pub api: ApiSettings,
+    /// A worker (`agentfleet-worker`): its slots, leases and sweeps, and the limits of a run's
+    /// model and tool calls.
     pub worker: WorkerSettings,
+    /// A run's events: how a worker writes them to Redis and how the API streams them
+    /// (docs/events.md).
     pub events: EventSettings,
+    /// Logs and exported traces (docs/operations.md, "Tracing").
     pub telemetry: TelemetrySettings,
+    /// Start-up of either binary.
     pub startup: StartupSettings,
+    /// Where tool calls, MCP servers and webhook deliveries may connect (the egress policy).
     pub egress: EgressSettings,
-    /// Every tenant's default limits; a tenant's own values (admin API) override them.
+    /// Every tenant's default limits. A tenant's own values (`tenants.limits`, set with the admin
+    /// API or `agentfleet-api tenants limits`) override them field by field. In all, 0 means no
+    /// limit.
     pub limits: crate::domain::Limits,
-    /// How the API enforces `limits.requests_per_second` across replicas (see the API's
-    /// `rate_limit` module).
+    /// How the API enforces `limits.requests_per_second` across replicas: a token bucket per tenant
+    /// in Redis, and a local limiter in each replica beside it.
     pub rate_limit: RateLimitSettings,
     /// Webhook endpoints and their deliveries (sent by the API).
     pub webhooks: WebhookSettings,
     /// MCP tool servers: registration (API) and tool listing (worker).
     pub mcp: McpSettings,
-    /// Keeping a run's requests within its model's context window (worker).
+    /// Keeping a run's requests within its model's context window (worker): old tool results, then
+    /// old messages, are cut to a head; then the oldest part is summarised by the model itself
+    /// (docs/tools.md, "Context management").
     pub context: ContextSettings,
-    /// Models an agent may name, by the name clients use.
+    /// The models an agent may name (`agent.model`), by the name clients use: a table per model,
+    /// e.g. `[models.gpt]`, or `AGENTFLEET__MODELS__GPT__BASE_URL` and so on (a name given in the
+    /// environment is lower-cased). None by default.
     #[serde(default)]
     pub models: BTreeMap<String, ModelSettings>,
 }
@@ -166,5 +186,7 @@ impl Settings {
     }
 }
 
+#[cfg(test)]
+mod reference;
 #[cfg(test)]
 mod tests;

@@ -7,24 +7,29 @@ use super::{ConfigError, invalid};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSettings {
-    /// OpenAI-compatible base URL, e.g. `https://api.openai.com/v1`.
+    /// OpenAI-compatible base URL, e.g. `https://api.openai.com/v1` (requests go to
+    /// `{base_url}/chat/completions`); `http://` or `https://`.
     pub base_url: String,
+    /// Sent as `Authorization: Bearer <api_key>`; empty sends none. A secret.
     #[serde(default)]
     pub api_key: String,
-    /// The model id sent upstream.
+    /// The model id sent upstream, e.g. `gpt-4o-mini`; not empty.
     pub model: String,
+    /// `max_tokens` of every request (left out when unset); also what the context budget keeps free
+    /// for the answer (4096 when unset).
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// `temperature` of every request (left out when unset).
     #[serde(default)]
     pub temperature: Option<f32>,
-    /// Context budget in tokens for the prompt.
+    /// The model's context window in tokens: a run's requests are kept within it, less the answer's
+    /// `max_tokens`, by compressing and summarising its history (`[context]`).
     #[serde(default = "default_context_tokens")]
     pub context_tokens: usize,
     /// How the worker counts this model's tokens to keep requests within `context_tokens`.
     #[serde(default)]
     pub tokenizer: Tokenizer,
-    /// How the model calls tools: `native` (the request's `tools`, the answer's `tool_calls`)
-    /// or `xml` (described in the system prompt, written in the answer's text).
+    /// How the model calls tools (docs/tools.md, "Models without native tool calls").
     #[serde(default)]
     pub tool_calling: ToolCalling,
     /// `chat_completions_url`'s answer, parsed at its first call.
@@ -52,8 +57,11 @@ impl ModelSettings {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolCalling {
+    /// The request's `tools`, the answer's `tool_calls`.
     #[default]
     Native,
+    /// Described in the system prompt, written in the answer's text: for models without
+    /// native tool calls.
     Xml,
 }
 

@@ -10,22 +10,27 @@ use super::{ConfigError, invalid, is_name};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
+    /// The Redis server of the event bus (each run's event list, live events) and of the shared
+    /// request-rate buckets.
     pub url: String,
-    /// Prefix of every key and channel, e.g. `agentfleet:run:{id}:events`.
+    /// Prefix of every key and channel, e.g. `agentfleet:run:{id}:events`: non-empty
+    /// `[A-Za-z0-9._-]`. Fleets sharing one Redis need different prefixes.
     pub prefix: String,
-    /// The longest one event-bus call (an append, a read) may take, waiting for a reconnect
-    /// included: past it the call fails like an unreachable Redis (an append is logged and
-    /// dropped, the run goes on).
+    /// The longest one append or read of a run's events may take, waiting for a reconnect included:
+    /// past it the call fails as if Redis were unreachable (a worker logs and drops the event, the
+    /// run goes on).
     pub timeout_ms: NonZeroU64,
-    /// One connection attempt.
+    /// One connection attempt to Redis.
     pub connect_timeout_ms: NonZeroU64,
     /// One command's answer on an established connection.
     pub response_timeout_ms: NonZeroU64,
-    /// How often a failed attempt to re-make the shared connection is repeated; calls made
-    /// meanwhile wait for it. Once they are used up, the next call starts over.
+    /// How often a failed attempt to re-make the shared Redis connection is repeated. Calls made
+    /// meanwhile wait for it (a quick restart is ridden through); once the repeats are used up, the
+    /// next call starts over, so during a long outage an append to a Redis that refuses connections
+    /// fails in well under a second rather than after `redis.timeout_ms`.
     pub reconnect_retries: usize,
-    /// The first delay before such a repeat, doubled (with jitter) each time, at most
-    /// [`RedisSettings::RECONNECT_MAX_BACKOFF`].
+    /// The first delay before such a repeat, doubled (with jitter) each time, at most 2 s
+    /// ([`RedisSettings::RECONNECT_MAX_BACKOFF`]).
     pub reconnect_backoff_ms: u64,
 }
 

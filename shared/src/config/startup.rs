@@ -8,8 +8,9 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StartupSettings {
-    /// How long a binary waits for Postgres, Redis and RabbitMQ at start-up, retrying with
-    /// back-off, before it exits naming the server it could not reach.
+    /// How long a binary waits at start-up for Postgres, Redis and RabbitMQ (retrying with
+    /// back-off, logging which server and address it waits for every 5 s) before it exits non-zero
+    /// naming the one it could not reach. One attempt takes up to 10 s.
     pub dependency_wait_ms: NonZeroU64,
 }
 

@@ -7,13 +7,16 @@ use super::{ConfigError, invalid};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TelemetrySettings {
-    /// OTLP/HTTP endpoint, e.g. `http://collector:4318`; empty disables export.
+    /// OTLP/HTTP collector to export traces to, e.g. `http://otel-collector:4318` (spans go to
+    /// `<endpoint>/v1/traces`; the batch schedule follows the standard `OTEL_BSP_*` variables);
+    /// empty exports nothing (docs/operations.md, "Tracing").
     pub otlp_endpoint: String,
+    /// Exported traces name their service `<service_name>-api` and `<service_name>-worker`.
     pub service_name: String,
-    /// `auto` (human-readable on a terminal, JSON otherwise), `json` or `pretty`.
+    /// How log lines are written (the log level comes from `RUST_LOG`).
     pub log_format: LogFormat,
-    /// Which spans and events are exported (an `EnvFilter` directive, like `RUST_LOG`, but
-    /// independent of it): by default agentfleet's own spans at `info`, warnings from all.
+    /// Which spans and events are exported: an `EnvFilter` directive, like `RUST_LOG` but
+    /// independent of it. By default agentfleet's own spans at `info`, warnings from all.
     pub trace_filter: String,
 }
 

@@ -11,35 +11,40 @@ use super::{ConfigError, invalid};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookSettings {
-    /// Whether this API replica sends deliveries (any number of replicas may; each claims
+    /// Whether this API replica sends webhook deliveries (any number of replicas may; each claims
     /// its own rows). Registration works either way.
     pub enabled: bool,
-    /// How often the deliverer looks for due deliveries when nothing wakes it sooner (a
-    /// change that wrote deliveries notifies it on commit).
+    /// How often the deliverer looks for due deliveries when nothing wakes it sooner (a change that
+    /// wrote deliveries notifies it on commit, LISTEN/NOTIFY).
     pub poll_interval_ms: NonZeroU64,
     /// The deadline of one delivery attempt (connect, send, status line).
     pub timeout_ms: NonZeroU64,
+    /// The deadline of an attempt's connect.
     pub connect_timeout_ms: NonZeroU64,
-    /// Attempts in flight at once per replica.
+    /// Delivery attempts in flight at once per API replica. 1–1024.
     pub max_concurrency: usize,
-    /// How long a claimed delivery is reserved for its replica: past it, a replica that died
-    /// between claim and send has its delivery sent by another. Above `timeout_ms`.
+    /// How long a claimed delivery is reserved for its replica: past it (the replica died between
+    /// claim and send) any replica attempts it again. Must exceed `webhooks.timeout_ms`.
     pub claim_lease_ms: u64,
-    /// Retry delay after the first failure; it doubles each attempt (with jitter) up to
-    /// `backoff_max_ms`.
+    /// Retry delay after the first failed attempt; it doubles each attempt (drawn from its upper
+    /// half: jitter) up to `webhooks.backoff_max_ms`.
     pub backoff_base_ms: NonZeroU64,
+    /// The longest retry delay; at least `webhooks.backoff_base_ms`.
     pub backoff_max_ms: u64,
-    /// A delivery not acknowledged this long after its change is given up (`failed`).
+    /// A delivery not acknowledged this long after its change (a day by default) is given up
+    /// (`failed`).
     pub retry_for_ms: NonZeroU64,
-    /// A delivery is given up after this many attempts, whatever its age.
+    /// A delivery is given up (`failed`) after this many attempts, whatever its age. 1–1000.
     pub max_attempts: i32,
-    /// Bytes of a receiver's answer that are read (for the delivery's `last_error`); the rest
-    /// is dropped unread.
+    /// Bytes of a receiver's answer that are read (for the delivery's `last_error`); the rest is
+    /// dropped unread. At most 1048576.
     pub max_response_bytes: usize,
+    /// Endpoints a tenant may register (409 `too_many_webhooks` past it). 1–10000.
     pub max_endpoints_per_tenant: u32,
+    /// The longest endpoint URL. 16–2048.
     pub max_url_bytes: usize,
-    /// Delivered and given-up deliveries are removed this long after they finished (the
-    /// deliveries listing shows them until then).
+    /// Delivered and given-up deliveries are removed this long (7 days by default) after they
+    /// finished; until then the deliveries listing shows them.
     pub keep_finished_ms: NonZeroU64,
 }
 
