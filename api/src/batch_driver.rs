@@ -329,7 +329,7 @@ pub async fn finished_hook(tx: &mut PgConnection, batch: &BatchRow) -> Result<()
 pub fn spawn_sweeper(state: AppState) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(
-            state.settings.api.batch_sweep_interval_ms,
+            state.settings.api.batch_sweep_interval_ms.get(),
         ));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

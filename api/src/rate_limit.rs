@@ -221,7 +221,7 @@ impl RateLimiter {
             }
             return local;
         }
-        let timeout = Duration::from_millis(self.settings.redis_timeout_ms);
+        let timeout = Duration::from_millis(self.settings.redis_timeout_ms.get());
         let mut conn = self.conn.clone();
         let mut invocation = self.script.key(self.key(tenant));
         invocation.arg(bucket.interval_us()).arg(bucket.burst);
@@ -290,7 +290,7 @@ impl RateLimiter {
         if let Some(found) = map.get(&tenant).filter(|l| l.bucket == bucket) {
             return found.clone();
         }
-        if map.len() >= self.settings.local_max_tenants {
+        if map.len() >= self.settings.local_max_tenants.get() {
             // Rare (more limited tenants than configured): start afresh rather than track
             // recency; a forgotten tenant's next requests are still decided by Redis.
             map.clear();
@@ -462,9 +462,9 @@ mod tests {
             conn,
             "t",
             RateLimitSettings {
-                redis_timeout_ms: 10,
+                redis_timeout_ms: std::num::NonZeroU64::new(10).unwrap(),
                 local_only_ms: 10,
-                local_max_tenants: 2,
+                local_max_tenants: std::num::NonZeroUsize::new(2).unwrap(),
             },
         );
         let tenant = Uuid::now_v7();

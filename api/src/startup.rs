@@ -78,7 +78,7 @@ impl Application {
         let hub = Hub::start(
             HubSettings {
                 redis_url: settings.redis.url.clone(),
-                buffer: settings.events.client_buffer,
+                buffer: settings.events.client_buffer.get(),
                 linger: Duration::from_millis(settings.events.hub_linger_ms),
                 ping_every: Duration::from_millis(settings.events.hub_ping_ms),
                 // A connect attempt, then the PSUBSCRIBE's answer.
@@ -86,7 +86,8 @@ impl Application {
                     settings
                         .redis
                         .connect_timeout_ms
-                        .max(settings.redis.response_timeout_ms),
+                        .max(settings.redis.response_timeout_ms)
+                        .get(),
                 ),
             },
             Keys::new(&settings.redis.prefix),
@@ -95,7 +96,7 @@ impl Application {
         let tokens = crate::stream_token::TokenSigner::new(&settings.api.stream_token_secret);
         let auth_cache = Arc::new(crate::auth_cache::AuthCache::new(
             Duration::from_millis(settings.api.auth_cache_ttl_ms),
-            settings.api.auth_cache_max_keys,
+            settings.api.auth_cache_max_keys.get(),
         ));
         let creates = Batcher::spawn(
             pool.clone(),
@@ -170,7 +171,7 @@ impl Application {
         crate::batch_driver::spawn_sweeper(sweeper_state);
         flusher.0.spawn_flusher(
             flusher.1,
-            Duration::from_millis(settings.api.key_last_used_flush_ms),
+            Duration::from_millis(settings.api.key_last_used_flush_ms.get()),
             shutdown.clone(),
         );
         Ok(Application {

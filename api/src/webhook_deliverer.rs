@@ -55,13 +55,13 @@ pub fn spawn(pool: PgPool, settings: &Settings, shutdown: CancellationToken) -> 
     let http = agentfleet_shared::egress_client::client(
         policy.clone(),
         0,
-        Duration::from_millis(hooks.connect_timeout_ms),
+        Duration::from_millis(hooks.connect_timeout_ms.get()),
         hooks.max_concurrency,
     )?;
     let backoff = Backoff {
-        base: Duration::from_millis(hooks.backoff_base_ms),
+        base: Duration::from_millis(hooks.backoff_base_ms.get()),
         max: Duration::from_millis(hooks.backoff_max_ms),
-        retry_for: Duration::from_millis(hooks.retry_for_ms),
+        retry_for: Duration::from_millis(hooks.retry_for_ms.get()),
         max_attempts: hooks.max_attempts,
     };
     let deliverer = Arc::new(Deliverer {
@@ -80,7 +80,7 @@ pub fn spawn(pool: PgPool, settings: &Settings, shutdown: CancellationToken) -> 
     ));
     tokio::spawn(purge(
         deliverer.pool.clone(),
-        Duration::from_millis(deliverer.settings.keep_finished_ms),
+        Duration::from_millis(deliverer.settings.keep_finished_ms.get()),
         shutdown.clone(),
     ));
     tokio::spawn(deliverer.run(wake, shutdown));
@@ -146,7 +146,7 @@ async fn forward(pool: &PgPool, wake: &Notify) -> Result<std::convert::Infallibl
 
 impl Deliverer {
     fn poll(&self) -> Duration {
-        Duration::from_millis(self.settings.poll_interval_ms)
+        Duration::from_millis(self.settings.poll_interval_ms.get())
     }
 
     async fn run(self: Arc<Self>, wake: Arc<Notify>, shutdown: CancellationToken) {

@@ -7,7 +7,7 @@ Run by deploy/helm/check, which installs the pinned tools first (see deploy/helm
 2. every built-in kind validated strictly (unknown fields are errors) against the Kubernetes
    OpenAPI schemas of KUBERNETES_VERSION (kubernetes-validate); the CRD kinds (KEDA, Prometheus
    Operator) against their published schemas (validate-crds.mjs);
-3. what the chart promises, checked on the output: every setting of shared/src/config.rs wired
+3. what the chart promises, checked on the output: every setting of shared/src/config wired
    (and nothing the binaries would refuse), the code's defaults unchanged unless the chart says
    why, the security context of every container, probes and resources, the drain shorter than
    the grace period, the NetworkPolicy's excepted ranges equal to the code's egress policy, the
@@ -97,24 +97,23 @@ def problem(msg: str) -> None:
 
 
 def code_defaults() -> dict[str, object]:
-    """`section.key` -> default, from the DEFAULTS TOML of shared/src/config.rs."""
-    src = (ROOT / "shared/src/config.rs").read_text()
-    m = re.search(r'const DEFAULTS: &str = r#"(.*?)"#;', src, re.S)
-    if not m:
-        sys.exit("check: DEFAULTS not found in shared/src/config.rs")
+    """`section.key` -> default, from shared/src/config/defaults.toml (the binaries' defaults)."""
+    path = ROOT / "shared/src/config/defaults.toml"
+    if not path.exists():
+        sys.exit(f"check: {path.relative_to(ROOT)} not found")
     return {
         f"{section}.{key}": value
-        for section, keys in tomllib.loads(m.group(1)).items()
+        for section, keys in tomllib.loads(path.read_text()).items()
         for key, value in keys.items()
     }
 
 
 def model_keys() -> set[str]:
     """The fields of ModelSettings (models.<name>.<field>)."""
-    src = (ROOT / "shared/src/config.rs").read_text()
+    src = (ROOT / "shared/src/config/models.rs").read_text()
     m = re.search(r"pub struct ModelSettings \{(.*?)\n\}", src, re.S)
     if not m:
-        sys.exit("check: ModelSettings not found in shared/src/config.rs")
+        sys.exit("check: ModelSettings not found in shared/src/config/models.rs")
     return set(re.findall(r"pub (\w+):", m.group(1)))
 
 
@@ -219,7 +218,7 @@ def check_values_mirror_code(defaults: dict[str, object]) -> None:
                 problem(f"values.yaml: secret setting {key} must not be in config (the ConfigMap)")
             continue
         if key not in listed:
-            problem(f"values.yaml: setting {key} (shared/src/config.rs) missing from config")
+            problem(f"values.yaml: setting {key} (shared/src/config/defaults.toml) missing from config")
             continue
         want = CHART_DEFAULTS.get(key, default)
         if listed[key] != want:
@@ -227,7 +226,7 @@ def check_values_mirror_code(defaults: dict[str, object]) -> None:
                     + (f" (the chart's: {want!r})" if key in CHART_DEFAULTS else ""))
     for key in listed.keys() | secret:
         if key not in defaults:
-            problem(f"values.yaml: {key} is no setting of shared/src/config.rs "
+            problem(f"values.yaml: {key} is no setting of shared/src/config "
                     "(the binaries refuse unknown keys)")
 
 
@@ -251,7 +250,7 @@ def check_wiring(docs: list[dict], defaults: dict[str, object], secret_made: boo
         if m and m.group(1).lower() in fields:
             continue
         if name not in known:
-            problem(f"ConfigMap: {name} is no setting of shared/src/config.rs")
+            problem(f"ConfigMap: {name} is no setting of shared/src/config")
     if data.get("AGENTFLEET__DATABASE__MIGRATE_ON_START") != "false":
         problem("ConfigMap: database.migrate_on_start must be false (the Job migrates)")
     if secret_made:
@@ -481,7 +480,7 @@ def main() -> int:
     args = ap.parse_args()
 
     defaults = code_defaults()
-    print("== chart values against shared/src/config.rs")
+    print("== chart values against shared/src/config")
     check_values_mirror_code(defaults)
     for case, values in CASES.items():
         print(f"== case {case}: render, validate (Kubernetes {KUBERNETES_VERSION}), invariants")

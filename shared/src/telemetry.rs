@@ -16,7 +16,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-use crate::config::TelemetrySettings;
+use crate::config::{LogFormat, TelemetrySettings};
 
 /// Set once the OTLP exporter is installed: spans that exist only for traces, and the trace
 /// context stored with runs and sent to tools, are made only then.
@@ -46,11 +46,11 @@ pub fn init(settings: &TelemetrySettings, service: &str) -> anyhow::Result<Telem
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let json = match settings.log_format.as_str() {
-        "json" => true,
-        "pretty" => false,
+    let json = match settings.log_format {
+        LogFormat::Json => true,
+        LogFormat::Pretty => false,
         // A person at a terminal reads lines; a collector parses JSON.
-        _ => !terminal,
+        LogFormat::Auto => !terminal,
     };
     let fmt = if json {
         tracing_subscriber::fmt::layer()

@@ -95,7 +95,7 @@ impl Worker {
                 settings.worker.model_connect_timeout_ms,
             ))
             // One idle connection per slot: a slot's next model call reuses one.
-            .pool_max_idle_per_host(usize::from(settings.worker.concurrency))
+            .pool_max_idle_per_host(usize::from(settings.worker.concurrency.get()))
             .tcp_nodelay(true)
             .build()
             .context("http client")?;
@@ -104,7 +104,7 @@ impl Worker {
             egress.clone(),
             settings.egress.max_redirects,
             Duration::from_millis(settings.worker.model_connect_timeout_ms),
-            usize::from(settings.worker.concurrency),
+            usize::from(settings.worker.concurrency.get()),
         )
         .context("tool http client")?;
         let health = if settings.worker.metrics_listen.is_empty() {
@@ -140,7 +140,7 @@ impl Worker {
         let writes = deps::Writes::spawn(&pool, &settings, &worker_id);
         let mcp_key = settings.mcp.key().context("mcp.encryption_key")?;
         let mcp_tools =
-            tools::mcp::ToolCache::new(Duration::from_millis(settings.mcp.tools_ttl_ms));
+            tools::mcp::ToolCache::new(Duration::from_millis(settings.mcp.tools_ttl_ms.get()));
         let schemas = Arc::new(tools::compiled::Schemas::new(tools::SchemaMemory::new(
             settings.worker.max_compiled_schema_kib,
             settings.worker.max_compiled_schema_kib_per_tenant,
@@ -204,7 +204,9 @@ impl Worker {
         }
         let intake = intake::Intake {
             deps: deps.clone(),
-            slots: Arc::new(Semaphore::new(deps.settings.worker.concurrency as usize)),
+            slots: Arc::new(Semaphore::new(usize::from(
+                deps.settings.worker.concurrency.get(),
+            ))),
             freed: Arc::new(Notify::new()),
             tracker: tracker.clone(),
             draining: draining.clone(),

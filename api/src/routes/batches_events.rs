@@ -47,7 +47,7 @@ async fn follow(
     first: view::Batch,
     tx: &mpsc::Sender<Event>,
 ) {
-    let every = Duration::from_millis(state.settings.api.batch_progress_interval_ms);
+    let every = Duration::from_millis(state.settings.api.batch_progress_interval_ms.get());
     let mut last: Option<view::Batch> = None;
     let mut current = first;
     loop {

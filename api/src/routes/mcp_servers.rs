@@ -167,7 +167,7 @@ pub fn check(state: &AppState, body: &CreateMcpServer) -> Result<(), McpServerEr
             return Err(invalid(format!("headers[{i}].name"), "named twice"));
         }
         // Visible ASCII, spaces and tabs: what every HTTP stack sends as it is.
-        if h.value.len() > mcp.max_header_value_bytes
+        if h.value.len() > mcp.max_header_value_bytes.get()
             || !h
                 .value
                 .bytes()

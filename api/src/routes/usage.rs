@@ -41,7 +41,7 @@ pub async fn get_usage(
         q.from.as_deref(),
         q.to.as_deref(),
         Utc::now().date_naive(),
-        state.settings.api.max_usage_days,
+        state.settings.api.max_usage_days.get(),
     )?;
     let rows = usage::daily(&state.pool, caller.tenant_id, from, to)
         .await

@@ -10,20 +10,26 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
-    /// API requests per second (token bucket refill rate), across every API replica.
+    /// API requests per second on `/v1` (token bucket refill rate), shared by every API replica; 0:
+    /// no limit, at most 1000000. Off by default: a fitting rate depends on the deployment's size,
+    /// and a single-tenant install should not be throttled by surprise; set it when tenants share
+    /// the fleet. Past it: 429 `rate_limited`.
     pub requests_per_second: u32,
-    /// Requests the bucket holds: how large a burst may be after a quiet period.
+    /// Requests the bucket holds: how large a burst may be after a quiet period. 0 is one second's
+    /// worth; when set, at least `requests_per_second` (and only with a rate).
     pub request_burst: u32,
-    /// Runs not yet ended (queued + running + waiting) a tenant may have at once; a create
-    /// beyond it is refused with 429.
+    /// Runs not yet ended (queued, running, waiting) a tenant may have at once; a create beyond it
+    /// is 429 `too_many_active_runs`. 0: no limit.
     pub max_active_runs: u32,
-    /// Runs of the tenant dispatched to workers at once; the rest wait `queued` in Postgres
-    /// and are dispatched in turn (fair dispatch).
+    /// Runs of the tenant dispatched to workers at once (queued and published, or running); its
+    /// other runs wait `held` in Postgres and are dispatched in turn (fair dispatch). 0: off.
     pub max_running_runs: u32,
-    /// Most runs in one `POST /v1/runs/batch` (never more than `api.max_batch_runs`).
+    /// Most runs in one batch of the tenant, within `api.max_batch_runs` (`POST /v1/runs/batch`) or
+    /// `api.max_batch_items` (`POST /v1/batches`). 0: no limit beyond those.
     pub max_batch_size: u32,
-    /// Model tokens (prompt + completion) per UTC day; a run that would go past it stops
-    /// between iterations with `budget_exceeded`.
+    /// Model tokens (prompt + completion, estimated ones included) per UTC day; a run that reaches
+    /// it fails with `budget_exceeded` before its next model call (or pauses:
+    /// `worker.on_budget_exceeded`). 0: no limit.
     pub tokens_per_day: u64,
 }
 

@@ -25,8 +25,12 @@ pub fn redis_client(settings: &crate::config::RedisSettings) -> redis::RedisResu
 /// The per-command bounds of `settings` for a connection made outside the shared one.
 pub fn connection_config(settings: &crate::config::RedisSettings) -> redis::AsyncConnectionConfig {
     redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(Duration::from_millis(settings.connect_timeout_ms)))
-        .set_response_timeout(Some(Duration::from_millis(settings.response_timeout_ms)))
+        .set_connection_timeout(Some(Duration::from_millis(
+            settings.connect_timeout_ms.get(),
+        )))
+        .set_response_timeout(Some(Duration::from_millis(
+            settings.response_timeout_ms.get(),
+        )))
 }
 
 /// The process's shared connection to Redis: one multiplexed connection, connected on first
@@ -37,8 +41,12 @@ pub fn redis_connection(
     settings: &crate::config::RedisSettings,
 ) -> redis::RedisResult<ConnectionManager> {
     let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_millis(settings.connect_timeout_ms)))
-        .set_response_timeout(Some(Duration::from_millis(settings.response_timeout_ms)))
+        .set_connection_timeout(Some(Duration::from_millis(
+            settings.connect_timeout_ms.get(),
+        )))
+        .set_response_timeout(Some(Duration::from_millis(
+            settings.response_timeout_ms.get(),
+        )))
         .set_number_of_retries(settings.reconnect_retries)
         .set_min_delay(Duration::from_millis(settings.reconnect_backoff_ms))
         .set_max_delay(crate::config::RedisSettings::RECONNECT_MAX_BACKOFF);

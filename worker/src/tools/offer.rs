@@ -42,8 +42,8 @@ pub async fn build(deps: &Deps, tenant: Uuid, agent: &AgentSpec) -> Result<Catal
                 let settings = &deps.settings.mcp;
                 let schema_limits = settings.schema_limits();
                 let limits = mcp::Limits {
-                    timeout: Duration::from_millis(settings.list_timeout_ms),
-                    max_response_bytes: settings.max_list_bytes,
+                    timeout: Duration::from_millis(settings.list_timeout_ms.get()),
+                    max_response_bytes: settings.max_list_bytes.get(),
                 };
                 let remote = mcp::tools(
                     &deps.tools_http,
@@ -51,8 +51,8 @@ pub async fn build(deps: &Deps, tenant: Uuid, agent: &AgentSpec) -> Result<Catal
                     &deps.mcp_tools,
                     &server,
                     &limits,
-                    settings.max_tools_per_server,
-                    settings.max_schema_bytes,
+                    settings.max_tools_per_server.get(),
+                    settings.max_schema_bytes.get(),
                 )
                 .await
                 .map_err(|e| fail(e.to_string()))?;

@@ -239,7 +239,7 @@ pub async fn settle(
 /// Tool calls of one response that run at once: the agent's `max_parallel_tool_calls`, never
 /// more than `worker.max_parallel_tool_calls`.
 fn parallel_cap(ctx: &RunCtx) -> usize {
-    let most = ctx.deps.settings.worker.max_parallel_tool_calls.max(1);
+    let most = ctx.deps.settings.worker.max_parallel_tool_calls.get();
     ctx.run
         .agent
         .max_parallel_tool_calls
