@@ -9,6 +9,7 @@ pub mod batch_driver;
 pub mod console;
 pub mod dispatch;
 pub mod error;
+pub mod extract;
 pub mod hub;
 pub mod key_usage;
 pub mod layers;

@@ -10,10 +10,10 @@ use utoipa::ToSchema;
 
 use agentfleet_shared::store::keys::{self, CreatedKey, KeyInfo, MAX_SECS, Rotated};
 
-use super::PathId;
 use super::admin_errors::key_error;
 use crate::auth_invalidation::Invalidation;
-use crate::error::{ApiError, JsonBody};
+use crate::error::ApiError;
+use crate::extract::{JsonBody, PathId};
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, ToSchema)]

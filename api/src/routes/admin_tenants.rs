@@ -12,10 +12,10 @@ use agentfleet_shared::domain::{LimitOverrides, Limits};
 use agentfleet_shared::store::keys::{self, KeyInfo};
 use agentfleet_shared::store::tenants::{self, TenantInfo};
 
-use super::PathId;
 use super::admin_errors::{key_error, tenant_error};
 use crate::auth_invalidation::Invalidation;
-use crate::error::{ApiError, JsonBody, QueryParams};
+use crate::error::ApiError;
+use crate::extract::{JsonBody, PathId, QueryParams};
 use crate::state::AppState;
 use crate::validate;
 
@@ -223,7 +223,7 @@ pub fn limits_patch(patch: &Map<String, Value>) -> Result<(LimitOverrides, Vec<S
     Ok((set, clear))
 }
 
-/// `5.0` is the integer 5, as elsewhere in the API (`crate::error::JsonBody`).
+/// `5.0` is the integer 5, as elsewhere in the API (`crate::extract::JsonBody`).
 fn whole_number(value: &Value) -> Value {
     match value.as_f64() {
         Some(f) if value.is_f64() && f.fract() == 0.0 && (0.0..1.8e19).contains(&f) => {

@@ -11,7 +11,8 @@ use agentfleet_shared::store::batches;
 
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::routes::{PathId, view};
+use crate::extract::PathId;
+use crate::routes::view;
 use crate::state::AppState;
 
 #[utoipa::path(post, path = "/v1/batches/{id}/cancel", tag = "batches", operation_id = "cancel_batch",

@@ -19,7 +19,8 @@ use agentfleet_shared::store::StoreError;
 use agentfleet_shared::store::batches::{self, BatchRow, Counts, NewBatch, NewItem};
 
 use crate::auth::Caller;
-use crate::error::{ApiError, JsonBody};
+use crate::error::ApiError;
+use crate::extract::JsonBody;
 use crate::routes::runs_create::{CreateRun, RunFields, compile_schemas, validate};
 use crate::routes::view;
 use crate::state::AppState;

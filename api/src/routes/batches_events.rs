@@ -17,8 +17,9 @@ use agentfleet_shared::store::batches;
 
 use crate::auth::Caller;
 use crate::error::ApiError;
+use crate::extract::PathId;
 use crate::routes::runs_events::{channel, sse};
-use crate::routes::{PathId, view};
+use crate::routes::view;
 use crate::state::AppState;
 
 #[utoipa::path(get, path = "/v1/batches/{id}/events", tag = "batches", operation_id = "batch_events",

@@ -8,9 +8,11 @@ use agentfleet_shared::store::StoreError;
 use agentfleet_shared::store::batches::{self, BatchRow};
 
 use crate::auth::Caller;
-use crate::error::{ApiError, QueryParams};
+use crate::error::ApiError;
+use crate::extract::PathId;
+use crate::extract::QueryParams;
 use crate::routes::runs_list::cursor::{decode, encode};
-use crate::routes::{PathId, view};
+use crate::routes::view;
 use crate::state::AppState;
 use crate::validate;
 

@@ -12,8 +12,9 @@ use serde_json::{Value, json};
 use agentfleet_shared::store::batches::{self, ResultRow};
 
 use crate::auth::Caller;
-use crate::error::{ApiError, QueryParams};
-use crate::routes::PathId;
+use crate::error::ApiError;
+use crate::extract::PathId;
+use crate::extract::QueryParams;
 use crate::state::AppState;
 
 /// Items read per query.

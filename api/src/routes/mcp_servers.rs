@@ -15,7 +15,8 @@ use agentfleet_shared::store::StoreError;
 use agentfleet_shared::store::mcp_servers::{self, CreateMcpServerError, McpServer, NewMcpServer};
 
 use crate::auth::Caller;
-use crate::error::{ApiError, JsonBody};
+use crate::error::ApiError;
+use crate::extract::JsonBody;
 use crate::state::AppState;
 
 /// Longest description, in characters (as `mcp_servers.description` checks).

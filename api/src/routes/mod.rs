@@ -132,22 +132,3 @@ pub fn router(state: &AppState) -> Router<AppState> {
         ));
     keyed.merge(streams)
 }
-
-/// A path id: any malformed one answers 422 naming the parameter (ids are `format: uuid` in
-/// the OpenAPI document). Runs after authentication.
-pub struct PathId(pub uuid::Uuid);
-
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for PathId {
-    type Rejection = crate::error::ApiError;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        state: &S,
-    ) -> Result<Self, Self::Rejection> {
-        let axum::extract::Path(raw) =
-            axum::extract::Path::<String>::from_request_parts(parts, state)
-                .await
-                .map_err(|_| crate::error::ApiError::invalid("id", "must be a UUID"))?;
-        crate::validate::uuid("id", &raw).map(PathId)
-    }
-}

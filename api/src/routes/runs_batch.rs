@@ -18,7 +18,8 @@ use agentfleet_shared::store::transitions::{self, NewRun};
 use agentfleet_shared::store::{StoreError, create_many};
 
 use crate::auth::Caller;
-use crate::error::{ApiError, JsonBody};
+use crate::error::ApiError;
+use crate::extract::JsonBody;
 use crate::routes::runs_create::{CreateRun, compile_schemas, validate};
 use crate::routes::view;
 use crate::state::AppState;

@@ -13,7 +13,8 @@ use agentfleet_shared::store::{StoreError, runs};
 
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::routes::{PathId, view};
+use crate::extract::PathId;
+use crate::routes::view;
 use crate::state::AppState;
 
 #[derive(Debug, thiserror::Error)]

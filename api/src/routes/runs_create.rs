@@ -19,7 +19,8 @@ use agentfleet_shared::store::{StoreError, mcp_servers, runs};
 use agentfleet_shared::tool_schema::{RequestSchemas, SchemaError};
 
 use crate::auth::Caller;
-use crate::error::{ApiError, JsonBody};
+use crate::error::ApiError;
+use crate::extract::JsonBody;
 use crate::routes::view;
 use crate::state::AppState;
 use crate::validate;

@@ -17,8 +17,9 @@ use uuid::Uuid;
 use agentfleet_shared::store::{StoreError, runs};
 
 use crate::auth::StreamTenant;
-use crate::error::{ApiError, QueryParams};
-use crate::routes::PathId;
+use crate::error::ApiError;
+use crate::extract::PathId;
+use crate::extract::QueryParams;
 use crate::state::AppState;
 use crate::stream::{Follower, Mode};
 use crate::stream_slots::StreamSlot;

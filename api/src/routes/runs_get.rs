@@ -5,7 +5,8 @@ use agentfleet_shared::store::{StoreError, runs};
 
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::routes::{PathId, view};
+use crate::extract::PathId;
+use crate::routes::view;
 use crate::state::AppState;
 
 /// `GET /v1/runs/{id}`: the run, with its pending question or calls while it waits.

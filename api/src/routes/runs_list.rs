@@ -7,7 +7,8 @@ use agentfleet_shared::domain::RunStatus;
 use agentfleet_shared::store::runs::{self, ListFilter};
 
 use crate::auth::Caller;
-use crate::error::{ApiError, QueryParams};
+use crate::error::ApiError;
+use crate::extract::QueryParams;
 use crate::routes::view;
 use crate::state::AppState;
 use crate::validate;

@@ -14,8 +14,10 @@ use agentfleet_shared::events::{EventType, Expiry, Floor, NewEvent, pending_even
 use agentfleet_shared::store::transitions::{self, Decision, ResumeError, ResumeInput};
 
 use crate::auth::Caller;
-use crate::error::{ApiError, JsonBody};
-use crate::routes::{PathId, view};
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::extract::PathId;
+use crate::routes::view;
 use crate::state::AppState;
 use crate::validate;
 

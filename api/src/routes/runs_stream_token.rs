@@ -8,7 +8,8 @@ use agentfleet_shared::store::{StoreError, runs};
 
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::routes::{PathId, view};
+use crate::extract::PathId;
+use crate::routes::view;
 use crate::state::AppState;
 
 #[utoipa::path(post, path = "/v1/runs/{id}/stream-token", tag = "events", operation_id = "issue_stream_token", params(("id" = uuid::Uuid, Path, description = "The run")),

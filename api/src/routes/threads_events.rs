@@ -17,7 +17,7 @@ use agentfleet_shared::store::runs;
 
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::routes::PathId;
+use crate::extract::PathId;
 use crate::routes::runs_events::{channel, last_event_id, sse};
 use crate::state::AppState;
 use crate::stream::{FollowError, Follower, Mode};

@@ -5,8 +5,10 @@ use serde::Deserialize;
 use agentfleet_shared::store::{messages, runs};
 
 use crate::auth::Caller;
-use crate::error::{ApiError, QueryParams};
-use crate::routes::{PathId, view};
+use crate::error::ApiError;
+use crate::extract::PathId;
+use crate::extract::QueryParams;
+use crate::routes::view;
 use crate::state::AppState;
 use crate::validate;
 

@@ -8,7 +8,8 @@ use serde::Deserialize;
 use agentfleet_shared::store::usage;
 
 use crate::auth::Caller;
-use crate::error::{ApiError, QueryParams};
+use crate::error::ApiError;
+use crate::extract::QueryParams;
 use crate::routes::view;
 use crate::state::AppState;
 

@@ -19,7 +19,8 @@ use agentfleet_shared::store::webhooks::{
 };
 
 use crate::auth::Caller;
-use crate::error::{ApiError, JsonBody};
+use crate::error::ApiError;
+use crate::extract::JsonBody;
 use crate::state::AppState;
 
 /// Longest description, in characters (as `webhook_endpoints.description` checks).

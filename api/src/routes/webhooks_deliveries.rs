@@ -12,8 +12,9 @@ use agentfleet_shared::store::webhook_deliveries::{self, DeliveryInfo};
 use agentfleet_shared::store::webhooks;
 
 use crate::auth::Caller;
-use crate::error::{ApiError, QueryParams};
-use crate::routes::PathId;
+use crate::error::ApiError;
+use crate::extract::PathId;
+use crate::extract::QueryParams;
 use crate::routes::runs_list::cursor;
 use crate::state::AppState;
 use crate::validate;

@@ -8,7 +8,7 @@ use agentfleet_shared::store::webhooks::{self, Endpoint};
 
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::routes::PathId;
+use crate::extract::PathId;
 use crate::state::AppState;
 
 #[derive(Debug, thiserror::Error)]

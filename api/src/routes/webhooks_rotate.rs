@@ -12,8 +12,9 @@ use agentfleet_shared::store::webhooks::{self, secret_key};
 
 use super::webhooks_create::WebhookCreated;
 use crate::auth::Caller;
-use crate::error::{ApiError, JsonBody};
-use crate::routes::PathId;
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::extract::PathId;
 use crate::state::AppState;
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
