@@ -49,7 +49,7 @@ pub async fn announce_all(state: &AppState, runs: &[RunRow]) {
     }
     if let Some(held) = runs.iter().find(|r| r.held) {
         // The tenant has a running limit: what fits its window is dispatched, oldest first.
-        crate::dispatch::dispatch_and_publish(state, held.tenant_id).await;
+        crate::fair_dispatch::dispatch_and_publish(state, held.tenant_id).await;
         return;
     }
     let ids: Vec<Uuid> = runs.iter().map(|r| r.id).collect();

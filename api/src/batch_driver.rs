@@ -114,7 +114,7 @@ async fn drive(state: &AppState, batch: Uuid, owner: &str) -> Result<(), StoreEr
                 }
                 let failed = cancel_runs(state, held.tenant_id, &ids).await;
                 if held.fair {
-                    crate::dispatch::dispatch_and_publish(state, held.tenant_id).await;
+                    crate::fair_dispatch::dispatch_and_publish(state, held.tenant_id).await;
                 }
                 if failed == ids.len() {
                     // Not one went through: no tight loop. The lease runs out and a sweep

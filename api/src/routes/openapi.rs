@@ -15,9 +15,9 @@ use utoipa::OpenApi;
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::domain::{AgentSpec, Risk, RunStatus, ToolKind, ToolSpec};
 
-use super::runs_create::CreateRun;
-use super::runs_resume::{DecisionBody, ResumeBody};
 use super::view;
+use crate::routes::runs::create::CreateRun;
+use crate::routes::runs::resume::{DecisionBody, ResumeBody};
 use crate::state::AppState;
 use crate::validate::MAX_ID;
 
@@ -28,55 +28,55 @@ use crate::validate::MAX_ID;
         description = "Runs LLM agents on a fleet of workers. Every error is `{\"error\": {\"code\", \"message\"}}`; validation errors name the field (`agent.tools[0].url: must name a host`)."
     ),
     paths(
-        super::runs_create::create_run,
-        super::runs_batch::create_batch,
-        super::runs_list::list_runs,
-        super::runs_list::count_runs,
-        super::runs_get::get_run,
-        super::runs_events::run_events,
-        super::runs_resume::resume_run,
-        super::runs_cancel::cancel_run,
-        super::runs_stream_token::issue_stream_token,
-        super::threads_messages::list_messages,
-        super::threads_events::thread_events,
+        crate::routes::runs::create::create_run,
+        crate::routes::runs::batch::create_batch,
+        crate::routes::runs::list::list_runs,
+        crate::routes::runs::list::count_runs,
+        crate::routes::runs::get::get_run,
+        crate::routes::runs::events::run_events,
+        crate::routes::runs::resume::resume_run,
+        crate::routes::runs::cancel::cancel_run,
+        crate::routes::runs::stream_token::issue_stream_token,
+        crate::routes::threads::messages::list_messages,
+        crate::routes::threads::events::thread_events,
         super::usage::get_usage,
-        super::batches_create::submit_batch,
-        super::batches_get::list_batches,
-        super::batches_get::get_batch,
-        super::batches_results::batch_results,
-        super::batches_cancel::cancel_batch,
-        super::batches_events::batch_events,
-        super::mcp_servers::create_mcp_server,
-        super::mcp_servers::list_mcp_servers,
-        super::mcp_servers::get_mcp_server,
-        super::mcp_servers::delete_mcp_server,
-        super::webhooks_create::create_webhook,
-        super::webhooks_list::list_webhooks,
-        super::webhooks_get::get_webhook,
-        super::webhooks_delete::delete_webhook,
-        super::webhooks_deliveries::list_deliveries,
-        super::webhooks_rotate::rotate_secret,
-        super::webhooks_retry::retry_delivery,
+        crate::routes::batches::create::submit_batch,
+        crate::routes::batches::get::list_batches,
+        crate::routes::batches::get::get_batch,
+        crate::routes::batches::results::batch_results,
+        crate::routes::batches::cancel::cancel_batch,
+        crate::routes::batches::events::batch_events,
+        crate::routes::mcp_servers::create::create_mcp_server,
+        crate::routes::mcp_servers::list::list_mcp_servers,
+        crate::routes::mcp_servers::get::get_mcp_server,
+        crate::routes::mcp_servers::delete::delete_mcp_server,
+        crate::routes::webhooks::create::create_webhook,
+        crate::routes::webhooks::list::list_webhooks,
+        crate::routes::webhooks::get::get_webhook,
+        crate::routes::webhooks::delete::delete_webhook,
+        crate::routes::webhooks::deliveries::list_deliveries,
+        crate::routes::webhooks::rotate::rotate_secret,
+        crate::routes::webhooks::retry::retry_delivery,
         super::health::healthz,
         super::health::readyz,
         openapi,
-        super::admin_tenants::create_tenant,
-        super::admin_tenants::list_tenants,
-        super::admin_tenants::get_tenant,
-        super::admin_tenants::suspend_tenant,
-        super::admin_tenants::resume_tenant,
-        super::admin_tenants::update_limits,
-        super::admin_keys::create_key,
-        super::admin_keys::list_keys,
-        super::admin_keys::get_key,
-        super::admin_keys::revoke_key,
-        super::admin_keys::rotate_key,
+        crate::routes::admin::tenants::create_tenant,
+        crate::routes::admin::tenants::list_tenants,
+        crate::routes::admin::tenants::get_tenant,
+        crate::routes::admin::tenants::suspend_tenant,
+        crate::routes::admin::tenants::resume_tenant,
+        crate::routes::admin::tenants::update_limits,
+        crate::routes::admin::keys::create_key,
+        crate::routes::admin::keys::list_keys,
+        crate::routes::admin::keys::get_key,
+        crate::routes::admin::keys::revoke_key,
+        crate::routes::admin::keys::rotate_key,
     ),
     components(schemas(
         CreateRun,
-        super::runs_batch::CreateBatch,
-        super::batches_create::SubmitBatch,
-        super::batches_create::BatchItem,
+        crate::routes::runs::batch::CreateBatch,
+        crate::routes::batches::create::SubmitBatch,
+        crate::routes::batches::create::BatchItem,
         ResumeBody,
         DecisionBody,
         AgentSpec,
@@ -104,24 +104,24 @@ use crate::validate::MAX_ID;
         view::ErrorDetail,
         view::Health,
         view::Readiness,
-        super::mcp_servers::CreateMcpServer,
-        super::mcp_servers::HeaderBody,
-        super::mcp_servers::McpServerList,
+        crate::routes::mcp_servers::create::CreateMcpServer,
+        crate::routes::mcp_servers::create::HeaderBody,
+        crate::routes::mcp_servers::list::McpServerList,
         agentfleet_shared::store::mcp_servers::McpServer,
-        super::webhooks_create::CreateWebhook,
-        super::webhooks_create::WebhookCreated,
-        super::webhooks_rotate::RotateSecret,
-        super::webhooks_list::WebhookList,
-        super::webhooks_deliveries::DeliveryPage,
+        crate::routes::webhooks::create::CreateWebhook,
+        crate::routes::webhooks::create::WebhookCreated,
+        crate::routes::webhooks::rotate::RotateSecret,
+        crate::routes::webhooks::list::WebhookList,
+        crate::routes::webhooks::deliveries::DeliveryPage,
         agentfleet_shared::store::webhooks::Endpoint,
         agentfleet_shared::store::webhook_deliveries::DeliveryInfo,
-        super::admin_tenants::CreateTenant,
-        super::admin_tenants::TenantView,
-        super::admin_tenants::TenantCreated,
-        super::admin_tenants::TenantPage,
-        super::admin_keys::CreateKey,
-        super::admin_keys::RotateKey,
-        super::admin_keys::KeyList,
+        crate::routes::admin::tenants::CreateTenant,
+        crate::routes::admin::tenants::TenantView,
+        crate::routes::admin::tenants::TenantCreated,
+        crate::routes::admin::tenants::TenantPage,
+        crate::routes::admin::keys::CreateKey,
+        crate::routes::admin::keys::RotateKey,
+        crate::routes::admin::keys::KeyList,
         agentfleet_shared::store::tenants::TenantInfo,
         agentfleet_shared::store::keys::KeyInfo,
         agentfleet_shared::store::keys::CreatedKey,
@@ -277,7 +277,7 @@ fn constrain(doc: &mut Value, settings: &Settings) {
         doc,
         &format!("{p}/custom_id"),
         json!({"type": "string", "minLength": 1,
-               "maxLength": super::batches_create::MAX_CUSTOM_ID_CHARS, "pattern": no_nul(),
+               "maxLength": crate::routes::batches::create::MAX_CUSTOM_ID_CHARS, "pattern": no_nul(),
                "description": "Unique within the batch; the results name the item by it"}),
     );
     let p = format!("{schemas}/SubmitBatch/properties");
@@ -444,14 +444,14 @@ fn constrain(doc: &mut Value, settings: &Settings) {
     parameter(doc, "/v1/usage", "get", "from")["schema"] = day.clone();
     parameter(doc, "/v1/usage", "get", "to")["schema"] = day;
     parameter(doc, "/v1/runs", "get", "cursor")["schema"] =
-        json!({"type": "string", "pattern": super::runs_list::CURSOR_PATTERN});
+        json!({"type": "string", "pattern": crate::routes::runs::list::CURSOR_PATTERN});
     parameter(doc, "/v1/batches", "get", "limit")["schema"] = page(api.default_page_size);
     parameter(doc, "/v1/batches", "get", "before")["schema"] =
-        json!({"type": "string", "pattern": super::runs_list::CURSOR_PATTERN});
+        json!({"type": "string", "pattern": crate::routes::runs::list::CURSOR_PATTERN});
     parameter(doc, "/v1/batches/{id}/results", "get", "status")["schema"] =
         json!({"type": "string", "enum": ["finished"]});
     parameter(doc, "/v1/batches", "post", "Idempotency-Key")["schema"] = json!({
-        "type": "string", "minLength": 1, "maxLength": super::batches_create::MAX_KEY_CHARS,
+        "type": "string", "minLength": 1, "maxLength": crate::routes::batches::create::MAX_KEY_CHARS,
         "pattern": "^[!-~]([\t -~]{0,198}[!-~])?$",
     });
     doc["paths"]["/v1/batches/{id}/events"]["get"]["responses"]["200"]["content"]["text/event-stream"]
@@ -505,7 +505,7 @@ fn constrain_mcp(doc: &mut Value, settings: &Settings) {
     replace(
         doc,
         &format!("{p}/description"),
-        json!({"type": ["string", "null"], "maxLength": super::mcp_servers::MAX_DESCRIPTION_CHARS,
+        json!({"type": ["string", "null"], "maxLength": crate::routes::mcp_servers::create::MAX_DESCRIPTION_CHARS,
                "pattern": no_nul()}),
     );
     replace(
@@ -520,8 +520,8 @@ fn constrain_mcp(doc: &mut Value, settings: &Settings) {
         doc,
         &format!("{p}/name"),
         json!({"type": "string", "pattern": format!(
-            "^[A-Za-z0-9!#$%&'*+.^_`|~-]{{1,{}}}$", super::mcp_servers::MAX_HEADER_NAME_BYTES),
-            "not": {"enum": super::mcp_servers::RESERVED_HEADERS}}),
+            "^[A-Za-z0-9!#$%&'*+.^_`|~-]{{1,{}}}$", crate::routes::mcp_servers::create::MAX_HEADER_NAME_BYTES),
+            "not": {"enum": crate::routes::mcp_servers::create::RESERVED_HEADERS}}),
     );
     replace(
         doc,
@@ -583,7 +583,7 @@ fn constrain_webhooks(doc: &mut Value, settings: &Settings) {
     replace(
         doc,
         &format!("{p}/description"),
-        json!({"type": ["string", "null"], "maxLength": super::webhooks_create::MAX_DESCRIPTION_CHARS,
+        json!({"type": ["string", "null"], "maxLength": crate::routes::webhooks::create::MAX_DESCRIPTION_CHARS,
                "pattern": no_nul()}),
     );
     replace(
@@ -598,7 +598,7 @@ fn constrain_webhooks(doc: &mut Value, settings: &Settings) {
         "description": format!("Page size, 1 to {} (`api.max_page_size`); {} when absent",
                                api.max_page_size, api.default_page_size)});
     parameter(doc, path, "get", "cursor")["schema"] =
-        json!({"type": "string", "pattern": super::runs_list::CURSOR_PATTERN});
+        json!({"type": "string", "pattern": crate::routes::runs::list::CURSOR_PATTERN});
 }
 
 /// Every event type (docs/events.md); the match fails to compile when a type is added.

@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use agentfleet_shared::store::usage;
 
-use crate::auth::Caller;
+use crate::auth::caller::Caller;
 use crate::error::ApiError;
 use crate::extract::QueryParams;
 use crate::routes::view;
