@@ -13,6 +13,7 @@ pub mod publish;
 pub mod quota;
 pub mod rate_limit;
 pub mod routes;
+pub mod schema;
 pub mod startup;
 pub mod state;
 pub mod stream;

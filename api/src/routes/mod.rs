@@ -7,6 +7,7 @@ pub mod health;
 pub mod mcp_servers;
 pub mod openapi;
 pub mod runs;
+pub mod sse;
 pub mod threads;
 pub mod usage;
 pub mod view;

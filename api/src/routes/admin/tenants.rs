@@ -94,7 +94,7 @@ pub struct ListQuery {
 
 #[utoipa::path(get, path = "/admin/v1/tenants", tag = "admin", operation_id = "admin_list_tenants",
     params(("after" = Option<Uuid>, Query, description = "`next_after` of the previous page"),
-           ("limit" = Option<u32>, Query, description = "Page size (`api.default_page_size` when absent, at most `api.max_page_size`)")),
+           ("limit" = Option<u32>, Query, minimum = 1, description = "Page size (`api.default_page_size` when absent, at most `api.max_page_size`)")),
     responses((status = 200, description = "Tenants in creation order", body = TenantPage)))]
 pub async fn list_tenants(
     State(state): State<AppState>,

@@ -34,10 +34,13 @@ pub const MAX_KEY_CHARS: usize = 200;
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitBatch {
-    /// The runs, each the body of `POST /v1/runs` plus its `custom_id`.
+    /// The runs, each the body of `POST /v1/runs` plus its `custom_id` (at most
+    /// `api.max_batch_items`).
+    #[schema(schema_with = batch_items)]
     pub runs: Vec<BatchItem>,
+    /// Free-form; at most `api.max_metadata_bytes` bytes as JSON.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<agentfleet_shared::domain::schema::JsonObject>)]
     pub metadata: Option<Value>,
 }
 
@@ -46,14 +49,27 @@ pub struct SubmitBatch {
 #[serde(deny_unknown_fields)]
 pub struct BatchItem {
     /// Unique within the batch, 1 to 128 characters; the results name the item by it.
+    #[schema(min_length = 1, max_length = 128, pattern = "^[^\u{0}]*$")]
     pub custom_id: String,
+    /// The user message: not blank, no NUL, at most `api.max_input_bytes` bytes of UTF-8.
+    #[schema(schema_with = crate::schema::user_text)]
     pub input: String,
     #[serde(default)]
     pub thread_id: Option<Uuid>,
     pub agent: AgentSpec,
+    /// Free-form; at most `api.max_metadata_bytes` bytes as JSON.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<agentfleet_shared::domain::schema::JsonObject>)]
     pub metadata: Option<Value>,
+}
+
+/// At least one item, all distinct (their `custom_id`s are: the document says so in words).
+fn batch_items() -> utoipa::openapi::schema::ArrayBuilder {
+    crate::schema::non_empty_list(utoipa::openapi::schema::Ref::from_schema_name("BatchItem"))
+        .unique_items(true)
+        .description(Some(
+            "The runs, each the body of `POST /v1/runs` plus its `custom_id` (distinct); at most `api.max_batch_items`",
+        ))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,7 +103,7 @@ impl From<StoreError> for SubmitBatchError {
 }
 
 #[utoipa::path(post, path = "/v1/batches", tag = "batches", operation_id = "submit_batch", request_body = SubmitBatch,
-    params(("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe submission: the same key with the same body answers the same batch (200), never a second one")),
+    params(("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 200, pattern = "^[!-~]([\t -~]{0,198}[!-~])?$", description = "Repeat-safe submission: the same key with the same body answers the same batch (200), never a second one")),
     responses((status = 202, description = "The batch, accepted; its runs are created in the background", body = view::Batch),
               (status = 200, description = "The batch this `Idempotency-Key` made before (same body); nothing new was created", body = view::Batch),
               (status = 404, description = "A run's `thread_id` names no thread of this tenant (`runs[i].thread_id`), or a tool's `server` no MCP server it registered (`runs[i].agent.tools[j].server`)", body = crate::routes::view::ErrorBody),

@@ -79,8 +79,8 @@ pub struct ListQuery {
 }
 
 #[utoipa::path(get, path = "/v1/batches", tag = "batches", operation_id = "list_batches",
-    params(("limit" = Option<u32>, Query, description = "Page size (`api.default_page_size` when absent)"),
-           ("before" = Option<String>, Query, description = "`next` of the previous page")),
+    params(("limit" = Option<u32>, Query, minimum = 1, description = "Page size (`api.default_page_size` when absent)"),
+           ("before" = Option<String>, Query, pattern = "^[0-9]{1,16}_[0-9a-f]{32}$", description = "`next` of the previous page")),
     responses((status = 200, description = "A page of batches, newest first", body = view::BatchPage)))]
 pub async fn list_batches(
     State(state): State<AppState>,

@@ -26,9 +26,16 @@ pub struct ResultsQuery {
     status: Option<String>,
 }
 
+/// The `status` filter of the results (the only one).
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum ResultsFilter {
+    Finished,
+}
+
 #[utoipa::path(get, path = "/v1/batches/{id}/results", tag = "batches", operation_id = "batch_results",
     params(("id" = uuid::Uuid, Path, description = "The batch"),
-           ("status" = Option<String>, Query, description = "`finished`: only items whose run ended (or that could get none)")),
+           ("status" = Option<ResultsFilter>, Query, description = "`finished`: only items whose run ended (or that could get none)")),
     responses((status = 200, description = "One JSON object per line, in submission order: `{\"custom_id\", \"run_id\", \"status\", \"output\", \"error\"}`. `status` is the run's, or `pending` (no run yet), `cancelled` (never created: the batch was cancelled), `failed` (no run could be made: `error` says why); `output` is the final answer of a completed run", body = String, content_type = "application/x-ndjson"),
               (status = 404, description = "No batch of this tenant has that id", body = crate::routes::view::ErrorBody)))]
 pub async fn batch_results(

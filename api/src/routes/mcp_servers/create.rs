@@ -38,23 +38,69 @@ pub const RESERVED_HEADERS: [&str; 8] = [
 #[serde(deny_unknown_fields)]
 pub struct CreateMcpServer {
     /// How agents name it: 1-64 characters of `[A-Za-z0-9_-]`, unique within the tenant.
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub name: String,
     /// The server's streamable-HTTP endpoint: absolute `http(s)://`, no credentials.
+    #[schema(schema_with = server_url)]
     pub url: String,
     /// Free text, at most 1000 characters.
     #[serde(default)]
+    #[schema(max_length = 1000, pattern = "^[^\u{0}]*$")]
     pub description: Option<String>,
-    /// Sent with every request to the server (e.g. `Authorization`). Write-only: stored
-    /// sealed, answered as names only. Needs `mcp.encryption_key`.
+    /// Sent with every request to the server (e.g. `Authorization`), at most `mcp.max_headers`,
+    /// their names distinct in any case. Write-only: stored sealed, answered as names only.
+    /// Needs `mcp.encryption_key`.
     #[serde(default)]
     pub headers: Option<Vec<HeaderBody>>,
+}
+
+fn server_url() -> utoipa::openapi::schema::ObjectBuilder {
+    agentfleet_shared::domain::schema::tool_url(
+        agentfleet_shared::domain::MAX_TOOL_URL_BYTES,
+        "The streamable-HTTP endpoint; an address the egress policy refuses is refused",
+    )
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HeaderBody {
+    /// An HTTP header name (1-128 token characters), not one the MCP transport sets itself
+    /// ([`RESERVED_HEADERS`], in any case).
+    #[schema(schema_with = header_name)]
     pub name: String,
+    /// Visible ASCII, spaces and tabs; at most `mcp.max_header_value_bytes`.
+    #[schema(pattern = "^[\t -~]*$")]
     pub value: String,
+}
+
+/// A token (RFC 9110) of at most [`MAX_HEADER_NAME_BYTES`], not a reserved name in any case.
+fn header_name() -> utoipa::openapi::schema::ObjectBuilder {
+    let any_case = |name: &str| -> String {
+        name.chars()
+            .map(|c| match c.is_ascii_alphabetic() {
+                true => format!("[{}{}]", c.to_ascii_uppercase(), c.to_ascii_lowercase()),
+                false => regex_escape(c),
+            })
+            .collect()
+    };
+    let reserved: Vec<String> = RESERVED_HEADERS.iter().map(|h| any_case(h)).collect();
+    agentfleet_shared::domain::schema::keyword(
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .pattern(Some(format!(
+                "^[A-Za-z0-9!#$%&'*+.^_`|~-]{{1,{MAX_HEADER_NAME_BYTES}}}$"
+            ))),
+        "not",
+        serde_json::json!({"pattern": format!("^({})$", reserved.join("|"))}),
+    )
+}
+
+/// `-` is the only character of a reserved name that is not a letter; escaped anyway.
+fn regex_escape(c: char) -> String {
+    match c.is_ascii_alphanumeric() {
+        true => c.to_string(),
+        false => format!("\\{c}"),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

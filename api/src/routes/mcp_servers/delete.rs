@@ -14,7 +14,7 @@ use crate::routes::mcp_servers::create::{McpServerError, invalid};
 use crate::state::AppState;
 
 #[utoipa::path(delete, path = "/v1/mcp-servers/{name}", tag = "mcp", operation_id = "delete_mcp_server",
-    params(("name" = String, Path, description = "The server's name")),
+    params(("name" = String, Path, pattern = "^[A-Za-z0-9_-]{1,64}$", description = "The server's name")),
     responses((status = 200, description = "Deleted; the server as it was. Runs naming it fail when they next list their tools", body = McpServer),
               (status = 404, description = "No server of this tenant has that name", body = crate::routes::view::ErrorBody),
               (status = 422, description = "`invalid_request`: `name` is not a server name", body = crate::routes::view::ErrorBody)))]

@@ -29,7 +29,25 @@ use agentfleet_shared::tool_schema::RequestSchemas;
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateBatch {
+    /// At least one run, at most the tenant's `max_batch_size` (and `api.max_batch_runs`);
+    /// `if_busy` is `reject` here (a batch is all or nothing).
+    #[schema(schema_with = batch_runs)]
     pub runs: Vec<CreateRun>,
+}
+
+/// Each run a `POST /v1/runs` body whose `if_busy`, if any, is `reject`.
+fn batch_runs() -> utoipa::openapi::schema::ArrayBuilder {
+    use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Ref, SchemaType};
+    let any = || ObjectBuilder::new().schema_type(SchemaType::AnyValue);
+    let reject = any().enum_values(Some([Some("reject"), None]));
+    crate::schema::non_empty_list(Ref::from_schema_name("CreateRun")).items(
+        AllOfBuilder::new()
+            .item(Ref::from_schema_name("CreateRun"))
+            .item(ObjectBuilder::new().property("if_busy", reject)),
+    )
+    .description(Some(
+        "At least one run, at most the tenant's `max_batch_size` (and `api.max_batch_runs`); `if_busy` is `reject` here",
+    ))
 }
 
 #[utoipa::path(post, path = "/v1/runs/batch", tag = "runs", operation_id = "create_batch", request_body = CreateBatch,

@@ -28,14 +28,16 @@ use crate::validate;
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRun {
-    /// The user message.
+    /// The user message: not blank, no NUL, at most `api.max_input_bytes` bytes of UTF-8.
+    #[schema(schema_with = crate::schema::user_text)]
     pub input: String,
     /// Continue this thread; a new thread is made when absent.
     #[serde(default)]
     pub thread_id: Option<Uuid>,
     pub agent: AgentSpec,
+    /// Free-form; at most `api.max_metadata_bytes` bytes as JSON.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<agentfleet_shared::domain::schema::JsonObject>)]
     pub metadata: Option<Value>,
     /// What to do when the thread has an active run: `reject` (409 `thread_busy`),
     /// `enqueue` (start when it ends) or `interrupt` (cancel it at its next safe point, then
@@ -102,7 +104,7 @@ impl From<CreateRunError> for ApiError {
 }
 
 #[utoipa::path(post, path = "/v1/runs", tag = "runs", operation_id = "create_run", request_body = CreateRun,
-    params(("Idempotency-Key" = Option<String>, Header, description = "Repeat-safe submission: the same key with the same body answers the same run")),
+    params(("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 255, pattern = "^[!-~]([\t -~]{0,253}[!-~])?$", description = "Repeat-safe submission: the same key with the same body answers the same run")),
     responses((status = 202, description = "The run, queued", body = view::Run),
               (status = 404, description = "`thread_id` names no thread of this tenant, or `agent.tools[i].server` no MCP server it registered", body = crate::routes::view::ErrorBody),
               (status = 409, description = "`thread_busy`: the thread has an active run; or `idempotency_key_reused`: the key names a run made from another body", body = crate::routes::view::ErrorBody),

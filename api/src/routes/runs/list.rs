@@ -30,8 +30,8 @@ pub struct ListQuery {
     params(("status" = Option<RunStatus>, Query, description = "Only runs in this status"),
            ("thread_id" = Option<uuid::Uuid>, Query, description = "Only runs of this thread"),
            ("batch_id" = Option<uuid::Uuid>, Query, description = "Only runs of this batch"),
-           ("limit" = Option<u32>, Query, description = "Page size (`api.default_page_size` when absent)"),
-           ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page")),
+           ("limit" = Option<u32>, Query, minimum = 1, description = "Page size (`api.default_page_size` when absent)"),
+           ("cursor" = Option<String>, Query, pattern = "^[0-9]{1,16}_[0-9a-f]{32}$", description = "`next_cursor` of the previous page")),
     responses((status = 200, description = "A page of runs, newest first", body = view::RunPage)))]
 pub async fn list_runs(
     State(state): State<AppState>,

@@ -25,19 +25,72 @@ use crate::validate;
 /// `decisions` (settles confirmations).
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(max_properties = 1)]
 pub struct ResumeBody {
+    /// Answers a question: not blank, no NUL, at most `api.max_input_bytes` bytes.
     #[serde(default)]
+    #[schema(schema_with = answer)]
     input: Option<String>,
+    /// Settles every pending confirmation.
     #[serde(default)]
+    #[schema(schema_with = decisions)]
     decisions: Option<Vec<DecisionBody>>,
+}
+
+/// The request body of a resume: a [`ResumeBody`] with one property, exactly (its two fields
+/// and no other). utoipa writes a struct's `min_properties` as `maxProperties`, hence the
+/// `allOf` here and `max_properties` on the struct.
+pub struct ResumeRequest;
+
+impl utoipa::PartialSchema for ResumeRequest {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Ref, SchemaType};
+        AllOfBuilder::new()
+            .item(Ref::from_schema_name("ResumeBody"))
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(SchemaType::AnyValue)
+                    .min_properties(Some(1)),
+            )
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for ResumeRequest {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use utoipa::PartialSchema;
+        schemas.push(("ResumeBody".into(), ResumeBody::schema()));
+        <ResumeBody as utoipa::ToSchema>::schemas(schemas);
+    }
+}
+
+fn decisions() -> utoipa::openapi::schema::ArrayBuilder {
+    crate::schema::non_empty_list(utoipa::openapi::schema::Ref::from_schema_name(
+        "DecisionBody",
+    ))
+    .description(Some("Settles every pending confirmation"))
+}
+
+fn answer() -> utoipa::openapi::schema::ObjectBuilder {
+    crate::schema::user_text().description(Some(
+        "Answers a question (or continues after a budget pause): not blank, no NUL, at most `api.max_input_bytes` bytes",
+    ))
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DecisionBody {
+    #[schema(pattern = "^[^\u{0}]*$")]
     tool_call_id: String,
     approve: bool,
+    /// Why; at most `api.max_input_bytes` bytes.
     #[serde(default)]
+    #[schema(pattern = "^[^\u{0}]*$")]
     reason: Option<String>,
 }
 
@@ -76,7 +129,7 @@ impl From<ResumeError> for ApiError {
     }
 }
 
-#[utoipa::path(post, path = "/v1/runs/{id}/resume", tag = "runs", operation_id = "resume_run", params(("id" = uuid::Uuid, Path, description = "The run")), request_body = ResumeBody,
+#[utoipa::path(post, path = "/v1/runs/{id}/resume", tag = "runs", operation_id = "resume_run", params(("id" = uuid::Uuid, Path, description = "The run")), request_body = ResumeRequest,
     responses((status = 202, description = "The run, queued again", body = view::Run),
               (status = 404, description = "No run of this tenant has that id", body = crate::routes::view::ErrorBody),
               (status = 409, description = "`run_not_waiting`: the run is not waiting", body = crate::routes::view::ErrorBody),

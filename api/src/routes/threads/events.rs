@@ -24,8 +24,8 @@ use crate::stream::follow::{FollowError, Follower, Mode};
 use crate::validate;
 
 #[utoipa::path(get, path = "/v1/threads/{id}/events", tag = "events", operation_id = "thread_events",
-    params(("id" = uuid::Uuid, Path, description = "The thread"), ("Last-Event-ID" = Option<String>, Header, description = "`<run_id>:<event id>`")),
-    responses((status = 200, description = "Server-Sent Events of the thread's runs, one after another", body = String, content_type = "text/event-stream"),
+    params(("id" = uuid::Uuid, Path, description = "The thread"), ("Last-Event-ID" = Option<String>, Header, nullable = false, pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}:[0-9]{1,18}$", description = "`<run_id>:<event id>`")),
+    responses((status = 200, description = "Server-Sent Events of the thread's runs, one after another", body = crate::routes::sse::ThreadEvent, content_type = "text/event-stream"),
               (status = 404, description = "No thread of this tenant has that id", body = crate::routes::view::ErrorBody)))]
 pub async fn thread_events(
     State(state): State<AppState>,

@@ -22,8 +22,8 @@ pub struct MessagesQuery {
 /// `GET /v1/threads/{id}/messages`: oldest first, `after` a message id for the next page.
 #[utoipa::path(get, path = "/v1/threads/{id}/messages", tag = "threads", operation_id = "list_messages",
     params(("id" = uuid::Uuid, Path, description = "The thread"),
-           ("after" = Option<u64>, Query, description = "`next_after` of the previous page"),
-           ("limit" = Option<u32>, Query, description = "Page size (`api.default_page_size` when absent)")),
+           ("after" = Option<u64>, Query, minimum = 0, maximum = 999_999_999_999_999_999_i64, description = "`next_after` of the previous page"),
+           ("limit" = Option<u32>, Query, minimum = 1, description = "Page size (`api.default_page_size` when absent)")),
     responses((status = 200, description = "A page of the thread's messages, oldest first", body = view::MessagePage),
               (status = 404, description = "No thread of this tenant has that id", body = crate::routes::view::ErrorBody)))]
 pub async fn list_messages(

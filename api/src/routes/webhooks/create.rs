@@ -31,17 +31,56 @@ pub const MAX_DESCRIPTION_CHARS: usize = 1000;
 pub struct CreateWebhook {
     /// Where deliveries are POSTed: `https://`, or `http://` to an address `egress.allow`
     /// lists; no credentials; at most `webhooks.max_url_bytes`.
+    #[schema(schema_with = webhook_url)]
     pub url: String,
     /// The events to deliver, each once: `run.waiting_for_input`,
     /// `run.waiting_for_confirmation`, `run.completed`, `run.failed`, `run.cancelled`,
     /// `batch.completed`.
+    #[schema(schema_with = events)]
     pub events: Vec<String>,
     /// `whsec_` and the base64 of 24 to 64 bytes; absent: one is generated.
     #[serde(default)]
+    #[schema(schema_with = secret)]
     pub secret: Option<String>,
     /// Free text, at most 1000 characters.
     #[serde(default)]
+    #[schema(max_length = 1000, pattern = "^[^\u{0}]*$")]
     pub description: Option<String>,
+}
+
+fn webhook_url() -> utoipa::openapi::schema::ObjectBuilder {
+    agentfleet_shared::domain::schema::tool_url(
+        agentfleet_shared::domain::MAX_TOOL_URL_BYTES,
+        "`https://`, or `http://` to an address `egress.allow` lists; no credentials; an address the egress policy refuses is refused",
+    )
+}
+
+fn events() -> utoipa::openapi::schema::ArrayBuilder {
+    utoipa::openapi::schema::ArrayBuilder::new()
+        .min_items(Some(1))
+        .unique_items(true)
+        .items(
+            utoipa::openapi::schema::ObjectBuilder::new()
+                .schema_type(utoipa::openapi::schema::Type::String)
+                .enum_values(Some(EVENTS)),
+        )
+        .description(Some("The events to deliver, each once"))
+}
+
+/// What `store::webhooks::secret_key` accepts: `whsec_` and the standard base64 (padded, its
+/// unused bits zero) of 24 to 64 bytes, that is 8 to 21 groups of four characters and the
+/// padded rest of one or two bytes (64 bytes: 21 groups and one byte).
+pub const SECRET_PATTERN: &str = "^whsec_(([A-Za-z0-9+/]{4}){8,20}([A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?|([A-Za-z0-9+/]{4}){21}([A-Za-z0-9+/][AQgw]==)?)$";
+
+/// A signing secret, or null for one generated (also `rotate-secret`'s).
+pub fn secret() -> utoipa::openapi::schema::ObjectBuilder {
+    use utoipa::openapi::schema::{SchemaType, Type};
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .pattern(Some(SECRET_PATTERN))
+        .description(Some(
+            "`whsec_` and the standard base64 of 24 to 64 bytes; generated when absent",
+        ))
 }
 
 /// A registered endpoint and its secret, shown this once.

@@ -52,8 +52,8 @@ impl From<ListDeliveriesError> for ApiError {
 
 #[utoipa::path(get, path = "/v1/webhooks/{id}/deliveries", tag = "webhooks", operation_id = "list_webhook_deliveries",
     params(("id" = uuid::Uuid, Path, description = "The endpoint"),
-           ("limit" = Option<u32>, Query, description = "Page size (`api.default_page_size` when absent)"),
-           ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page")),
+           ("limit" = Option<u32>, Query, minimum = 1, description = "Page size (`api.default_page_size` when absent)"),
+           ("cursor" = Option<String>, Query, pattern = "^[0-9]{1,16}_[0-9a-f]{32}$", description = "`next_cursor` of the previous page")),
     responses((status = 200, description = "A page of deliveries, newest first", body = DeliveryPage),
               (status = 404, description = "No endpoint of this tenant has that id", body = crate::routes::view::ErrorBody)))]
 pub async fn list_deliveries(

@@ -22,6 +22,7 @@ use crate::state::AppState;
 pub struct RotateSecret {
     /// `whsec_` and the base64 of 24 to 64 bytes; absent: one is generated.
     #[serde(default)]
+    #[schema(schema_with = crate::routes::webhooks::create::secret)]
     pub secret: Option<String>,
 }
 
