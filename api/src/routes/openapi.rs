@@ -158,80 +158,91 @@ pub fn document(settings: &Settings) -> Value {
     doc
 }
 
-/// What this deployment's configuration decides, which no type can say: which models exist
-/// (`models.<name>`), and the limits an operator sets (`api.max_input_bytes`, the page, batch
-/// and tool-list sizes, the MCP header limits, the webhook URL's length), and whether plain
-/// `http://` webhook URLs can be accepted at all (only to addresses `egress.allow` lists: none
-/// when it is empty). Every other rule is on the types (`#[schema(...)]`), static.
+/// What this deployment's configuration decides, which no type can say: the models
+/// (`models.<name>`), the limits an operator sets (the page, batch and tool-list sizes, the
+/// token budget, the MCP header limits, the webhook URL's length; the input's bytes, in words:
+/// a character is one byte or more), and what the egress policy leaves a URL's literal host and
+/// a webhook's scheme (`egress.allow`; plain `http://` only to what it lists). Every other
+/// rule is on the types (`#[schema(...)]`), the same for every deployment.
 fn this_deployment(doc: &mut Value, settings: &Settings) {
-    let (api, mcp) = (&settings.api, &settings.mcp);
-    let schemas = "/components/schemas";
+    let (api, mcp, webhooks) = (&settings.api, &settings.mcp, &settings.webhooks);
+    let mut field = |pointer: &str, key: &str, value: Value| {
+        set(doc, &format!("/components/schemas/{pointer}"), key, value);
+    };
     let models: Vec<&String> = settings.models.keys().collect();
-    set(
-        doc,
-        &format!("{schemas}/AgentSpec/properties/model"),
-        "enum",
-        json!(models),
+    field("AgentSpec/properties/model", "enum", json!(models));
+    field(
+        "AgentSpec/properties/tools",
+        "maxItems",
+        json!(api.max_tools_per_agent),
     );
-    for (pointer, key, n) in [
-        (
-            "AgentSpec/properties/tools",
-            "maxItems",
-            api.max_tools_per_agent,
-        ),
-        (
-            "AgentSpec/properties/max_tokens_total",
-            "maximum",
-            api.max_tokens_total as usize,
-        ),
-        (
-            "SubmitBatch/properties/runs",
-            "maxItems",
-            api.max_batch_items,
-        ),
-        (
-            "CreateBatch/properties/runs",
-            "maxItems",
-            api.max_batch_runs,
-        ),
-        // A character is one byte or more: more characters than the bytes allowed are too many.
+    field(
+        "AgentSpec/properties/max_tokens_total",
+        "maximum",
+        json!(api.max_tokens_total),
+    );
+    field(
+        "SubmitBatch/properties/runs",
+        "maxItems",
+        json!(api.max_batch_items),
+    );
+    field(
+        "CreateBatch/properties/runs",
+        "maxItems",
+        json!(api.max_batch_runs),
+    );
+    field(
+        "CreateMcpServer/properties/headers",
+        "maxItems",
+        json!(mcp.max_headers),
+    );
+    field(
+        "HeaderBody/properties/value",
+        "maxLength",
+        json!(mcp.max_header_value_bytes),
+    );
+    field(
+        "CreateWebhook/properties/url",
+        "maxLength",
+        json!(webhooks.max_url_bytes),
+    );
+    let bytes = format!(
+        "at most {} bytes of UTF-8 (`api.max_input_bytes`)",
+        api.max_input_bytes
+    );
+    for (pointer, what) in [
         (
             "CreateRun/properties/input",
-            "maxLength",
-            api.max_input_bytes,
+            "The user message: not blank, no NUL",
         ),
         (
             "BatchItem/properties/input",
-            "maxLength",
-            api.max_input_bytes,
+            "The user message: not blank, no NUL",
         ),
         (
             "ResumeBody/properties/input",
-            "maxLength",
-            api.max_input_bytes,
+            "Answers a question: not blank, no NUL",
         ),
-        (
-            "DecisionBody/properties/reason",
-            "maxLength",
-            api.max_input_bytes,
-        ),
-        (
-            "CreateMcpServer/properties/headers",
-            "maxItems",
-            mcp.max_headers,
-        ),
-        (
-            "HeaderBody/properties/value",
-            "maxLength",
-            mcp.max_header_value_bytes,
-        ),
-        (
-            "CreateWebhook/properties/url",
-            "maxLength",
-            settings.webhooks.max_url_bytes,
-        ),
+        ("DecisionBody/properties/reason", "Why: no NUL"),
     ] {
-        set(doc, &format!("{schemas}/{pointer}"), key, json!(n));
+        field(pointer, "description", json!(format!("{what}, {bytes}")));
+    }
+    // By default only public addresses: a literal IPv4 host is one of them (names are judged
+    // when they resolve, and what an allowlist opens depends on ports: left to the server).
+    let policy = settings.egress_policy();
+    if policy == EgressPolicy::default() {
+        let ipv4 = agentfleet_shared::egress::public_ipv4_pattern();
+        for (pointer, schemes) in [
+            ("ToolSpec/properties/url", schema::HTTP_OR_HTTPS),
+            ("CreateMcpServer/properties/url", schema::HTTP_OR_HTTPS),
+            ("CreateWebhook/properties/url", "[Hh][Tt][Tt][Pp][Ss]"),
+        ] {
+            field(
+                pointer,
+                "pattern",
+                json!(schema::tool_url_pattern(schemes, &ipv4)),
+            );
+        }
     }
     let page = |default: u32| {
         json!({"type": "integer", "minimum": 1, "maximum": api.max_page_size,
@@ -246,15 +257,6 @@ fn this_deployment(doc: &mut Value, settings: &Settings) {
         "/admin/v1/tenants",
     ] {
         parameter(doc, path, "get", "limit")["schema"] = page(api.default_page_size);
-    }
-    if settings.egress_policy() == EgressPolicy::default() {
-        let https = schema::tool_url_pattern("[Hh][Tt][Tt][Pp][Ss]", schema::ANY_IPV4);
-        set(
-            doc,
-            &format!("{schemas}/CreateWebhook/properties/url"),
-            "pattern",
-            json!(https),
-        );
     }
 }
 

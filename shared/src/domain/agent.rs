@@ -18,7 +18,7 @@ pub struct AgentSpec {
     pub model: String,
     /// At most 200000 bytes of UTF-8, no NUL.
     #[serde(default)]
-    #[schema(pattern = "^[^\u{0}]*$", max_length = 200000)]
+    #[schema(pattern = "^[^\u{0}]*$")]
     pub system_prompt: Option<String>,
     /// At most `api.max_tools_per_agent` tools, with distinct names.
     #[serde(default)]

@@ -241,7 +241,11 @@ fn this_deployments_limits_are_in_the_document() {
     ]);
     let doc = document(&settings);
     let s = |p: &str| at(&doc, &format!("/components/schemas/{p}")).clone();
-    assert_eq!(s("CreateRun/properties/input/maxLength"), json!(1000));
+    let input = s("CreateRun/properties/input/description");
+    assert!(
+        input.as_str().unwrap().contains("at most 1000 bytes"),
+        "{input}"
+    );
     assert_eq!(s("SubmitBatch/properties/runs/maxItems"), json!(7));
     assert_eq!(s("CreateMcpServer/properties/headers/maxItems"), json!(3));
     assert_eq!(
@@ -318,4 +322,45 @@ fn regex_lite(pattern: &str) -> impl Fn(&str) -> bool + use<> {
     let validator =
         jsonschema::validator_for(&json!({"type": "string", "pattern": pattern})).unwrap();
     move |s| validator.is_valid(&json!(s))
+}
+
+#[test]
+fn the_literal_ipv4_hosts_of_the_document_are_those_the_egress_policy_allows() {
+    use std::net::{IpAddr, Ipv4Addr};
+    let pattern = format!("^{}$", agentfleet_shared::egress::public_ipv4_pattern());
+    let public = regex_lite(&pattern);
+    let check = |a: u8, b: u8, c: u8, d: u8| {
+        let ip = Ipv4Addr::new(a, b, c, d);
+        let allowed = agentfleet_shared::egress::is_public(IpAddr::V4(ip));
+        assert_eq!(public(&ip.to_string()), allowed, "{ip}");
+    };
+    for a in 0..=255u8 {
+        for b in 0..=255u8 {
+            check(a, b, b.wrapping_mul(7), a.wrapping_mul(13));
+        }
+    }
+    // Every /24 of the ranges refused within a /16.
+    for (a, b) in [
+        (192, 0),
+        (192, 88),
+        (198, 51),
+        (203, 0),
+        (100, 64),
+        (172, 16),
+    ] {
+        for c in 0..=255u8 {
+            check(a, b, c, 1);
+        }
+    }
+    for bad in ["01.2.3.4", "1.2.3", "256.1.1.1", "1.2.3.4.5"] {
+        assert!(!public(bad), "{bad}");
+    }
+    let doc = document(&settings());
+    let url = regex_lite(
+        doc["components"]["schemas"]["ToolSpec"]["properties"]["url"]["pattern"]
+            .as_str()
+            .unwrap(),
+    );
+    assert!(url("http://8.8.8.8:80/t") && url("http://tools.example/t"));
+    assert!(!url("http://127.0.0.1/t") && !url("http://169.254.169.254/"));
 }
