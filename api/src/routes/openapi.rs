@@ -83,6 +83,7 @@ use crate::state::AppState;
         crate::routes::runs::batch::CreateBatch,
         crate::routes::batches::create::SubmitBatch,
         crate::routes::batches::create::BatchItem,
+        crate::routes::batches::results::ResultsFilter,
         ResumeBody,
         DecisionBody,
         AgentSpec,
@@ -191,10 +192,16 @@ fn this_deployment(doc: &mut Value, settings: &Settings) {
         "maxItems",
         json!(api.max_batch_runs),
     );
+    // Without `mcp.encryption_key` no header can be stored: none is accepted.
+    let headers = if mcp.encryption_key.is_empty() {
+        0
+    } else {
+        mcp.max_headers
+    };
     field(
         "CreateMcpServer/properties/headers",
         "maxItems",
-        json!(mcp.max_headers),
+        json!(headers),
     );
     field(
         "HeaderBody/properties/value",

@@ -24,7 +24,7 @@ use crate::state::AppState;
 
 #[utoipa::path(get, path = "/v1/batches/{id}/events", tag = "batches", operation_id = "batch_events",
     params(("id" = uuid::Uuid, Path, description = "The batch")),
-    responses((status = 200, description = "Server-Sent Events: `progress` (data: the batch) when its counts change, then `batch_completed` (data: the batch), after which the stream ends", body = crate::routes::sse::BatchEvent, content_type = "text/event-stream"),
+    responses((status = 200, description = "Server-Sent Events: `progress` (data: the batch) when its counts change, then `batch_completed` (data: the batch), after which the stream ends", body = inline(crate::routes::sse::BatchEvent), content_type = "text/event-stream"),
               (status = 404, description = "No batch of this tenant has that id", body = crate::routes::view::ErrorBody)))]
 pub async fn batch_events(
     State(state): State<AppState>,

@@ -238,6 +238,10 @@ fn this_deployments_limits_are_in_the_document() {
         ("api.max_page_size", "40"),
         ("api.default_page_size", "20"),
         ("mcp.max_headers", "3"),
+        (
+            "mcp.encryption_key",
+            "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+        ),
     ]);
     let doc = document(&settings);
     let s = |p: &str| at(&doc, &format!("/components/schemas/{p}")).clone();
@@ -248,6 +252,13 @@ fn this_deployments_limits_are_in_the_document() {
     );
     assert_eq!(s("SubmitBatch/properties/runs/maxItems"), json!(7));
     assert_eq!(s("CreateMcpServer/properties/headers/maxItems"), json!(3));
+    let no_key = document(&settings_with(&[]));
+    let headers = &no_key["components"]["schemas"]["CreateMcpServer"]["properties"]["headers"];
+    assert_eq!(
+        headers["maxItems"],
+        json!(0),
+        "no header is stored without a key"
+    );
     assert_eq!(
         param(&doc, "/v1/runs", "get", "limit")["maximum"],
         json!(40)

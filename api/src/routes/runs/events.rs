@@ -40,7 +40,7 @@ pub struct EventsQuery {
            ("after" = Option<u64>, Query, minimum = 0, maximum = 999_999_999_999_999_999_i64, description = "Replay events after this id (`Last-Event-ID` wins)"),
            ("token" = Option<String>, Query, description = "A stream token for this run, instead of the API key (browsers)"),
            ("Last-Event-ID" = Option<String>, Header, nullable = false, pattern = "^[0-9]{1,18}$", description = "The last event id the client has")),
-    responses((status = 200, description = "Server-Sent Events; see docs/events.md", body = crate::routes::sse::RunEvent, content_type = "text/event-stream"),
+    responses((status = 200, description = "Server-Sent Events; see docs/events.md", body = inline(crate::routes::sse::RunEvent), content_type = "text/event-stream"),
               (status = 404, description = "No run of this tenant has that id", body = crate::routes::view::ErrorBody)),
     security(("bearer" = []), ("stream_token" = [])))]
 pub async fn run_events(

@@ -25,7 +25,7 @@ use crate::validate;
 
 #[utoipa::path(get, path = "/v1/threads/{id}/events", tag = "events", operation_id = "thread_events",
     params(("id" = uuid::Uuid, Path, description = "The thread"), ("Last-Event-ID" = Option<String>, Header, nullable = false, pattern = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}:[0-9]{1,18}$", description = "`<run_id>:<event id>`")),
-    responses((status = 200, description = "Server-Sent Events of the thread's runs, one after another", body = crate::routes::sse::ThreadEvent, content_type = "text/event-stream"),
+    responses((status = 200, description = "Server-Sent Events of the thread's runs, one after another", body = inline(crate::routes::sse::ThreadEvent), content_type = "text/event-stream"),
               (status = 404, description = "No thread of this tenant has that id", body = crate::routes::view::ErrorBody)))]
 pub async fn thread_events(
     State(state): State<AppState>,
