@@ -3,8 +3,8 @@
 //! does not exist (every path answers 404, as an unknown path does). Tenant API keys never
 //! open it, and the operator token opens nothing under `/v1`.
 //!
-//! This module holds the admin router and its token check; `tenants.rs` and `keys.rs` the
-//! endpoints, `errors.rs` their store errors as answers.
+//! This module holds the admin router and its token check; `tenants/` and `keys/` the
+//! endpoints, one file each, and `errors.rs` their store errors as answers.
 
 pub mod errors;
 pub mod keys;
@@ -29,28 +29,28 @@ pub fn router(state: &AppState) -> Router<AppState> {
     Router::new()
         .route(
             "/admin/v1/tenants",
-            post(tenants::create_tenant).get(tenants::list_tenants),
+            post(tenants::create::create_tenant).get(tenants::list::list_tenants),
         )
-        .route("/admin/v1/tenants/{id}", get(tenants::get_tenant))
+        .route("/admin/v1/tenants/{id}", get(tenants::get::get_tenant))
         .route(
             "/admin/v1/tenants/{id}/suspend",
-            post(tenants::suspend_tenant),
+            post(tenants::suspend::suspend_tenant),
         )
         .route(
             "/admin/v1/tenants/{id}/resume",
-            post(tenants::resume_tenant),
+            post(tenants::resume::resume_tenant),
         )
         .route(
             "/admin/v1/tenants/{id}/limits",
-            axum::routing::patch(tenants::update_limits),
+            axum::routing::patch(tenants::limits::update_limits),
         )
         .route(
             "/admin/v1/tenants/{id}/keys",
-            post(keys::create_key).get(keys::list_keys),
+            post(keys::create::create_key).get(keys::list::list_keys),
         )
-        .route("/admin/v1/keys/{id}", get(keys::get_key))
-        .route("/admin/v1/keys/{id}/revoke", post(keys::revoke_key))
-        .route("/admin/v1/keys/{id}/rotate", post(keys::rotate_key))
+        .route("/admin/v1/keys/{id}", get(keys::get::get_key))
+        .route("/admin/v1/keys/{id}/revoke", post(keys::revoke::revoke_key))
+        .route("/admin/v1/keys/{id}/rotate", post(keys::rotate::rotate_key))
         .route_layer(from_fn_with_state(state.clone(), require_admin))
         .layer(DefaultBodyLimit::max(api.max_body_bytes))
         .layer(from_fn_with_state(
