@@ -31,7 +31,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
             post(runs::create::create_run).get(runs::list::list_runs),
         )
         .route("/v1/runs/batch", post(runs::batch::create_batch))
-        .route("/v1/runs/counts", get(runs::list::count_runs))
+        .route("/v1/runs/counts", get(runs::counts::count_runs))
         .route("/v1/runs/{id}", get(runs::get::get_run))
         .route("/v1/runs/{id}/cancel", post(runs::cancel::cancel_run))
         .route("/v1/runs/{id}/resume", post(runs::resume::resume_run))
@@ -55,7 +55,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
                 .layer(DefaultBodyLimit::max(
                     state.settings.api.max_batch_body_bytes,
                 ))
-                .get(batches::get::list_batches),
+                .get(batches::list::list_batches),
         )
         .route("/v1/batches/{id}", get(batches::get::get_batch))
         .route(

@@ -1,3 +1,6 @@
+//! `GET /v1/runs`: a page of the tenant's runs, newest first, and the keyset cursor its pages
+//! (and those of webhook deliveries and batches) are read with.
+
 use axum::Json;
 use axum::extract::State;
 use cursor::{decode, encode};
@@ -76,35 +79,8 @@ pub async fn list_runs(
     }))
 }
 
-fn optional_uuid(field: &str, raw: Option<&str>) -> Result<Option<uuid::Uuid>, ApiError> {
+pub fn optional_uuid(field: &str, raw: Option<&str>) -> Result<Option<uuid::Uuid>, ApiError> {
     raw.map(|r| validate::uuid(field, r)).transpose()
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CountQuery {
-    thread_id: Option<String>,
-    batch_id: Option<String>,
-}
-
-/// `GET /v1/runs/counts`: how many of the newest `api.count_window` runs matching the filters
-/// are in each status (what a dashboard polls; bounded whatever the tenant's history).
-#[utoipa::path(get, path = "/v1/runs/counts", tag = "runs", operation_id = "count_runs",
-    params(("thread_id" = Option<uuid::Uuid>, Query, description = "Only runs of this thread"),
-           ("batch_id" = Option<uuid::Uuid>, Query, description = "Only runs of this batch")),
-    responses((status = 200, description = "Runs per status among the newest `window` runs matching the filters", body = view::RunCounts)))]
-pub async fn count_runs(
-    State(state): State<AppState>,
-    Caller(caller): Caller,
-    QueryParams(q): QueryParams<CountQuery>,
-) -> Result<Json<view::RunCounts>, ApiError> {
-    let thread_id = optional_uuid("thread_id", q.thread_id.as_deref())?;
-    let batch_id = optional_uuid("batch_id", q.batch_id.as_deref())?;
-    let window = i64::from(state.settings.api.count_window);
-    let rows = runs::count_by_status(&state.pool, caller.tenant_id, thread_id, batch_id, window)
-        .await
-        .map_err(ApiError::unexpected)?;
-    Ok(Json(view::run_counts(&rows, window)))
 }
 
 /// Opaque keyset cursors: `<micros since epoch>_<uuid as 32 lowercase hex>`, read back only in
