@@ -1,3 +1,6 @@
+//! What every handler and middleware reaches: the database pool, the event bus and hub, the
+//! settings, and the per-process limiters and caches (`AppState`).
+
 use std::sync::Arc;
 
 use agentfleet_shared::config::Settings;

@@ -1,3 +1,5 @@
+//! `GET /v1/runs/{id}`: one run of the caller's tenant (another tenant's answers 404).
+
 use axum::Json;
 use axum::extract::State;
 

@@ -1,3 +1,5 @@
+//! `GET /v1/threads/{id}/messages`: a page of a thread's messages, oldest first.
+
 use axum::Json;
 use axum::extract::State;
 use serde::Deserialize;
