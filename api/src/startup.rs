@@ -22,9 +22,9 @@ use agentfleet_shared::store::transitions::NewRun;
 use agentfleet_shared::store::{create_many, fair_dispatch};
 use agentfleet_shared::{db, telemetry};
 
-use crate::hub::{Hub, HubSettings};
 use crate::routes;
 use crate::state::{AppState, AppStateInner};
+use crate::stream::hub::{Hub, HubSettings};
 
 pub struct Application {
     listener: TcpListener,
@@ -54,7 +54,7 @@ impl Application {
             &settings.redis.prefix,
             settings.rate_limit.clone(),
         ));
-        let announcer = crate::auth_invalidation::Announcer::new(
+        let announcer = crate::auth::invalidation::Announcer::new(
             redis.clone(),
             &settings.redis.prefix,
             settings.redis.timeout(),
@@ -93,8 +93,8 @@ impl Application {
             Keys::new(&settings.redis.prefix),
             shutdown.clone(),
         );
-        let tokens = crate::stream_token::TokenSigner::new(&settings.api.stream_token_secret);
-        let auth_cache = Arc::new(crate::auth_cache::AuthCache::new(
+        let tokens = crate::auth::stream_token::TokenSigner::new(&settings.api.stream_token_secret);
+        let auth_cache = Arc::new(crate::auth::cache::AuthCache::new(
             Duration::from_millis(settings.api.auth_cache_ttl_ms),
             settings.api.auth_cache_max_keys.get(),
         ));
@@ -112,7 +112,7 @@ impl Application {
             settings.limits.max_running_runs,
             settings.database.write_timeout(),
         );
-        let key_usage = Arc::new(crate::key_usage::KeyUsage::default());
+        let key_usage = Arc::new(crate::auth::key_usage::KeyUsage::default());
         let flusher = (key_usage.clone(), pool.clone());
         let listener_cache = auth_cache.clone();
         let state_pool = pool.clone();
@@ -160,13 +160,13 @@ impl Application {
             )
         };
         // Started once nothing can fail any more; they stop with the server.
-        crate::auth_invalidation::spawn_listener(
+        crate::auth::invalidation::spawn_listener(
             settings.redis.url.clone(),
             &settings.redis.prefix,
             listener_cache,
             shutdown.clone(),
         );
-        crate::webhook_deliverer::spawn(state_pool, &settings, shutdown.clone())
+        crate::webhooks::deliverer::spawn(state_pool, &settings, shutdown.clone())
             .context("starting the webhook deliverer")?;
         crate::batch_driver::spawn_sweeper(sweeper_state);
         flusher.0.spawn_flusher(

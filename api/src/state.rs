@@ -1,3 +1,6 @@
+//! What every handler and middleware reaches: the database pool, the event bus and hub, the
+//! settings, and the per-process limiters and caches (`AppState`).
+
 use std::sync::Arc;
 
 use agentfleet_shared::config::Settings;
@@ -8,7 +11,7 @@ use agentfleet_shared::store::runs::RunRow;
 use agentfleet_shared::store::transitions::NewRun;
 use sqlx::PgPool;
 
-use crate::hub::Hub;
+use crate::stream::hub::Hub;
 
 /// What every handler reaches, behind one `Arc`: axum clones the state for each handler and
 /// each middleware of every request, and a clone of the fields themselves (a dozen reference
@@ -41,21 +44,21 @@ pub struct AppStateInner {
     pub publisher: Publisher,
     pub hub: Hub,
     pub settings: Arc<Settings>,
-    pub tokens: crate::stream_token::TokenSigner,
-    pub auth_cache: Arc<crate::auth_cache::AuthCache>,
+    pub tokens: crate::auth::stream_token::TokenSigner,
+    pub auth_cache: Arc<crate::auth::cache::AuthCache>,
     /// Per-tenant request rate (`limits.requests_per_second`), shared across replicas.
     pub rate_limiter: Arc<crate::rate_limit::RateLimiter>,
-    /// Keys seen since the last `last_used_at` write (`crate::key_usage`).
-    pub key_usage: Arc<crate::key_usage::KeyUsage>,
+    /// Keys seen since the last `last_used_at` write (`crate::auth::key_usage`).
+    pub key_usage: Arc<crate::auth::key_usage::KeyUsage>,
     /// Tells every replica to drop cached keys an admin call changed.
-    pub announcer: crate::auth_invalidation::Announcer,
+    pub announcer: crate::auth::invalidation::Announcer,
     /// Cancelled when the server stops, so open event streams end and shutdown can finish.
     pub shutdown: tokio_util::sync::CancellationToken,
     /// Seals registered MCP servers' header values (`mcp.encryption_key`); none: headers are
     /// refused.
     pub mcp_key: Option<[u8; 32]>,
     /// Event streams open per tenant (`api.max_streams_per_tenant`).
-    pub streams: Arc<crate::stream_slots::StreamSlots>,
+    pub streams: Arc<crate::stream::slots::StreamSlots>,
     /// Requests whose tool schemas (with patterns) are being checked and compiled at once
     /// (`api.max_schema_compiles`): each may take ~0.1 s and ~15 MiB of a blocking thread.
     pub schema_compiles: Arc<tokio::sync::Semaphore>,

@@ -239,28 +239,125 @@ pub fn is_public(ip: IpAddr) -> bool {
     }
 }
 
+/// The IPv4 ranges that are not public (network, prefix length).
+const DENIED_V4: [(u32, u8); 15] = [
+    (0x0000_0000, 8),  // 0.0.0.0/8 "this network", unspecified
+    (0x0a00_0000, 8),  // 10/8 private
+    (0x6440_0000, 10), // 100.64/10 shared address space (CGNAT)
+    (0x7f00_0000, 8),  // 127/8 loopback
+    (0xa9fe_0000, 16), // 169.254/16 link-local, cloud metadata
+    (0xac10_0000, 12), // 172.16/12 private
+    (0xc000_0000, 24), // 192.0.0/24 IETF protocol assignments
+    (0xc000_0200, 24), // 192.0.2/24 documentation
+    (0xc058_6300, 24), // 192.88.99/24 6to4 relay anycast (deprecated)
+    (0xc0a8_0000, 16), // 192.168/16 private
+    (0xc612_0000, 15), // 198.18/15 benchmarking
+    (0xc633_6400, 24), // 198.51.100/24 documentation
+    (0xcb00_7100, 24), // 203.0.113/24 documentation
+    (0xe000_0000, 4),  // 224/4 multicast
+    (0xf000_0000, 4),  // 240/4 reserved, and 255.255.255.255 broadcast
+];
+
 fn is_public_v4(ip: Ipv4Addr) -> bool {
-    const DENIED: [(u32, u8); 15] = [
-        (0x0000_0000, 8),  // 0.0.0.0/8 "this network", unspecified
-        (0x0a00_0000, 8),  // 10/8 private
-        (0x6440_0000, 10), // 100.64/10 shared address space (CGNAT)
-        (0x7f00_0000, 8),  // 127/8 loopback
-        (0xa9fe_0000, 16), // 169.254/16 link-local, cloud metadata
-        (0xac10_0000, 12), // 172.16/12 private
-        (0xc000_0000, 24), // 192.0.0/24 IETF protocol assignments
-        (0xc000_0200, 24), // 192.0.2/24 documentation
-        (0xc058_6300, 24), // 192.88.99/24 6to4 relay anycast (deprecated)
-        (0xc0a8_0000, 16), // 192.168/16 private
-        (0xc612_0000, 15), // 198.18/15 benchmarking
-        (0xc633_6400, 24), // 198.51.100/24 documentation
-        (0xcb00_7100, 24), // 203.0.113/24 documentation
-        (0xe000_0000, 4),  // 224/4 multicast
-        (0xf000_0000, 4),  // 240/4 reserved, and 255.255.255.255 broadcast
-    ];
     let bits = u32::from(ip);
-    !DENIED
+    !DENIED_V4
         .iter()
         .any(|&(net, len)| bits >> (32 - len) == net >> (32 - len))
+}
+
+/// The dotted IPv4 addresses `is_public` accepts, as a regex (each octet in decimal without
+/// leading zeros, as URLs write them): what the OpenAPI document gives a URL's literal host
+/// when `egress.allow` is empty, derived from the same ranges.
+pub fn public_ipv4_pattern() -> String {
+    format!("({})", allowed_below(0, 0))
+}
+
+/// The addresses whose first `octets` octets are those of `base` (the rest zero) that no
+/// refused range covers, as the regex of their remaining octets.
+fn allowed_below(base: u32, octets: u32) -> String {
+    let shift = 24 - 8 * octets;
+    let rest = |n: u32| "(\\.(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9]))".repeat(n as usize);
+    let (mut parts, mut clean) = (Vec::new(), None::<(u32, u32)>);
+    let flush = |clean: &mut Option<(u32, u32)>, parts: &mut Vec<String>| {
+        if let Some((lo, hi)) = clean.take() {
+            parts.push(format!("({}){}", octet_range(lo, hi), rest(3 - octets)));
+        }
+    };
+    for v in 0..=255u32 {
+        let block = base | v << shift;
+        let bits = 8 * (octets + 1);
+        let covered = DENIED_V4
+            .iter()
+            .any(|&(net, len)| u32::from(len) <= bits && block >> (32 - len) == net >> (32 - len));
+        let inside = DENIED_V4
+            .iter()
+            .any(|&(net, len)| u32::from(len) > bits && net >> (32 - bits) == block >> (32 - bits));
+        if covered || inside {
+            flush(&mut clean, &mut parts);
+            if !covered {
+                parts.push(format!("{v}\\.({})", allowed_below(block, octets + 1)));
+            }
+        } else {
+            clean = Some((clean.map_or(v, |(lo, _)| lo), v));
+        }
+    }
+    flush(&mut clean, &mut parts);
+    parts.join("|")
+}
+
+/// The decimal numbers `lo..=hi` (within 0..=255), without leading zeros, as a regex.
+fn octet_range(lo: u32, hi: u32) -> String {
+    let mut alternatives = Vec::new();
+    for (from, to) in [(0, 9), (10, 99), (100, 255)] {
+        let (a, b) = (lo.max(from), hi.min(to));
+        if a <= b {
+            alternatives.extend(same_length(&a.to_string(), &b.to_string()));
+        }
+    }
+    alternatives.join("|")
+}
+
+/// The numbers from `lo` to `hi`, both of one length, digit by digit.
+fn same_length(lo: &str, hi: &str) -> Vec<String> {
+    let (l, h) = (lo.as_bytes()[0], hi.as_bytes()[0]);
+    let class = |a: u8, b: u8| match a == b {
+        true => (a as char).to_string(),
+        false => format!("[{}-{}]", a as char, b as char),
+    };
+    if lo.len() == 1 {
+        return vec![class(l, h)];
+    }
+    let (lo_rest, hi_rest) = (&lo[1..], &hi[1..]);
+    let zeros = "0".repeat(lo_rest.len());
+    let nines = "9".repeat(lo_rest.len());
+    if l == h {
+        return same_length(lo_rest, hi_rest)
+            .into_iter()
+            .map(|r| format!("{}{r}", l as char))
+            .collect();
+    }
+    let mut out = Vec::new();
+    let (mut first, mut last) = (l, h);
+    if lo_rest != zeros {
+        out.extend(
+            same_length(lo_rest, &nines)
+                .into_iter()
+                .map(|r| format!("{}{r}", l as char)),
+        );
+        first += 1;
+    }
+    let tail = (hi_rest != nines).then(|| {
+        last -= 1;
+        same_length(&zeros, hi_rest)
+            .into_iter()
+            .map(|r| format!("{}{r}", h as char))
+            .collect::<Vec<_>>()
+    });
+    if first <= last {
+        out.push(format!("{}[0-9]{{{}}}", class(first, last), lo_rest.len()));
+    }
+    out.extend(tail.into_iter().flatten());
+    out
 }
 
 fn is_public_v6(ip: Ipv6Addr) -> bool {

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use agentfleet_shared::store::keys::{self, KeyError, KeyInfo};
 
-use agentfleet_api::auth_invalidation::{Announcer, Invalidation};
+use agentfleet_api::auth::invalidation::{Announcer, Invalidation};
 
 use super::{announce, parse_duration, print, when};
 

@@ -9,13 +9,13 @@ pub mod tenants;
 use anyhow::Context;
 use serde::Serialize;
 
-/// Tells the API replicas about a change at once (`agentfleet_api::auth_invalidation`); the
+/// Tells the API replicas about a change at once (`agentfleet_api::auth::invalidation`); the
 /// connection is made on first use, so commands that change nothing never touch Redis.
 pub fn announcer(
     settings: &agentfleet_shared::config::Settings,
-) -> anyhow::Result<agentfleet_api::auth_invalidation::Announcer> {
+) -> anyhow::Result<agentfleet_api::auth::invalidation::Announcer> {
     let conn = agentfleet_shared::events::redis_connection(&settings.redis).context("redis.url")?;
-    Ok(agentfleet_api::auth_invalidation::Announcer::new(
+    Ok(agentfleet_api::auth::invalidation::Announcer::new(
         conn,
         &settings.redis.prefix,
         settings.redis.timeout(),
@@ -24,8 +24,8 @@ pub fn announcer(
 
 /// Announces `what`, or says on stderr how long the change may take without it.
 pub async fn announce(
-    announcer: &agentfleet_api::auth_invalidation::Announcer,
-    what: agentfleet_api::auth_invalidation::Invalidation,
+    announcer: &agentfleet_api::auth::invalidation::Announcer,
+    what: agentfleet_api::auth::invalidation::Invalidation,
 ) {
     if !announcer.announce(what).await {
         eprintln!(

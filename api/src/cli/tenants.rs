@@ -10,7 +10,7 @@ use agentfleet_shared::domain::LimitOverrides;
 use agentfleet_shared::store::keys;
 use agentfleet_shared::store::tenants::{self, TenantInfo};
 
-use agentfleet_api::auth_invalidation::{Announcer, Invalidation};
+use agentfleet_api::auth::invalidation::{Announcer, Invalidation};
 
 use super::{announce, print, when};
 

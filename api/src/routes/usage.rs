@@ -7,8 +7,9 @@ use serde::Deserialize;
 
 use agentfleet_shared::store::usage;
 
-use crate::auth::Caller;
-use crate::error::{ApiError, QueryParams};
+use crate::auth::caller::Caller;
+use crate::error::ApiError;
+use crate::extract::QueryParams;
 use crate::routes::view;
 use crate::state::AppState;
 
@@ -28,8 +29,8 @@ pub struct UsageQuery {
 /// `from` after `to` covers no day, and a range longer than `api.max_usage_days` is cut to
 /// its last days (the answer's `from` and `to` say what it covers).
 #[utoipa::path(get, path = "/v1/usage", tag = "usage", operation_id = "get_usage",
-    params(("from" = Option<String>, Query, description = "First UTC day (YYYY-MM-DD); 29 days before `to` when absent"),
-           ("to" = Option<String>, Query, description = "Last UTC day (YYYY-MM-DD), included; today when absent")),
+    params(("from" = Option<String>, Query, format = Date, pattern = "^[0-9]{4}-[0-9]{2}-[0-9]{2}$", description = "First UTC day (YYYY-MM-DD); 29 days before `to` when absent"),
+           ("to" = Option<String>, Query, format = Date, pattern = "^[0-9]{4}-[0-9]{2}-[0-9]{2}$", description = "Last UTC day (YYYY-MM-DD), included; today when absent")),
     responses((status = 200, description = "The tenant's usage per day and in total", body = view::UsageReport),
               (status = 422, description = "A malformed day (not `YYYY-MM-DD`) or an unknown parameter", body = view::ErrorBody)))]
 pub async fn get_usage(

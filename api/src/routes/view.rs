@@ -35,7 +35,7 @@ pub struct Run {
     pub pending: Option<Value>,
     pub usage: Usage,
     /// Why a failed run failed: `{"code", "message"}`; otherwise null.
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<ErrorDetail>)]
     pub error: Option<Value>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -166,12 +166,29 @@ pub struct BatchCreated {
     pub runs: Vec<Run>,
 }
 
+/// A batch's statuses (the `batches.status` check of the schema).
+fn batch_status() -> utoipa::openapi::schema::ObjectBuilder {
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .enum_values(Some([
+            "creating",
+            "in_progress",
+            "completed",
+            "cancelling",
+            "cancelled",
+        ]))
+        .description(Some(
+            "`creating` (runs still being created), `in_progress`, `completed` (every run ended), `cancelling`, `cancelled` (every run ended after a cancel)",
+        ))
+}
+
 /// A batch: what its items have come to.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct Batch {
     pub id: Uuid,
     /// `creating` (runs still being created), `in_progress`, `completed` (every run ended),
     /// `cancelling`, `cancelled` (every run ended after a cancel).
+    #[schema(schema_with = batch_status)]
     pub status: String,
     /// Items submitted.
     pub total: i64,

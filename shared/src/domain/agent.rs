@@ -4,6 +4,9 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+use utoipa::openapi::schema::{
+    AllOfBuilder, ArrayBuilder, ObjectBuilder, OneOfBuilder, Ref, Schema, SchemaType, Type,
+};
 
 /// Tools every agent has without declaring them.
 pub const BUILTIN_TOOLS: [&str; 3] = ["complete", "ask", "expand_message"];
@@ -13,32 +16,78 @@ pub const BUILTIN_TOOLS: [&str; 3] = ["complete", "ask", "expand_message"];
 pub struct AgentSpec {
     /// A model name configured under `models.<name>`.
     pub model: String,
+    /// At most 200000 bytes of UTF-8, no NUL.
     #[serde(default)]
+    #[schema(pattern = "^[^\u{0}]*$")]
     pub system_prompt: Option<String>,
+    /// At most `api.max_tools_per_agent` tools, with distinct names.
     #[serde(default)]
+    #[schema(schema_with = tools_schema)]
     pub tools: Vec<ToolSpec>,
+    /// Model calls at most; `worker.default_max_iterations` when null.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 10000)]
     pub max_iterations: Option<i32>,
     /// The run's token budget (prompt + completion over all its model calls): once reached,
     /// the run fails with `budget_exceeded` instead of calling the model again. At most
     /// `api.max_tokens_total`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
     pub max_tokens_total: Option<i64>,
     /// Tool calls of one response that run at once; `worker.max_parallel_tool_calls` when
     /// absent, and never more than it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1024)]
     pub max_parallel_tool_calls: Option<u32>,
+}
+
+/// An agent's tools, with what each `kind` implies (see `validate`): an `http` tool has a
+/// `url` and no `server` or `tools`; an `mcp` tool names its server once, registered
+/// (`server`) or inline (`url`), and its name is at most 32 characters (it prefixes its tools').
+fn tools_schema() -> ArrayBuilder {
+    // (`ObjectBuilder` starts as `type: object`: `AnyValue` leaves the type out.)
+    let any = || ObjectBuilder::new().schema_type(SchemaType::AnyValue);
+    let null = || ObjectBuilder::new().schema_type(Type::Null);
+    let kind = |k: &str| any().enum_values(Some([k]));
+    let http = ObjectBuilder::new()
+        .property("kind", kind("http"))
+        .property("server", null())
+        .property("tools", null())
+        .required("url");
+    let registered = ObjectBuilder::new()
+        .property("server", ObjectBuilder::new().schema_type(Type::String))
+        .required("server");
+    let inline = ObjectBuilder::new().required("url");
+    let mcp = AllOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .property("kind", kind("mcp"))
+                .property("name", any().max_length(Some(32))),
+        )
+        .item(OneOfBuilder::new().item(registered).item(inline));
+    ArrayBuilder::new()
+        .items(
+            AllOfBuilder::new()
+                .item(Ref::from_schema_name("ToolSpec"))
+                .item(OneOfBuilder::new().item(http).item(mcp)),
+        )
+        .description(Some(
+            "At most `api.max_tools_per_agent` tools, with distinct names",
+        ))
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ToolSpec {
+    /// Unique within the agent; not a built-in tool (`complete`, `ask`, `expand_message`).
+    #[schema(schema_with = tool_name_schema)]
     pub name: String,
     #[serde(default)]
+    #[schema(pattern = "^[^\u{0}]*$")]
     pub description: String,
-    /// JSON Schema of the arguments object.
+    /// The JSON Schema (draft 2020-12 unless `$schema` says otherwise) of the arguments object.
     #[serde(default = "empty_object_schema")]
-    #[schema(value_type = Object)]
+    #[schema(value_type = super::schema::JsonObject)]
     pub parameters: serde_json::Value,
     pub kind: ToolKind,
     /// Endpoint of an `http` tool; for an `mcp` tool, the server's streamable-HTTP endpoint
@@ -48,19 +97,54 @@ pub struct ToolSpec {
         deserialize_with = "non_empty",
         skip_serializing_if = "String::is_empty"
     )]
+    #[schema(schema_with = tool_url_schema)]
     pub url: String,
     /// `mcp`: a server registered under `/v1/mcp-servers`, by name (instead of `url`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub server: Option<String>,
     /// `mcp`: which of the server's tools to offer (all of them when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = tool_picks_schema)]
     pub tools: Option<Vec<String>>,
     /// `high` calls wait for a human decision before they run.
     #[serde(default)]
     pub risk: Risk,
     /// Deadline of one call; the worker's `tool_timeout_ms` when absent.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 3600000)]
     pub timeout_ms: Option<u64>,
+}
+
+fn tool_name_schema() -> Schema {
+    super::schema::name_but_not(
+        "^[A-Za-z0-9_-]{1,64}$",
+        &BUILTIN_TOOLS,
+        "Unique within the agent; not a built-in tool (`complete`, `ask`, `expand_message`)",
+    )
+}
+
+fn tool_url_schema() -> ObjectBuilder {
+    super::schema::tool_url(
+        MAX_TOOL_URL_BYTES,
+        "Absolute `http` or `https` URL with a host: no whitespace, control characters, backslashes or `user:password@`",
+    )
+}
+
+/// `check_mcp`'s rule of `tools`: 1 to `MAX_MCP_TOOL_PICKS` names of 1 to 128 characters.
+fn tool_picks_schema() -> ArrayBuilder {
+    ArrayBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
+        .min_items(Some(1))
+        .max_items(Some(MAX_MCP_TOOL_PICKS))
+        .items(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+                .max_length(Some(128))
+                .pattern(Some(super::schema::NO_NUL)),
+        )
+        .description(Some("`mcp`: the server's tools to offer (all when absent)"))
 }
 
 /// A string that, when given, is not empty (absent is the field's default).

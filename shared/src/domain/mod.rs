@@ -3,6 +3,7 @@
 mod agent;
 mod limits;
 mod run_status;
+pub mod schema;
 mod tool_call_status;
 
 pub use agent::{

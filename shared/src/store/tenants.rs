@@ -45,7 +45,7 @@ pub struct Principal {
     pub limits: LimitOverrides,
     /// A suspended tenant's keys still read and cancel; nothing new starts.
     pub suspended: bool,
-    /// When the key stops working. Checked on every request (`api/src/auth.rs`), cached or
+    /// When the key stops working. Checked on every request (`api/src/auth/caller.rs`), cached or
     /// not, so an expiry takes effect at once on every replica.
     pub expires_at: Option<DateTime<Utc>>,
 }

@@ -155,7 +155,7 @@ async fn a_revocation_by_the_cli_reaches_both_replicas_long_before_the_ttl() {
     let http = reqwest::Client::new();
     // Both replicas listen (a replica clears its cache when it subscribes, which would
     // otherwise race the "cached" check below).
-    let channel = agentfleet_api::auth_invalidation::channel(&env.prefix);
+    let channel = agentfleet_api::auth::invalidation::channel(&env.prefix);
     let redis = redis::Client::open(redis_url()).unwrap();
     wait_for("both replicas subscribed", Duration::from_secs(20), || {
         let (redis, channel) = (redis.clone(), channel.clone());

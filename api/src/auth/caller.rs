@@ -1,0 +1,140 @@
+//! Bearer-key authentication for everything under `/v1`.
+
+use axum::RequestExt;
+use axum::extract::{FromRequestParts, Query, RawPathParams, Request, State};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::middleware::Next;
+use axum::response::Response;
+
+use agentfleet_shared::store::tenants::{self, Principal};
+
+use crate::auth::stream_token::TokenError;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The authenticated caller. Every resource is looked up within its tenant, so another
+/// tenant's resources answer 404. The [`require_key`] layer has authenticated the request
+/// before any extractor ran; without that layer, the key is checked here.
+pub struct Caller(pub Principal);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        if let Some(p) = parts.extensions.get::<Principal>() {
+            return Ok(Caller(*p));
+        }
+        principal_from(&parts.headers, state).await.map(Caller)
+    }
+}
+
+/// Middleware of every `/v1` route: the API key is checked before anything else of the
+/// request (path, query, body) is looked at, so an unauthenticated request learns nothing but
+/// 401. The principal is left in the request's extensions for [`Caller`].
+pub async fn require_key(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let principal = principal_from(req.headers(), &state).await?;
+    req.extensions_mut().insert(principal);
+    Ok(next.run(req).await)
+}
+
+/// Middleware of a run's event stream: a stream token (`?token=`) for the run in the path, or
+/// else the API key, checked before the rest of the request. Leaves a [`StreamTenant`].
+pub async fn require_key_or_stream_token(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let token = Query::<TokenParam>::try_from_uri(req.uri())
+        .ok()
+        .and_then(|Query(q)| q.token);
+    let tenant = match token {
+        Some(token) => {
+            let run = req
+                .extract_parts::<RawPathParams>()
+                .await
+                .ok()
+                .and_then(|params| {
+                    params
+                        .iter()
+                        .find(|(k, _)| *k == "id")
+                        .and_then(|(_, v)| crate::validate::parse_uuid(v))
+                });
+            let Some(run) = run else {
+                return Err(unauthorized(&TokenError::WrongRun.to_string()));
+            };
+            state
+                .tokens
+                .verify(&token, run, chrono::Utc::now().timestamp())
+                .map_err(|e| unauthorized(&e.to_string()))?
+        }
+        None => {
+            let principal = principal_from(req.headers(), &state).await?;
+            // Left for the rate limit, which counts key-authenticated stream requests.
+            req.extensions_mut().insert(principal);
+            principal.tenant_id
+        }
+    };
+    req.extensions_mut().insert(StreamTenant(tenant));
+    Ok(next.run(req).await)
+}
+
+#[derive(serde::Deserialize)]
+struct TokenParam {
+    token: Option<String>,
+}
+
+/// The tenant an event stream is read for, as [`require_key_or_stream_token`] found it.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamTenant(pub uuid::Uuid);
+
+impl FromRequestParts<AppState> for StreamTenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &AppState) -> Result<Self, ApiError> {
+        parts
+            .extensions
+            .get::<StreamTenant>()
+            .copied()
+            .ok_or_else(|| unauthorized("missing Authorization: Bearer <api key>"))
+    }
+}
+
+fn unauthorized(message: &str) -> ApiError {
+    ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+}
+
+/// The principal behind the request's `Authorization: Bearer <api key>`.
+pub async fn principal_from(
+    headers: &axum::http::HeaderMap,
+    state: &AppState,
+) -> Result<Principal, ApiError> {
+    let header = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .ok_or_else(|| unauthorized("missing Authorization: Bearer <api key>"))?;
+    let key = header
+        .to_str()
+        .ok()
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|k| !k.is_empty() && k.len() <= 256)
+        .ok_or_else(|| unauthorized("Authorization must be `Bearer <api key>`"))?;
+    let hash = agentfleet_shared::store::keys::hash_key(key);
+    let principal = state
+        .auth_cache
+        .get_or_lookup(&hash, || tenants::authenticate_hash(&state.pool, &hash))
+        .await
+        .map_err(ApiError::unexpected)?
+        .ok_or_else(|| unauthorized("unknown, revoked or expired API key"))?;
+    // Postgres refuses expired keys, but a cached entry may outlive the expiry: checked here
+    // on every request, so an expiry is exact on every replica (a revocation takes the TTL).
+    if principal.expired_at(chrono::Utc::now()) {
+        return Err(unauthorized("unknown, revoked or expired API key"));
+    }
+    state.key_usage.mark(principal.key_id);
+    Ok(principal)
+}

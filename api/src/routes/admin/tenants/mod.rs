@@ -1,0 +1,9 @@
+//! Admin API, tenants: one file per endpoint; `view.rs` is the tenant as they answer it.
+
+pub mod create;
+pub mod get;
+pub mod limits;
+pub mod list;
+pub mod resume;
+pub mod suspend;
+pub mod view;
