@@ -122,7 +122,7 @@ def egress_denied() -> set[ipaddress._BaseNetwork]:
     src = (ROOT / "shared/src/egress.rs").read_text()
     nets = set()
     for body, bits, cls in (
-        (r"fn is_public_v4.*?DENIED: \[\(u32, u8\); \d+\] = \[(.*?)\];", 32, ipaddress.IPv4Network),
+        (r"const DENIED_V4: \[\(u32, u8\); \d+\] = \[(.*?)\];", 32, ipaddress.IPv4Network),
         (r"fn is_public_v6.*?DENIED: \[\(u128, u8\); \d+\] = \[(.*?)\];", 128, ipaddress.IPv6Network),
     ):
         m = re.search(body, src, re.S)
