@@ -723,6 +723,34 @@ async fn redis_used_memory(conn: &mut redis::aio::MultiplexedConnection) -> anyh
         .context("INFO memory has no used_memory")
 }
 
+/// A run's Redis keys (its event list, fence and id base): the bytes of the list's elements,
+/// and what `MEMORY USAGE` says all of them take.
+async fn run_keys(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    id: &str,
+) -> anyhow::Result<(usize, i64)> {
+    let key = |name: &str| format!("{prefix}:run:{id}:{name}");
+    let items: Vec<String> = redis::cmd("LRANGE")
+        .arg(key("events"))
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await?;
+    let mut usage = 0;
+    for name in ["events", "fence", "base"] {
+        let bytes: Option<i64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(key(name))
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(conn)
+            .await?;
+        usage += bytes.unwrap_or(0);
+    }
+    Ok((items.iter().map(String::len).sum(), usage))
+}
+
 /// The database's tables: heap (with free space and visibility maps), TOAST (with its
 /// indexes) and indexes, in bytes; and the server's WAL position.
 #[derive(Clone, Copy, Debug, Default)]
@@ -1008,6 +1036,19 @@ pub async fn load(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
     let end = Tally::now(&shared);
     let redis_at_end = redis_used_memory(&mut rconn).await.unwrap_or(0);
     let in_flight_at_end = shared.in_flight.load(Ordering::Relaxed);
+    // What the keys of runs in flight hold right now (a sample).
+    let active: Vec<(String,)> = sqlx::query_as(
+        "SELECT id::text FROM runs
+          WHERE status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation')
+          ORDER BY random() LIMIT 200",
+    )
+    .fetch_all(&ctx.env.pool)
+    .await?;
+    let mut active_usage = (0i64, 0usize);
+    for (id,) in &active {
+        let (_, usage) = run_keys(&mut rconn, &ctx.env.prefix, id).await?;
+        active_usage = (active_usage.0 + usage, active_usage.1 + 1);
+    }
     let (start_cpu, start, redis_at_start) = window.context("the sustained window never opened")?;
     let cpu = sampler.usage(&start_cpu, &end_cpu);
     println!(
@@ -1261,27 +1302,12 @@ pub async fn load(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
     let step = (finished.len() / 200).max(1);
     let (mut listed, mut usage, mut text, mut counted) = (0usize, 0i64, 0usize, 0usize);
     for (id, text_bytes, _) in finished.iter().step_by(step).take(200) {
-        let key = |name: &str| format!("{}:run:{id}:{name}", ctx.env.prefix);
-        let items: Vec<String> = redis::cmd("LRANGE")
-            .arg(key("events"))
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut rconn)
-            .await?;
-        if items.is_empty() {
+        let (items, bytes) = run_keys(&mut rconn, &ctx.env.prefix, id).await?;
+        if items == 0 {
             continue;
         }
-        listed += items.iter().map(String::len).sum::<usize>();
-        for name in ["events", "fence", "base"] {
-            let bytes: Option<i64> = redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(key(name))
-                .arg("SAMPLES")
-                .arg(0)
-                .query_async(&mut rconn)
-                .await?;
-            usage += bytes.unwrap_or(0);
-        }
+        listed += items;
+        usage += bytes;
         text += text_bytes;
         counted += 1;
     }
@@ -1331,16 +1357,29 @@ pub async fn load(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
         "h",
         None,
     );
-    let finished_in_window = end.finished as f64;
+    let active_per_run = active_usage.0 as f64 / active_usage.1.max(1) as f64;
+    report.add(
+        section,
+        "Redis MEMORY USAGE of an in-flight run's keys",
+        active_per_run,
+        &format!(
+            "B ({} runs in flight sampled at the window's end)",
+            active_usage.1
+        ),
+        None,
+    );
+    // The whole server's growth, less what the finished runs keep: the in-flight runs' keys
+    // and everything else they cost Redis (the API's subscription, its buffers), and whatever
+    // else uses the server meanwhile.
     let in_flight_redis =
-        (redis_at_end as f64 - redis_before as f64 - finished_in_window * info_per_finished)
+        (redis_at_end as f64 - redis_before as f64 - end.finished as f64 * info_per_finished)
             / in_flight_at_end.max(1) as f64;
     report.add(
         section,
-        "Redis memory per in-flight run",
+        "Redis used_memory per in-flight run",
         in_flight_redis,
         &format!(
-            "B (used_memory at the window's end less the finished runs'; {:.1} MiB grew in the window)",
+            "B (INFO memory at the window's end less the finished runs'; {:.1} MiB grew in the window)",
             (redis_at_end as f64 - redis_at_start as f64) / 1_048_576.0
         ),
         None,
