@@ -845,6 +845,15 @@ impl Tally {
     }
 }
 
+/// The CPU, the clients' counts, Redis's used_memory and command counts at the start of the
+/// sustained window.
+type WindowStart = (
+    crate::cpu::CpuSnapshot,
+    Tally,
+    u64,
+    Option<std::collections::HashMap<String, u64>>,
+);
+
 /// Runs offered at a steady rate, sized for `--in-flight`, each with its SSE client, and what
 /// the machine, the fleet and the servers spend on them.
 pub async fn load(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
@@ -980,7 +989,7 @@ pub async fn load(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
     };
     let sustain_to = sustain_from + plan.duration.as_secs_f64();
     let cap = plan.in_flight * 3 + 100;
-    let mut window: Option<(crate::cpu::CpuSnapshot, Tally, u64)> = None;
+    let mut window: Option<WindowStart> = None;
     let mut late = Duration::ZERO;
     let mut due = 0.0f64;
     let mut index = 0u64;
@@ -988,7 +997,8 @@ pub async fn load(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
         let now = t0.elapsed().as_secs_f64();
         if window.is_none() && now >= sustain_from {
             let used = redis_used_memory(&mut rconn).await.unwrap_or(0);
-            window = Some((sampler.snapshot()?, Tally::now(&shared), used));
+            let commands = crate::ops::redis_commandstats().await.ok();
+            window = Some((sampler.snapshot()?, Tally::now(&shared), used, commands));
         }
         if now >= sustain_to {
             break;
@@ -1035,6 +1045,7 @@ pub async fn load(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
     let end_cpu = sampler.snapshot()?;
     let end = Tally::now(&shared);
     let redis_at_end = redis_used_memory(&mut rconn).await.unwrap_or(0);
+    let commands_at_end = crate::ops::redis_commandstats().await.ok();
     let in_flight_at_end = shared.in_flight.load(Ordering::Relaxed);
     // What the keys of runs in flight hold right now (a sample).
     let active: Vec<(String,)> = sqlx::query_as(
@@ -1049,7 +1060,8 @@ pub async fn load(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
         let (_, usage) = run_keys(&mut rconn, &ctx.env.prefix, id).await?;
         active_usage = (active_usage.0 + usage, active_usage.1 + 1);
     }
-    let (start_cpu, start, redis_at_start) = window.context("the sustained window never opened")?;
+    let (start_cpu, start, redis_at_start, commands_at_start) =
+        window.context("the sustained window never opened")?;
     let cpu = sampler.usage(&start_cpu, &end_cpu);
     println!(
         "load: {:.1} runs/s offered ({first_rate:.1} at first), {} submitted, draining {in_flight_at_end} in flight",
@@ -1201,6 +1213,36 @@ pub async fn load(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
         parts.join(" · ")
     );
     report.json.insert("load.cpu".into(), Value::Object(split));
+    let harness: f64 = groups
+        .iter()
+        .filter(|(name, _)| ["model", "tools", "clients"].contains(name))
+        .map(|(_, ms)| ms)
+        .sum::<f64>()
+        / (secs * 1000.0);
+    report.add(
+        section,
+        "cores busy less the harness (model, tools, clients)",
+        busy - harness,
+        &format!("cores (the harness {harness:.2})"),
+        None,
+    );
+    if let (Some(before), Some(after)) = (&commands_at_start, &commands_at_end) {
+        let commands = crate::ops::commands_delta(before, after);
+        let total: u64 = commands.iter().map(|(_, n)| n).sum();
+        report.add(
+            section,
+            "Redis commands per run",
+            total as f64 / completed.max(1.0),
+            "(whole server)",
+            None,
+        );
+        let top: Vec<String> = commands
+            .iter()
+            .take(8)
+            .map(|(name, n)| format!("{name} {:.1}", *n as f64 / completed.max(1.0)))
+            .collect();
+        println!("load: redis commands per run: {}", top.join(" · "));
+    }
 
     // Token latency
     let p50 = histogram_percentile(&start.latency, &end.latency, 0.5);
