@@ -23,6 +23,8 @@
 //! | `content` | assistant text |
 //! | `tool_calls` | `[{"name", "arguments", "id"}]`; `arguments` is an object, or a string sent verbatim (to test malformed arguments); `id` is optional (fresh by default) |
 //! | `chunks` | pieces to split the content and each call's arguments into when streaming (default 3) |
+//! | `call_chunks` | pieces to split each call's arguments into, when they should differ from `chunks` |
+//! | `stamp` | `true`: each streamed content piece is replaced, as it is sent, by the time of sending ([`stamp_now`]: four characters), so a reader on the same host knows each token's delay ([`stamp_age_ms`]); give `content` 4 × `chunks` characters so lengths and the usage estimate match |
 //! | `delay_ms` | wait before the response headers (slow model) |
 //! | `chunk_delay_ms` | wait between stream events |
 //! | `status` / `error_message` | fail with that HTTP status and an OpenAI-style error body |
@@ -81,6 +83,50 @@ pub const SUMMARY_USAGE: (i64, i64) = (1234, 56);
 /// hand-write the envelope.
 pub fn script(turns: Value) -> String {
     json!({ "mock_script": turns }).to_string()
+}
+
+/// Characters of a send-time stamp (`stamp` turns).
+pub const STAMP_LEN: usize = 4;
+/// Stamps count milliseconds modulo this (36^4 ms, about 28 minutes): four base-36 digits.
+const STAMP_MODULUS: u64 = 36 * 36 * 36 * 36;
+const STAMP_DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+
+/// Milliseconds since the Unix epoch by the wall clock.
+pub fn epoch_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The stamp of `ms` (milliseconds since the epoch): modulo 36^4, four base-36 digits, so a
+/// stamped token is as long as an average English token.
+pub fn stamp_of(ms: u64) -> String {
+    let mut v = ms % STAMP_MODULUS;
+    let mut out = [b'0'; STAMP_LEN];
+    for slot in out.iter_mut().rev() {
+        *slot = STAMP_DIGITS[(v % 36) as usize];
+        v /= 36;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The stamp of now: what a `stamp` turn sends in place of each content piece.
+pub fn stamp_now() -> String {
+    stamp_of(epoch_ms())
+}
+
+/// How many milliseconds before `now_ms` the stamp `stamp` was made (exact to a millisecond,
+/// for ages under 36^4 ms); `None` if `stamp` is no stamp.
+pub fn stamp_age_ms(stamp: &str, now_ms: u64) -> Option<u64> {
+    if stamp.len() != STAMP_LEN {
+        return None;
+    }
+    let mut v = 0u64;
+    for b in stamp.bytes() {
+        let digit = STAMP_DIGITS.iter().position(|d| *d == b)? as u64;
+        v = v * 36 + digit;
+    }
+    Some((now_ms % STAMP_MODULUS + STAMP_MODULUS - v) % STAMP_MODULUS)
 }
 
 /// How to run a [`MockLlm`].
@@ -347,6 +393,10 @@ struct Turn {
     sse_prelude: Option<String>,
     /// The `usage` to report: an object verbatim, `false` for none, absent for the estimate.
     usage: Option<Value>,
+    /// Pieces per call's arguments (default: `chunks`).
+    call_chunks: Option<usize>,
+    /// Content pieces replaced by their send time as they go out ([`stamp_now`]).
+    stamp: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -736,8 +786,10 @@ fn stream_events(
     let pieces = turn.chunks.unwrap_or(DEFAULT_CHUNKS);
     let mut events = vec![chunk(json!({ "role": "assistant" }), None)];
     for piece in split_pieces(turn.content.as_deref().unwrap_or(""), pieces) {
+        let piece = if turn.stamp { STAMP_PLACEHOLDER } else { piece };
         events.push(chunk(json!({ "content": piece }), None));
     }
+    let pieces = turn.call_chunks.unwrap_or(pieces);
     for (index, call) in tool_calls.iter().enumerate() {
         events.push(chunk(
             json!({ "tool_calls": [{
@@ -769,6 +821,42 @@ fn stream_events(
         }));
     }
     events
+}
+
+/// What a `stamp` turn's content pieces hold until they are sent (control characters, which no
+/// script's text holds by accident).
+const STAMP_PLACEHOLDER: &str = "\u{1}s\u{1}";
+
+/// One SSE frame of a scripted stream: ready, or a content piece stamped as it goes out (the
+/// frame's text before and after the stamp).
+enum Frame {
+    Ready(Bytes),
+    Stamped(String, String),
+}
+
+impl Frame {
+    fn of(event: &Value, stamped: bool) -> Frame {
+        let text = format!("data: {event}\n\n");
+        if !stamped {
+            return Frame::Ready(Bytes::from(text));
+        }
+        let placeholder = Value::from(STAMP_PLACEHOLDER).to_string();
+        let placeholder = &placeholder[1..placeholder.len() - 1];
+        match text.find(placeholder) {
+            Some(at) => Frame::Stamped(
+                text[..at].to_owned(),
+                text[at + placeholder.len()..].to_owned(),
+            ),
+            None => Frame::Ready(Bytes::from(text)),
+        }
+    }
+
+    fn bytes(&self) -> Bytes {
+        match self {
+            Frame::Ready(bytes) => bytes.clone(),
+            Frame::Stamped(before, after) => Bytes::from(format!("{before}{}{after}", stamp_now())),
+        }
+    }
 }
 
 /// `total` bytes of `a`, 64 KiB at a time, produced as the reader takes them (nothing is
@@ -809,18 +897,18 @@ fn stream_response(
     } else {
         (events.len(), Ending::Done)
     };
-    let mut frames: Vec<Bytes> = events
+    let mut frames: Vec<Frame> = events
         .iter()
         .take(limit)
-        .map(|event| Bytes::from(format!("data: {event}\n\n")))
+        .map(|e| Frame::of(e, turn.stamp))
         .collect();
     if let Some(prelude) = &turn.sse_prelude {
-        frames.insert(0, Bytes::from(prelude.clone()));
+        frames.insert(0, Frame::Ready(Bytes::from(prelude.clone())));
     }
     let gap = Duration::from_millis(turn.chunk_delay_ms.unwrap_or(0));
     let stop = state.shutdown_requested();
     if let Some(total) = turn.flood_bytes {
-        let role = frames.first().cloned().unwrap_or_default();
+        let role = frames.first().map(Frame::bytes).unwrap_or_default();
         let head = futures_util::stream::iter([role, Bytes::from_static(b"data: ")]);
         let flood = futures_util::StreamExt::map(
             futures_util::StreamExt::chain(head, flood_stream(total)),
@@ -846,7 +934,7 @@ fn stream_response(
                     () = &mut stop => return,
                 }
             }
-            if tx.send(frame).await.is_err() {
+            if tx.send(frame.bytes()).await.is_err() {
                 return;
             }
         }
@@ -1306,6 +1394,55 @@ mod tests {
                 .unwrap()
                 .contains("turn 0")
         );
+        llm.shutdown().await;
+    }
+
+    #[test]
+    fn stamps_read_back_as_their_age() {
+        let now = epoch_ms();
+        assert_eq!(stamp_of(0), "0000");
+        assert_eq!(stamp_of(35), "000z");
+        assert_eq!(stamp_of(STAMP_MODULUS), "0000");
+        for age in [0, 1, 149, 60_000, STAMP_MODULUS - 1] {
+            let stamp = stamp_of(now - age);
+            assert_eq!(stamp.len(), STAMP_LEN);
+            assert_eq!(stamp_age_ms(&stamp, now), Some(age), "{stamp}");
+        }
+        assert_eq!(stamp_age_ms("ab", now), None);
+        assert_eq!(stamp_age_ms("ab-c", now), None);
+    }
+
+    #[tokio::test]
+    async fn stamped_pieces_carry_their_send_time_and_calls_their_own_pieces() {
+        let llm = MockLlm::start().await.unwrap();
+        let s = script(json!([{
+            "content": "xxxx".repeat(5), "chunks": 5, "stamp": true, "chunk_delay_ms": 20,
+            "call_chunks": 2, "tool_calls": [{ "name": "slow", "arguments": { "ms": 300 } }],
+        }]));
+        let body = json!({ "model": "m", "stream": true, "messages": [user(&s)] });
+        let mut events = post(&llm, &body).await.bytes_stream().eventsource();
+        let (mut stamps, mut arguments) = (Vec::new(), Vec::new());
+        while let Some(event) = events.next().await {
+            let data = event.unwrap().data;
+            let Ok(chunk) = serde_json::from_str::<Value>(&data) else {
+                continue;
+            };
+            let delta = &chunk["choices"][0]["delta"];
+            if let Some(piece) = delta["content"].as_str() {
+                let age = stamp_age_ms(piece, epoch_ms()).expect("a stamp");
+                assert!(age < 1000, "{piece} is {age} ms old");
+                stamps.push(piece.to_owned());
+            }
+            if let Some(piece) = delta["tool_calls"][0]["function"]["arguments"].as_str()
+                && !piece.is_empty()
+            {
+                arguments.push(piece.to_owned());
+            }
+        }
+        assert_eq!(stamps.len(), 5);
+        assert!(stamps.windows(2).all(|w| w[0] != w[1]), "{stamps:?}");
+        assert_eq!(arguments.concat(), r#"{"ms":300}"#);
+        assert_eq!(arguments.len(), 2);
         llm.shutdown().await;
     }
 

@@ -56,9 +56,9 @@ async fn round(ctx: &Ctx, report: &mut Report, limits: &HashMap<&str, f64>) -> a
         .args
         .runs
         .unwrap_or(if ctx.args.smoke { 20 } else { 3000 });
-    let slots = ctx.args.slots.to_string();
+    let slots = ctx.args.slots().to_string();
     let workers = ctx.workers(
-        ctx.args.workers,
+        ctx.args.workers(),
         &[
             ("worker.concurrency", slots.as_str()),
             ("database.max_connections", "20"),

@@ -27,7 +27,7 @@ pub async fn event_latency(
         (50, 20, 100)
     };
     let _workers = ctx.workers(
-        ctx.args.workers,
+        ctx.args.workers(),
         &[
             ("worker.concurrency", "64"),
             ("events.delta_flush_bytes", "1"),

@@ -129,7 +129,7 @@ pub async fn fairness(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
         (2000, 3000, 50)
     };
     let workers = ctx.workers(
-        ctx.args.workers,
+        ctx.args.workers(),
         &[
             ("worker.concurrency", &SLOTS_PER_WORKER.to_string()),
             ("database.max_connections", "20"),

@@ -18,6 +18,7 @@ mod fairness;
 mod faults;
 mod framework;
 mod limits;
+mod load;
 mod memory;
 mod ops;
 mod profile;
@@ -48,9 +49,10 @@ struct Args {
     /// Seconds-long run with tiny sizes, for CI.
     #[arg(long)]
     smoke: bool,
-    /// Worker processes for the end-to-end section.
-    #[arg(long, default_value_t = 2)]
-    workers: usize,
+    /// Worker processes for the end-to-end section (default 2) and the load section (default
+    /// 1).
+    #[arg(long)]
+    workers: Option<usize>,
     /// Runs in the end-to-end section.
     #[arg(long)]
     runs: Option<usize>,
@@ -58,9 +60,10 @@ struct Args {
     /// rounds, each round's headline figures are printed too.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
-    /// Slots per worker (`worker.concurrency`) in the end-to-end section.
-    #[arg(long, default_value_t = 64)]
-    slots: usize,
+    /// Slots per worker (`worker.concurrency`) in the end-to-end section (default 64) and the
+    /// load section (default: a quarter more than --in-flight, shared by the workers).
+    #[arg(long)]
+    slots: Option<usize>,
     /// Runs per submission in the end-to-end section: 1 (the default) posts each run to
     /// `POST /v1/runs`, 32 requests in flight; N > 1 posts them N at a time to
     /// `POST /v1/runs/batch` (at most `api.max_batch_runs`), 4 requests in flight.
@@ -96,9 +99,24 @@ struct Args {
     #[arg(long, default_value = "target/bench.json")]
     out: String,
     /// Run only these sections (limits, enqueue, batch, framework, e2e, fairness, faults,
-    /// events, resume, recovery, memory, redis).
+    /// events, resume, recovery, memory, redis, load).
     #[arg(long)]
     only: Vec<String>,
+    #[command(flatten)]
+    load: load::LoadArgs,
+}
+
+impl Args {
+    /// Worker processes of the sections that take `--workers` (the load section has its own
+    /// default).
+    fn workers(&self) -> usize {
+        self.workers.unwrap_or(2)
+    }
+
+    /// Slots per worker of the end-to-end section.
+    fn slots(&self) -> usize {
+        self.slots.unwrap_or(64)
+    }
 }
 
 /// The scripted runs must stay within the defaults the benchmark keeps, or they would fail, or
@@ -170,6 +188,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(
         (1..=200).contains(&args.tool_turns),
         "--tool-turns must be within 1..=200"
+    );
+    anyhow::ensure!(
+        args.workers.is_none_or(|w| (1..=64).contains(&w))
+            && args.slots.is_none_or(|s| (1..=100_000).contains(&s)),
+        "--workers must be within 1..=64 and --slots within 1..=100000"
     );
     if let Some(rate) = args.rate {
         anyhow::ensure!(
@@ -260,6 +283,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     if ctx.wants("redis") {
         redis::redis_bytes(&ctx, &mut report).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("load") {
+        load::load(&ctx, &mut report).await?;
         ctx.settle().await;
     }
     report.print();

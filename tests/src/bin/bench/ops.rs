@@ -217,7 +217,7 @@ fn one_line(text: &str, max: usize) -> String {
 
 // ---------------------------------------------------------------------------- Redis
 
-async fn redis_commandstats() -> anyhow::Result<HashMap<String, u64>> {
+pub async fn redis_commandstats() -> anyhow::Result<HashMap<String, u64>> {
     let client = redis::Client::open(redis_url())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let info: String = redis::cmd("INFO")
@@ -243,7 +243,7 @@ fn parse_commandstats(info: &str) -> HashMap<String, u64> {
 }
 
 /// Calls per command during the window, most first; commands not called are left out.
-fn commands_delta(
+pub fn commands_delta(
     before: &HashMap<String, u64>,
     after: &HashMap<String, u64>,
 ) -> Vec<(String, u64)> {

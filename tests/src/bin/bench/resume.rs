@@ -15,7 +15,7 @@ use crate::common::{Ctx, percentile, sorted};
 /// `POST /resume` to the `run_resumed` event on an open SSE stream.
 pub async fn resume_latency(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
     let n = if ctx.args.smoke { 5 } else { 300 };
-    let _workers = ctx.workers(ctx.args.workers, &[("worker.concurrency", "64")]);
+    let _workers = ctx.workers(ctx.args.workers(), &[("worker.concurrency", "64")]);
     let input = script(
         json!([{"tool_calls": [{"name": "ask", "arguments": {"text": "?"}}]}, {"content": "ok"}]),
     );
