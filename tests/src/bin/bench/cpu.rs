@@ -259,6 +259,16 @@ fn members_of(members: &Members, all: &HashMap<u32, ProcStat>, this: u32) -> Has
         .collect()
 }
 
+/// The postmaster of the server `pool` uses: the parent of one of its backends.
+pub async fn postmaster(pool: &sqlx::PgPool) -> Option<u32> {
+    let backend: Option<(i32,)> = sqlx::query_as("SELECT pg_backend_pid()")
+        .fetch_optional(pool)
+        .await
+        .ok()
+        .flatten();
+    backend.and_then(|(pid,)| parent_of(pid as u32))
+}
+
 /// The parent of process `pid` (a Postgres backend's parent is its postmaster).
 pub fn parent_of(pid: u32) -> Option<u32> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -75,13 +75,7 @@ async fn round(ctx: &Ctx, report: &mut Report, limits: &HashMap<&str, f64>) -> a
     .await;
     let limit = Duration::from_secs(if ctx.args.smoke { 60 } else { 600 });
     let done_before = ctx.count("completed").await;
-    // The postmaster of the server this benchmark uses: the parent of one of its backends.
-    let backend: Option<(i32,)> = sqlx::query_as("SELECT pg_backend_pid()")
-        .fetch_optional(&ctx.env.pool)
-        .await
-        .ok()
-        .flatten();
-    let postmaster = backend.and_then(|(pid,)| crate::cpu::parent_of(pid as u32));
+    let postmaster = crate::cpu::postmaster(&ctx.env.pool).await;
     let sampler = CpuSampler::new(groups(ctx, &workers, postmaster));
     let window = Window::open(ctx, sampler).await?;
     let batch = ctx

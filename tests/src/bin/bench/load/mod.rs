@@ -147,12 +147,7 @@ pub async fn load(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
         (Kind::Confirm, body(Kind::Confirm)?),
     ];
 
-    let backend: Option<(i32,)> = sqlx::query_as("SELECT pg_backend_pid()")
-        .fetch_optional(&ctx.env.pool)
-        .await
-        .ok()
-        .flatten();
-    let postmaster = backend.and_then(|(pid,)| crate::cpu::parent_of(pid as u32));
+    let postmaster = crate::cpu::postmaster(&ctx.env.pool).await;
     let sampler = CpuSampler::new(vec![
         Group::postgres(postmaster),
         Group::pids("api", vec![api.pid()]),
