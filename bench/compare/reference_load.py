@@ -31,9 +31,10 @@ import machine
 CALL_CHUNKS = 3
 QUESTION = "Which region do you mean?"
 ANSWER = "The northern one."
-# Worker RSS a thread-held run costs, measured on this stack (2 processes, 40 and 125 threads
-# each; README, "How many threads"): what the memory rule divides by.
-RSS_PER_THREAD_KIB = 600
+# Worker RSS a thread-held run costs on this stack: ~230 KiB more per held run between 48 and
+# 247 held (2 processes of 32 and of 125 threads), plus ~18 KiB an idle thread; rounded up.
+# What the memory rule divides by (README, "How many threads").
+RSS_PER_THREAD_KIB = 250
 # Postgres connections per worker process: agentfleet's load section gives each worker 20
 # (`database.max_connections`); a thread borrows one per transaction.
 POOL_PER_PROCESS = 20
