@@ -16,6 +16,10 @@ LLM_API_KEY = os.environ.get("COMPARE_LLM_API_KEY", "")
 # Connections per worker process (Postgres pool, Redis pool, HTTP pool): one per thread, so a
 # thread never waits for another's connection.
 POOL_SIZE = int(os.environ.get("COMPARE_POOL_SIZE", "16"))
+# HTTP connections per worker process (the model and the tools). A thread holds one for the
+# whole of a streamed model answer, so with more threads than POOL_SIZE (the load workload's
+# slow model) this must cover every thread.
+HTTP_CONNECTIONS = int(os.environ.get("COMPARE_HTTP_CONNECTIONS", str(2 * POOL_SIZE)))
 
 # A claim holds the run this long; every fenced write extends it. A run whose holder died is
 # claimed again once it lapses (on a Dramatiq redelivery or retry).
@@ -28,4 +32,6 @@ DELTA_FLUSH_BYTES = 512
 # A finished run's event list is kept this long for late readers.
 EVENT_RETENTION_SECS = 86400
 MODEL_TIMEOUT_SECS = 60
+# What a `tool` message of an answered `ask` says (the answer itself follows as a user message).
+ANSWERED = "The user answered; the answer is the next message."
 TOOL_TIMEOUT_SECS = 30

@@ -1,6 +1,8 @@
 """Creating runs: the thread, the run and the user message in one transaction per batch, then each
 run's `run_queued` event, then one confirmed Dramatiq message per run. Batches go out from a
-few threads at once (each has its own Postgres connection and RabbitMQ channel)."""
+few threads at once (each has its own Postgres connection and RabbitMQ channel).
+
+Answering a paused run (`resume`) is the other half of what an API would do for a user."""
 
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -10,12 +12,20 @@ from psycopg_pool import ConnectionPool
 import redis
 
 from . import config
-from .worker import event_json, events_key, live_channel, run_agent
+from .worker import append_event, event_json, events_key, live_channel, run_agent
 
 
 def agent_spec(tool_url: str) -> dict:
     return {"model": config.LLM_MODEL, "max_iterations": 10,
             "tools": [{"name": "echo", "url": tool_url, "description": "", "parameters": {"type": "object"}}]}
+
+
+def load_agent_spec(slow_url: str, max_iterations: int) -> dict:
+    """The load workload's agent: the `slow` tool, the same tool as `slow_confirmed` needing a
+    confirmation (`risk: high`), and the built-in `ask`."""
+    tool = {"url": slow_url, "description": "", "parameters": {"type": "object"}}
+    return {"model": config.LLM_MODEL, "max_iterations": max_iterations, "ask": True,
+            "tools": [{"name": "slow", **tool}, {"name": "slow_confirmed", "risk": "high", **tool}]}
 
 
 def create_batch(pool: ConnectionPool, r: redis.Redis, agent: dict, user_text: str, n: int) -> list:
@@ -55,3 +65,37 @@ def submit(n: int, tool_url: str, user_text: str, batch: int = 250, threads: int
         pool.close()
         r.close()
     return ids
+
+
+def resume(pool: ConnectionPool, r: redis.Redis, run_id: str, answer: str) -> bool:
+    """Answers a paused run as agentfleet's `POST /v1/runs/{id}/resume` does: a question's
+    answer becomes the `ask` call's result (its `tool` message) and the next user message; a
+    confirmation approves every call awaiting one. The run is `queued` again (one transaction
+    under its row lock), `run_resumed` is appended, and a new message queues it for any
+    worker. False if the run was not waiting."""
+    with pool.connection() as conn, conn.cursor() as cur:
+        row = cur.execute("SELECT thread_id, status, pending, last_event_id FROM runs WHERE id = %s FOR UPDATE",
+                          (run_id,)).fetchone()
+        if row is None or row[1] not in ("waiting_for_input", "waiting_for_confirmation"):
+            return False
+        thread_id, status, pending, last_event_id = row
+        if status == "waiting_for_input":
+            call_id = pending["tool_call_id"]
+            cur.execute("""UPDATE tool_calls SET status = 'succeeded', result = %s, finished_at = now()
+                            WHERE run_id = %s AND tool_call_id = %s""",
+                        (Jsonb({"answer": answer}), run_id, call_id))
+            cur.execute("""INSERT INTO messages (thread_id, run_id, role, body, iteration)
+                           SELECT %s, %s, 'tool', %s, iteration FROM runs WHERE id = %s""",
+                        (thread_id, run_id, Jsonb({"role": "tool", "tool_call_id": call_id, "content": config.ANSWERED}),
+                         run_id))
+            cur.execute("INSERT INTO messages (thread_id, run_id, role, body) VALUES (%s, %s, 'user', %s)",
+                        (thread_id, run_id, Jsonb({"role": "user", "content": answer})))
+        else:
+            cur.execute("""UPDATE tool_calls SET status = 'approved'
+                            WHERE run_id = %s AND status = 'awaiting_confirmation'""", (run_id,))
+        event_id = last_event_id + 1
+        cur.execute("""UPDATE runs SET status = 'queued', pending = NULL, resumed_attempt = attempt,
+                              last_event_id = %s, updated_at = now() WHERE id = %s""", (event_id, run_id))
+    append_event(r, event_id, run_id, str(thread_id), "run_resumed", {"kind": pending["kind"]}, persist=True)
+    run_agent.send(run_id)
+    return True

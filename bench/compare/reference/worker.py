@@ -1,6 +1,8 @@
 """The agent loop as a Dramatiq actor: claim the run, alternate streamed model turns and HTTP
 tool calls, record every step in Postgres (fenced by the claim's attempt number) and announce
-it on Redis.
+it on Redis. A run that asks the user (the built-in `ask`) or calls a `risk: high` tool pauses:
+its state is committed, the thread is released, and an answer (`producer.resume`) queues it
+again for any worker.
 
     dramatiq reference.worker --processes 2 --threads 16 --queues "$COMPARE_QUEUE"
 
@@ -70,8 +72,8 @@ class Resources:
         # Small streamed writes must not wait for delayed ACKs (Nagle), as on agentfleet's client.
         transport = httpx.HTTPTransport(
             socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
-            limits=httpx.Limits(max_connections=2 * config.POOL_SIZE,
-                                max_keepalive_connections=2 * config.POOL_SIZE),
+            limits=httpx.Limits(max_connections=config.HTTP_CONNECTIONS,
+                                max_keepalive_connections=config.HTTP_CONNECTIONS),
         )
         self.http = httpx.Client(transport=transport, timeout=httpx.Timeout(config.MODEL_TIMEOUT_SECS, connect=5))
         headers = {"Authorization": f"Bearer {config.LLM_API_KEY}"} if config.LLM_API_KEY else {}
@@ -112,13 +114,23 @@ class Emitter:
 
     def emit(self, kind: str, data: dict, final: bool = False) -> None:
         self.last_id += 1
-        body = event_json(self.last_id, self.run_id, self.thread_id, kind, data)
-        pipe = self.r.pipeline(transaction=True)
-        pipe.rpush(events_key(self.run_id), body)
-        pipe.publish(live_channel(self.run_id), body)
-        if final:
-            pipe.expire(events_key(self.run_id), config.EVENT_RETENTION_SECS)
-        pipe.execute()
+        append_event(self.r, self.last_id, self.run_id, self.thread_id, kind, data,
+                     expire=final)
+
+
+def append_event(r: redis.Redis, event_id: int, run_id: str, thread_id: str, kind: str, data: dict,
+                 expire: bool = False, persist: bool = False) -> None:
+    """One event: RPUSH + PUBLISH in one MULTI/EXEC; `expire` starts the list's retention (a
+    pause or an end), `persist` ends it (a resume)."""
+    body = event_json(event_id, run_id, thread_id, kind, data)
+    pipe = r.pipeline(transaction=True)
+    pipe.rpush(events_key(run_id), body)
+    pipe.publish(live_channel(run_id), body)
+    if expire:
+        pipe.expire(events_key(run_id), config.EVENT_RETENTION_SECS)
+    if persist:
+        pipe.persist(events_key(run_id))
+    pipe.execute()
 
 
 # --- Postgres --------------------------------------------------------------------------------
@@ -129,7 +141,7 @@ UPDATE runs SET status = 'running', attempt = attempt + 1, lease_owner = %(owner
        started_at = coalesce(started_at, now()), updated_at = now()
  WHERE id = %(id)s
    AND (status = 'queued' OR (status = 'running' AND lease_expires_at < now()))
-RETURNING thread_id, attempt, iteration, max_iterations, agent
+RETURNING thread_id, attempt, iteration, max_iterations, agent, resumed_attempt, last_event_id
 """
 
 # The first statement of every write transaction: proves this holder still owns the run (and
@@ -141,13 +153,19 @@ UPDATE runs SET lease_expires_at = now() + make_interval(secs => %(lease)s), upd
 
 
 class Run:
-    def __init__(self, run_id, thread_id, attempt, iteration, max_iterations, agent):
+    def __init__(self, run_id, thread_id, attempt, iteration, max_iterations, agent, resumed_attempt, last_event_id):
         self.id = run_id
         self.thread_id = str(thread_id)
         self.attempt = attempt
         self.iteration = iteration
         self.max_iterations = max_iterations
         self.agent = agent
+        self.resumed_attempt = resumed_attempt
+        self.last_event_id = last_event_id
+
+    def tries(self) -> int:
+        """Claims since the last resume: 1 for a first holding, more after recoveries."""
+        return self.attempt - self.resumed_attempt
 
     def params(self, **extra):
         return {"id": self.id, "attempt": self.attempt, "lease": config.LEASE_SECS, **extra}
@@ -166,9 +184,8 @@ def claim(res: Resources, run_id: str):
             status = conn.execute("SELECT status FROM runs WHERE id = %s", (run_id,)).fetchone()
             if status and status[0] == "running":
                 raise LeaseHeld(f"run {run_id} is held by a live lease")
-            return None  # finished already, or unknown: nothing to do
-    thread_id, attempt, iteration, max_iterations, agent = row
-    return Run(run_id, thread_id, attempt, iteration, max_iterations, agent)
+            return None  # finished, paused, or unknown: nothing to do
+    return Run(run_id, *row)
 
 
 def load_history(res: Resources, run: Run) -> list:
@@ -179,10 +196,21 @@ def load_history(res: Resources, run: Run) -> list:
 
 # --- the model -------------------------------------------------------------------------------
 
+# The built-in the model calls to ask the user (offered when the agent says `"ask": true`).
+ASK = {"name": "ask", "description": "Ask the user a question and wait for the answer.",
+       "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}
+
+
 def tool_definitions(agent: dict) -> list:
+    tools = agent.get("tools", []) + ([ASK] if agent.get("ask") else [])
     return [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
                                                "parameters": t.get("parameters", {"type": "object"})}}
-            for t in agent.get("tools", [])]
+            for t in tools]
+
+
+def risky(run: Run, name: str) -> bool:
+    spec = next((t for t in run.agent.get("tools", []) if t["name"] == name), None)
+    return bool(spec) and spec.get("risk") == "high"
 
 
 def call_model(res: Resources, run: Run, history: list, emitter: Emitter) -> dict:
@@ -319,12 +347,78 @@ def run_tool(res: Resources, run: Run, call: dict, emitter: Emitter) -> None:
 
 
 def unsettled_calls(res: Resources, run: Run) -> list:
-    """After a recovery: the calls of the last turn that never recorded a result."""
+    """After a recovery or a confirmation: the calls of the last turn that never recorded a
+    result (approved ones included)."""
     with res.pool.connection() as conn:
-        rows = conn.execute("""SELECT tool_call_id, name, raw_arguments FROM tool_calls
-                                WHERE run_id = %s AND iteration = %s AND status IN ('pending', 'running')
+        rows = conn.execute("""SELECT tool_call_id, name, raw_arguments, status FROM tool_calls
+                                WHERE run_id = %s AND iteration = %s
+                                  AND status IN ('pending', 'running', 'approved')
                                 ORDER BY position""", (run.id, run.iteration)).fetchall()
-    return [{"id": r[0], "name": r[1], "arguments": r[2]} for r in rows]
+    return [{"id": r[0], "name": r[1], "arguments": r[2], "status": r[3]} for r in rows]
+
+
+def skip(res: Resources, run: Run, call: dict) -> None:
+    """A call after `ask` in the same answer: not run; the model is told so."""
+    result = {"error": "skipped: the turn ended at an earlier call"}
+    with res.pool.connection() as conn, conn.cursor() as cur:
+        fence(cur, run)
+        cur.execute("""UPDATE tool_calls SET status = 'skipped', result = %s, finished_at = now()
+                        WHERE run_id = %s AND tool_call_id = %s""", (Jsonb(result), run.id, call["id"]))
+        cur.execute("INSERT INTO messages (thread_id, run_id, role, body, iteration) VALUES (%s, %s, 'tool', %s, %s)",
+                    (run.thread_id, run.id, Jsonb({"role": "tool", "tool_call_id": call["id"],
+                                                   "content": json.dumps(result)}), run.iteration))
+
+
+# --- pauses ----------------------------------------------------------------------------------
+
+def pause(res: Resources, run: Run, emitter: Emitter, status: str, call_status: str, call_ids: list,
+          pending: dict) -> None:
+    """Commits the pause (fenced: the run's status and what it waits for, its calls' status, the
+    lease released, the pausing event's id), then announces it. Nothing of the run stays in
+    this worker: the thread goes back to Dramatiq."""
+    event_id = emitter.last_id + 1
+    with res.pool.connection() as conn, conn.cursor() as cur:
+        fence(cur, run, """
+            UPDATE runs SET status = %(status)s, pending = %(pending)s, last_event_id = %(event_id)s,
+                   lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+             WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'""",
+              status=status, pending=Jsonb(pending), event_id=event_id)
+        cur.execute("UPDATE tool_calls SET status = %s WHERE run_id = %s AND tool_call_id = ANY(%s)",
+                    (call_status, run.id, call_ids))
+    data = {k: v for k, v in pending.items() if k != "kind"}
+    kind = "input_required" if status == "waiting_for_input" else "confirmation_required"
+    emitter.emit(kind, data, final=True)
+
+
+def run_calls(res: Resources, run: Run, calls: list, emitter: Emitter) -> bool:
+    """The calls of one model answer, in order; False if the run paused. Calls to `risk: high`
+    tools not yet approved pause the run before any call runs; `ask` pauses it after the calls
+    before it ran, and the calls after it are skipped."""
+    waiting = [c for c in calls if c.get("status") != "approved" and risky(run, c["name"])]
+    if waiting:
+        listed = []
+        for c in waiting:
+            try:
+                arguments = json.loads(c["arguments"] or "{}")
+            except ValueError:
+                arguments = c["arguments"]
+            listed.append({"tool_call_id": c["id"], "name": c["name"], "arguments": arguments, "risk": "high"})
+        pause(res, run, emitter, "waiting_for_confirmation", "awaiting_confirmation",
+              [c["id"] for c in waiting], {"kind": "confirmation", "tool_calls": listed})
+        return False
+    for i, call in enumerate(calls):
+        if call["name"] == "ask":
+            for later in calls[i + 1:]:
+                skip(res, run, later)
+            try:
+                question = json.loads(call["arguments"] or "{}").get("text")
+            except (ValueError, AttributeError):
+                question = None
+            pause(res, run, emitter, "waiting_for_input", "awaiting_input", [call["id"]],
+                  {"kind": "input", "tool_call_id": call["id"], "question": question, "attachments": []})
+            return False
+        run_tool(res, run, call, emitter)
+    return True
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -343,7 +437,7 @@ def finish(res: Resources, run: Run, emitter: Emitter, status: str, error: dict 
 
 
 def drive(res: Resources, run: Run, emitter: Emitter) -> None:
-    if run.attempt > 1:
+    if run.tries() > 1:
         emitter.emit("run_recovered", {"attempt": run.attempt, "worker": res.worker_id, "iteration": run.iteration})
     else:
         emitter.emit("run_started", {"attempt": run.attempt, "worker": res.worker_id})
@@ -353,8 +447,8 @@ def drive(res: Resources, run: Run, emitter: Emitter) -> None:
         if last.get("role") == "assistant" and not last.get("tool_calls"):
             return finish(res, run, emitter, "completed")
     while True:
-        for call in calls:
-            run_tool(res, run, call, emitter)
+        if calls and not run_calls(res, run, calls, emitter):
+            return  # paused
         if run.iteration >= run.max_iterations:
             return finish(res, run, emitter, "failed", {"code": "max_iterations_reached"})
         run.iteration += 1
@@ -373,8 +467,8 @@ def drive(res: Resources, run: Run, emitter: Emitter) -> None:
 
 def hand_back(res: Resources, run: Run, emitter: Emitter, error: Exception) -> bool:
     """After a failure: give the run back to the queue (True: Dramatiq should retry), or fail it
-    once it has been claimed MAX_ATTEMPTS times."""
-    if run.attempt >= config.MAX_ATTEMPTS:
+    once it has been claimed MAX_ATTEMPTS times since its last resume."""
+    if run.tries() >= config.MAX_ATTEMPTS:
         finish(res, run, emitter, "failed", {"code": "attempts_exhausted", "message": str(error)[:500]})
         return False
     with res.pool.connection() as conn, conn.cursor() as cur:
@@ -392,7 +486,9 @@ def run_agent(run_id: str) -> None:
     run = claim(res, run_id)
     if run is None:
         return
-    emitter = Emitter(res.redis, run.id, run.thread_id, res.redis.llen(events_key(run.id)))
+    # Ids continue the list, or after the newest event numbered outside a holding (a pause's,
+    # a resume's) should its append still be on the way.
+    emitter = Emitter(res.redis, run.id, run.thread_id, max(res.redis.llen(events_key(run.id)), run.last_event_id))
     try:
         drive(res, run, emitter)
     except Fenced as e:
