@@ -155,6 +155,8 @@ pub struct RecordedRequest {
     /// The parsed body; a body that is not JSON is kept as a JSON string.
     pub body: Value,
     pub received_at: Instant,
+    /// It came over HTTP/2 (else HTTP/1.1).
+    pub http2: bool,
 }
 
 /// Shared state of the mock server: the request log and the shutdown signal.
@@ -174,6 +176,8 @@ struct Inner {
     system_turns: Mutex<std::collections::HashMap<String, usize>>,
     /// Summarising calls served.
     summaries: AtomicUsize,
+    /// TCP connections accepted.
+    connections: AtomicUsize,
     /// Lets sleeping and hanging responses end when the server stops, so
     /// graceful shutdown never waits on a deliberately silent stream.
     shutdown: watch::Sender<bool>,
@@ -195,6 +199,7 @@ impl MockState {
                 failures: Mutex::new(std::collections::HashMap::new()),
                 system_turns: Mutex::new(std::collections::HashMap::new()),
                 summaries: AtomicUsize::new(0),
+                connections: AtomicUsize::new(0),
                 shutdown: watch::Sender::new(false),
             }),
         }
@@ -220,6 +225,11 @@ impl MockState {
         self.inner.summaries.load(Ordering::SeqCst)
     }
 
+    /// TCP connections the server accepted (HTTP/1.1 and HTTP/2 alike).
+    pub fn connections(&self) -> usize {
+        self.inner.connections.load(Ordering::SeqCst)
+    }
+
     /// Ends hanging and delayed responses; the embedding app calls this when
     /// it stops serving the router.
     pub fn trigger_shutdown(&self) {
@@ -231,12 +241,13 @@ impl MockState {
         self.inner.log.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn record(&self, body: Value) {
+    fn record(&self, body: Value, version: axum::http::Version) {
         self.inner.count.fetch_add(1, Ordering::SeqCst);
         if self.inner.log_requests {
             self.log().push(RecordedRequest {
                 body,
                 received_at: Instant::now(),
+                http2: version == axum::http::Version::HTTP_2,
             });
         }
     }
@@ -294,10 +305,13 @@ impl MockLlm {
         let state = MockState::new(options.log_requests);
         let stop = state.shutdown_requested();
         let app = router(state.clone());
+        let counted = state.clone();
         let task = tokio::spawn(async move {
             // Streamed chunks are small writes: without TCP_NODELAY each waits ~40 ms for the
-            // client's delayed ACK, and a "zero-delay" model takes 40 ms.
-            let listener = listener.tap_io(|tcp| {
+            // client's delayed ACK, and a "zero-delay" model takes 40 ms. It serves HTTP/1.1 and
+            // HTTP/2 (h2c with prior knowledge) alike.
+            let listener = listener.tap_io(move |tcp| {
+                counted.inner.connections.fetch_add(1, Ordering::SeqCst);
                 let _ = tcp.set_nodelay(true);
             });
             if let Err(error) = axum::serve(listener, app)
@@ -438,11 +452,18 @@ struct Meta {
     model: String,
 }
 
-async fn chat_completions(State(state): State<MockState>, body: Bytes) -> Response {
+async fn chat_completions(
+    State(state): State<MockState>,
+    version: axum::http::Version,
+    body: Bytes,
+) -> Response {
     let request: Value = match serde_json::from_slice(&body) {
         Ok(value) => value,
         Err(e) => {
-            state.record(Value::String(String::from_utf8_lossy(&body).into_owned()));
+            state.record(
+                Value::String(String::from_utf8_lossy(&body).into_owned()),
+                version,
+            );
             return error_response(
                 StatusCode::BAD_REQUEST,
                 format!("request body is not JSON: {e}"),
@@ -450,7 +471,7 @@ async fn chat_completions(State(state): State<MockState>, body: Bytes) -> Respon
             );
         }
     };
-    state.record(request.clone());
+    state.record(request.clone(), version);
 
     let Some(messages) = request.get("messages").and_then(Value::as_array) else {
         return error_response(

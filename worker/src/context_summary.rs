@@ -238,7 +238,8 @@ async fn summarise(
         ],
     });
     let url = model.chat_completions_text();
-    let mut request = ctx.deps.http.post(url).json(&body);
+    let lease = ctx.deps.model_http.lease(model);
+    let mut request = lease.client().post(url).json(&body);
     if !model.api_key.is_empty() {
         request = request.bearer_auth(&model.api_key);
     }

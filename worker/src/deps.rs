@@ -22,8 +22,8 @@ pub struct Deps {
     pub bus: EventBus,
     pub publisher: Publisher,
     pub settings: Arc<Settings>,
-    /// For model calls (the operator's gateway).
-    pub http: reqwest::Client,
+    /// For model calls (the operator's gateway), spread over connections (`model_http`).
+    pub model_http: crate::model_http::ModelClients,
     /// For tool calls: held to the egress policy.
     pub tools_http: reqwest::Client,
     pub egress: Arc<EgressPolicy>,
@@ -40,6 +40,8 @@ pub struct Deps {
     pub worker_id: String,
     /// Runs executing here, by id: where cancel hints and the drain deadline are delivered.
     pub active: Registry,
+    /// The leases this worker renews (`crate::lease`).
+    pub leases: crate::lease::Leases,
     pub writes: Writes,
     /// Final iterations' timings, closed once their turn's commit answered: the next turn
     /// this worker writes carries them (statistics; the sweeper's tick writes what no turn

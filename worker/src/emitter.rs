@@ -66,6 +66,8 @@ pub struct Emitter {
     compact: bool,
     /// The current message's deltas, compacted once its `message_completed` is appended.
     deltas: Arc<Mutex<Vec<DeltaRecord>>>,
+    /// The last compaction started: a finished list is packed after it.
+    compacting: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
     /// Deferred events, appended before the next one.
     pending: Arc<Mutex<Vec<Deferred>>>,
     /// Numbers the deferred events: an emission takes those deferred before it (a number up
@@ -128,6 +130,7 @@ impl Emitter {
             exact: Arc::new(AtomicBool::new(false)),
             compact,
             deltas: Default::default(),
+            compacting: Default::default(),
             pending: Default::default(),
             deferred_seq: Default::default(),
             order: Default::default(),
@@ -427,6 +430,28 @@ impl Emitter {
         if self.compact {
             self.track(kind, data, appended);
         }
+        if kind.is_terminal() {
+            self.pack();
+        }
+    }
+
+    /// Packs the finished list in the background, once the last compaction is done (an
+    /// optimisation of Redis memory, as compaction: a failure only costs bytes).
+    fn pack(&self) {
+        let compacting = self.compacting.lock().expect("compacting lock").take();
+        let (bus, run_id, fence) = (self.bus.clone(), self.run_id, self.fence);
+        tokio::spawn(async move {
+            if let Some(compacting) = compacting {
+                let _ = compacting.await;
+            }
+            match bus.pack_finished(run_id, fence).await {
+                Ok(agentfleet_shared::events::Packed::Packed { from, into }) => {
+                    tracing::trace!(%run_id, from, into, "finished event list packed");
+                }
+                Ok(agentfleet_shared::events::Packed::Left) => {}
+                Err(e) => tracing::debug!(%run_id, error = %e, "finished event list not packed"),
+            }
+        });
     }
 
     /// Follows the deltas of the message being streamed; once it is complete, compacts them
@@ -448,11 +473,12 @@ impl Emitter {
                 };
                 deltas.clear();
                 let (bus, run_id, fence) = (self.bus.clone(), self.run_id, self.fence);
-                tokio::spawn(async move {
+                let task = tokio::spawn(async move {
                     if let Err(e) = bus.compact_deltas(run_id, fence, &header).await {
                         tracing::debug!(%run_id, error = %e, "deltas not compacted");
                     }
                 });
+                *self.compacting.lock().expect("compacting lock") = Some(task);
             }
             _ => deltas.clear(),
         }

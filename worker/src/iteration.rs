@@ -165,7 +165,7 @@ async fn call_model(
     let model_started = Instant::now();
     let span = model_span(&model.model, request.messages.len());
     let response = model_call::call(
-        &ctx.deps.http,
+        &ctx.deps.model_http,
         &ctx.deps.settings.worker,
         &request,
         &ctx.emitter,

@@ -22,6 +22,7 @@ pub mod intake;
 pub mod iteration;
 pub mod lease;
 pub mod model_call;
+pub mod model_http;
 pub mod model_stream;
 pub mod pause;
 pub mod run;
@@ -75,6 +76,7 @@ impl Worker {
         )
         .with_lost_id_margin(settings.events.lost_id_margin)
         .with_compact_header(settings.events.compact_header)
+        .with_pack_max_events(settings.events.pack_max_events)
         .with_timeout(settings.redis.timeout());
         let worker_id = format!(
             "{}-{}-{}",
@@ -90,15 +92,8 @@ impl Worker {
         )
         .await?
         .with_timeout(settings.amqp.timeout());
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(
-                settings.worker.model_connect_timeout_ms,
-            ))
-            // One idle connection per slot: a slot's next model call reuses one.
-            .pool_max_idle_per_host(usize::from(settings.worker.concurrency.get()))
-            .tcp_nodelay(true)
-            .build()
-            .context("http client")?;
+        let model_http =
+            model_http::ModelClients::new(&settings.worker).context("model http clients")?;
         let egress = Arc::new(settings.egress_policy());
         let tools_http = tools::egress::client(
             egress.clone(),
@@ -156,11 +151,12 @@ impl Worker {
             bus,
             publisher,
             settings,
-            http,
+            model_http,
             tools_http,
             egress,
             worker_id,
             active: Default::default(),
+            leases: Default::default(),
         });
         Ok(Worker { deps, health })
     }
@@ -187,6 +183,7 @@ impl Worker {
         let draining = CancellationToken::new();
         let tracker = TaskTracker::new();
         crate::sweeper::spawn(deps.clone(), background.clone());
+        crate::lease::spawn(deps.clone(), background.clone());
         crate::control::spawn_listener(
             deps.settings.redis.url.clone(),
             Keys::new(&deps.settings.redis.prefix),

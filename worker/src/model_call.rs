@@ -226,7 +226,7 @@ pub struct DeltaPolicy {
 /// Calls the model with retries; the whole thing is bounded by the total deadline. The
 /// caller's span (`model.call`) is current throughout.
 pub async fn call(
-    http: &reqwest::Client,
+    http: &crate::model_http::ModelClients,
     settings: &WorkerSettings,
     req: &ModelRequest<'_>,
     emitter: &Emitter,
@@ -241,7 +241,11 @@ pub async fn call(
         .with_jitter();
     let retry_after_max = Duration::from_millis(settings.model_retry_after_max_ms);
     let body = bytes::Bytes::from(body(req));
-    let attempt = || async { call_once(http, settings, req, body.clone(), emitter, policy).await };
+    // Each attempt takes the least busy connection of its own: a retry may go elsewhere.
+    let attempt = || async {
+        let lease = http.lease(req.model);
+        call_once(lease.client(), settings, req, body.clone(), emitter, policy).await
+    };
     let result = tokio::time::timeout(
         total,
         attempt

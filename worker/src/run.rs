@@ -101,19 +101,15 @@ pub async fn execute(
         compaction: Default::default(),
         outcomes: Default::default(),
     };
-    // Aborted when dropped too: if the run's task panics, its lease must lapse for the sweeper
-    // to hand the run to another attempt (a heartbeat left behind renewed it for ever).
-    let lease = tokio_util::task::AbortOnDropHandle::new(crate::lease::spawn(
-        ctx.deps.clone(),
-        fence,
-        ctx.stop.clone(),
-    ));
+    // Dropped with this future, also when the run's task panics: its lease must then lapse
+    // for the sweeper to hand the run to another attempt.
+    let holding = ctx.deps.leases.hold(fence, ctx.stop.clone());
     let result = tokio::select! {
         r = drive(&ctx, claimed.recovered, &draining) => r,
         // Every await point of `drive` is abandoned at once when the run must stop.
         _ = ctx.stop.stopped() => Err(RunError::Stopped),
     };
-    lease.abort();
+    drop(holding);
     finish(&ctx, result).await;
     if ctx.run.fair {
         // Its slot of the tenant's running limit may be free now (ended, paused, cancelled).

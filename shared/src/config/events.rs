@@ -24,6 +24,12 @@ pub struct EventSettings {
     /// still serves streams (a rolling upgrade from it, until every API pod is new); every API
     /// since reads both.
     pub compact_header: CompactHeader,
+    /// A worker packs the list of a run it ended, if it holds at most this many events: the
+    /// events but the last are deflated into its first element (`events::pack`), about a quarter
+    /// of their bytes for the retention period; replays are served unchanged. 0 never packs; set
+    /// 0 while an API from before 2026-11-29 still serves streams (a rolling upgrade from it),
+    /// which would not unpack them. At most 1000000.
+    pub pack_max_events: u64,
     /// How often an event stream with nothing to send writes a keep-alive comment (proxies close
     /// idle connections); 0 counts as 1.
     pub keepalive_secs: u64,
@@ -72,6 +78,12 @@ pub enum CompactHeader {
 
 impl EventSettings {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.pack_max_events > 1_000_000 {
+            return Err(invalid(
+                "events.pack_max_events",
+                "must be at most 1000000 (a worker reads the whole list to pack it)",
+            ));
+        }
         if self.lost_id_margin < 1000 {
             return Err(invalid(
                 "events.lost_id_margin",

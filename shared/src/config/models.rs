@@ -32,6 +32,12 @@ pub struct ModelSettings {
     /// How the model calls tools (docs/tools.md, "Models without native tool calls").
     #[serde(default)]
     pub tool_calling: ToolCalling,
+    /// Speak HTTP/2 only: on an `http://` URL without negotiating it (h2c with prior knowledge),
+    /// on `https://` as the only protocol offered. For a gateway that supports it, many model
+    /// streams share one connection (`worker.model_streams_per_connection`) instead of one
+    /// connection each. When false, `http://` speaks HTTP/1.1 and `https://` negotiates.
+    #[serde(default)]
+    pub http2: bool,
     /// `chat_completions_url`'s answer, parsed at its first call.
     #[serde(skip)]
     chat_url: std::sync::OnceLock<Option<url::Url>>,

@@ -226,6 +226,7 @@ fn model_default(model: &ModelSettings, field: &Field) -> String {
         "context_tokens" => format!("`{}`", model.context_tokens),
         "tokenizer" => variant(format!("{:?}", model.tokenizer)),
         "tool_calling" => variant(format!("{:?}", model.tool_calling)),
+        "http2" => format!("`{}`", model.http2),
         other => panic!("models.<name>.{other}: say here how the reference shows its default"),
     }
 }

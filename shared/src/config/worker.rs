@@ -83,6 +83,13 @@ pub struct WorkerSettings {
     pub metrics_listen: String,
     /// Deadline of connecting to a model's server (and of a tool call's connect).
     pub model_connect_timeout_ms: u64,
+    /// HTTP/2 streams (model calls in flight) a worker puts on one connection to a model server
+    /// at most: it keeps `ceil(worker.concurrency / this)` clients and gives each call the one
+    /// with the fewest calls in flight. Keep it at or below what the model's gateway allows on a
+    /// connection (its `SETTINGS_MAX_CONCURRENT_STREAMS`, commonly 100–256): calls beyond that
+    /// would wait for a stream to end. Over HTTP/1.1 each call holds a connection of its own
+    /// anyway.
+    pub model_streams_per_connection: NonZeroUsize,
     /// Deadline of the first byte of a model's answer (its status and headers) once the request is
     /// sent.
     pub model_first_byte_timeout_ms: u64,

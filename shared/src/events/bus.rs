@@ -136,8 +136,9 @@ end
 return {n, fence}
 "#;
 
-/// KEYS: list, base. ARGV: first id, last id (`-1`: to the end). Returns the base and the
-/// elements, read in one atomic step (an append that re-creates the list cannot interleave).
+/// KEYS: list, base. ARGV: first id, last id (`-1`: to the end). Returns the base, the
+/// elements, and the list's first element if it is a pack (`events::pack`; else nil), read in
+/// one atomic step (an append that re-creates the list cannot interleave).
 const READ_LUA: &str = r#"
 local base = tonumber(redis.call('GET', KEYS[2]) or '0')
 local first = tonumber(ARGV[1]) - base - 1
@@ -145,9 +146,15 @@ if first < 0 then first = 0 end
 local last = -1
 if ARGV[2] ~= '-1' then
   last = tonumber(ARGV[2]) - base - 1
-  if last < 0 then return {base, {}} end
+  if last < 0 then return {base, {}, false} end
 end
-return {base, redis.call('LRANGE', KEYS[1], first, last)}
+local items = redis.call('LRANGE', KEYS[1], first, last)
+local head = false
+if #items > 0 then
+  head = redis.call('LINDEX', KEYS[1], 0)
+  if string.sub(head, 1, 3) ~= '~z:' then head = false end
+end
+return {base, items, head}
 "#;
 
 /// The placeholder a reader gets for ids a lost list had handed out (`id` is the last of them).
@@ -169,6 +176,9 @@ pub struct EventBus {
     compact_header: crate::config::CompactHeader,
     script: std::sync::Arc<redis::Script>,
     read_script: std::sync::Arc<redis::Script>,
+    /// Finished lists of at most this many events are packed (`events.pack_max_events`; 0:
+    /// never).
+    pack_max_events: u64,
 }
 
 /// Default of `events.lost_id_margin`.
@@ -196,7 +206,18 @@ impl EventBus {
             compact_header: crate::config::CompactHeader::default(),
             script: std::sync::Arc::new(redis::Script::new(APPEND_LUA)),
             read_script: std::sync::Arc::new(redis::Script::new(READ_LUA)),
+            pack_max_events: 0,
         }
+    }
+
+    /// Sets `events.pack_max_events` (for the holders that end runs).
+    pub fn with_pack_max_events(mut self, max: u64) -> EventBus {
+        self.pack_max_events = max;
+        self
+    }
+
+    pub(super) fn pack_max_events(&self) -> u64 {
+        self.pack_max_events
     }
 
     /// Sets `events.compact_header`.
@@ -493,7 +514,7 @@ impl EventBus {
             clamp(to_id).to_string()
         };
         let (events, base) = (self.keys.events(run), self.keys.base(run));
-        let (base, mut items): (u64, Vec<String>) = self
+        let (base, raw, pack): (u64, Vec<Vec<u8>>, Option<Vec<u8>>) = self
             .call(|mut conn, _| {
                 let mut invocation = self.read_script.prepare_invoke();
                 invocation
@@ -504,6 +525,25 @@ impl EventBus {
                 async move { invocation.invoke_async(&mut conn).await }
             })
             .await?;
+        // The position of the first element read, as the script computed it.
+        let first = clamp(from_id).saturating_sub(base + 1) as usize;
+        let packed = pack.as_deref().and_then(super::pack::unpack);
+        if pack.is_some() && packed.is_none() {
+            tracing::warn!(run_id = %run, "a packed event list does not unpack; served as lost");
+        }
+        let mut items: Vec<String> = raw
+            .into_iter()
+            .enumerate()
+            .map(|(i, element)| match &packed {
+                Some(events) if first + i < events.len() => events[first + i].clone(),
+                // A pack that does not unpack: its events are lost, as a list lost whole.
+                _ if pack.is_some() && (element.is_empty() || super::pack::is_pack(&element)) => {
+                    lost_placeholder(base + (first + i) as u64 + 1)
+                }
+                _ => String::from_utf8(element)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+            })
+            .collect();
         if base > 0 && from_id <= base && base <= to_id {
             items.insert(0, lost_placeholder(base));
         }

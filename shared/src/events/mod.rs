@@ -13,11 +13,13 @@ mod bus;
 mod connection;
 mod envelope;
 mod keys;
+mod pack;
 
 pub use bus::*;
 pub use connection::*;
 pub use envelope::*;
 pub use keys::*;
+pub use pack::{Packed, pack, unpack};
 
 #[cfg(test)]
 mod tests;

@@ -226,3 +226,121 @@ fn peek_reads_id_and_type() {
         Some((3, "run_started".into()))
     );
 }
+
+/// A finished list packs in place: same length and expiry, read back (whole, in ranges, inside
+/// the pack and past it) exactly as appended; a stale holder cannot pack, a list that does not
+/// end with a terminal event or is past the bound is left alone, and what comes after the pack
+/// (a declined repeat of the end, a late writer's append) behaves as on an unpacked list.
+#[tokio::test]
+async fn a_finished_list_packs_in_place_and_reads_back_as_appended() {
+    let bus = bus_at("redis://127.0.0.1:6379".to_owned(), 2_000).with_pack_max_events(100);
+    let mut conn = bus.conn.clone();
+    let (run_id, thread_id) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut data: Vec<(EventType, Value)> = vec![
+        (EventType::RunStarted, json!({"worker": "w"})),
+        (EventType::IterationStarted, json!({"iteration": 1})),
+    ];
+    for n in 0..25 {
+        data.push((EventType::MessageDelta, json!({"text": format!("tok{n} ")})));
+    }
+    data.push((EventType::MessageCompleted, json!({"content": "…"})));
+    let events: Vec<(NewEvent<'_>, Expiry)> = data
+        .iter()
+        .map(|(kind, data)| {
+            let event = NewEvent {
+                run_id,
+                thread_id,
+                kind: *kind,
+                data,
+            };
+            (event, Expiry::Keep)
+        })
+        .collect();
+    bus.append_run(&events, 2, Floor::Exact(0)).await.unwrap();
+    assert_eq!(
+        bus.pack_finished(run_id, 2).await.unwrap(),
+        Packed::Left,
+        "not ended: left alone"
+    );
+    let end = json!({"iteration": 1});
+    let completed = NewEvent {
+        run_id,
+        thread_id,
+        kind: EventType::RunCompleted,
+        data: &end,
+    };
+    bus.append(completed, 2, Floor::Exact(28), Expiry::Expire)
+        .await
+        .unwrap();
+    let before = bus.read_after(run_id, 0).await.unwrap();
+    assert_eq!(before.len(), 29);
+
+    assert!(
+        matches!(
+            bus.pack_finished(run_id, 0).await,
+            Err(AppendError::Fenced { .. })
+        ),
+        "a stale holder does not pack"
+    );
+    let small = bus.clone().with_pack_max_events(28);
+    assert_eq!(
+        small.pack_finished(run_id, 2).await.unwrap(),
+        Packed::Left,
+        "longer than the bound"
+    );
+    let Packed::Packed { from, into } = bus.pack_finished(run_id, 2).await.unwrap() else {
+        panic!("packed")
+    };
+    assert!(into * 2 < from, "{from} bytes packed into {into}");
+    let list = bus.keys().events(run_id);
+    let len: usize = conn.llen(&list).await.unwrap();
+    assert_eq!(len, 29, "every position kept");
+    let ttl: i64 = conn.ttl(&list).await.unwrap();
+    assert!(ttl > 0 && ttl <= 60, "the expiry kept: {ttl}");
+    let raw: Vec<Vec<u8>> = conn.lrange(&list, 0, -1).await.unwrap();
+    assert!(raw[0].starts_with(b"~z:"));
+    assert!(raw[1..28].iter().all(Vec::is_empty));
+    assert_eq!(bus.pack_finished(run_id, 2).await.unwrap(), Packed::Left);
+
+    assert_eq!(bus.read_after(run_id, 0).await.unwrap(), before);
+    for (from, to) in [(1, 1), (5, 9), (27, 29), (29, 29)] {
+        assert_eq!(
+            bus.read_range(run_id, from, to).await.unwrap(),
+            before[from as usize - 1..to as usize],
+            "{from}..={to}"
+        );
+    }
+    assert_eq!(bus.read_after(run_id, 28).await.unwrap(), before[28..]);
+    assert_eq!(bus.len(run_id).await.unwrap(), 29);
+
+    let again = bus
+        .append_terminal_once(completed, crate::events::FINAL_FENCE, Floor::Recorded(29))
+        .await
+        .unwrap();
+    assert!(again.is_none(), "the end is not repeated");
+    let late = json!({});
+    let late = NewEvent {
+        run_id,
+        thread_id,
+        kind: EventType::RunCancelled,
+        data: &late,
+    };
+    let appended = bus
+        .append(
+            late,
+            crate::events::FINAL_FENCE,
+            Floor::Exact(29),
+            Expiry::Expire,
+        )
+        .await
+        .unwrap();
+    assert_eq!(appended.id, 30, "a late append lands after the pack");
+    let after = bus.read_after(run_id, 0).await.unwrap();
+    assert_eq!(after[..29], before[..]);
+    assert_eq!(peek(&after[29]), Some((30, "run_cancelled".to_owned())));
+
+    let _: () = conn
+        .del(&[list, bus.keys().fence(run_id), bus.keys().base(run_id)])
+        .await
+        .unwrap();
+}

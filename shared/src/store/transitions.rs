@@ -296,30 +296,81 @@ pub enum Lease {
     InterruptRequested,
 }
 
-/// Extends the lease while `fence` holds the run.
-pub async fn renew_lease(
+/// Extends the leases of many held runs in one statement (a worker renews all its runs each
+/// `worker.lease_renew_ms`: one statement a tick instead of one a run). A row another statement
+/// has locked right now (a grouped commit of the same run) is skipped rather than waited for:
+/// waiting could deadlock with a group that locks the same rows in another order, and the
+/// next tick renews it. Per fence, in order: its renewal, `None` if skipped while still held,
+/// or `LeaseLost` if the fence no longer holds.
+pub async fn renew_leases(
     pool: &PgPool,
-    fence: Fence,
+    fences: &[Fence],
     lease: Duration,
-) -> Result<Lease, StoreError> {
-    let row: Option<(bool, bool)> = sqlx::query_as(concat!(
-        "UPDATE runs SET lease_expires_at = now() + make_interval(secs => $3)
-         WHERE ",
-        held!(),
-        "
-         RETURNING cancel_requested_at IS NOT NULL, interrupt_requested_at IS NOT NULL",
-    ))
-    .bind(fence.run_id)
-    .bind(fence.attempt)
-    .bind(lease.as_secs_f64())
-    .fetch_optional(pool)
-    .await?;
-    match row {
-        Some((true, _)) => Ok(Lease::CancelRequested),
-        Some((false, true)) => Ok(Lease::InterruptRequested),
-        Some((false, false)) => Ok(Lease::Held),
-        None => Err(fence.lost()),
+) -> Result<Vec<Result<Option<Lease>, StoreError>>, StoreError> {
+    if fences.is_empty() {
+        return Ok(Vec::new());
     }
+    let ids: Vec<Uuid> = fences.iter().map(|f| f.run_id).collect();
+    let attempts: Vec<i32> = fences.iter().map(|f| f.attempt).collect();
+    let renewed: Vec<(Uuid, i32, bool, bool)> = sqlx::query_as(
+        "WITH held AS (
+            SELECT r.id FROM runs r
+              JOIN UNNEST($1::uuid[], $2::int[]) AS h(id, attempt)
+                ON r.id = h.id AND r.attempt = h.attempt
+             WHERE r.id = ANY($1) AND r.status = 'running'
+               FOR UPDATE OF r SKIP LOCKED)
+         UPDATE runs r SET lease_expires_at = now() + make_interval(secs => $3)
+           FROM held WHERE r.id = held.id
+         RETURNING r.id, r.attempt, r.cancel_requested_at IS NOT NULL,
+                   r.interrupt_requested_at IS NOT NULL",
+    )
+    .bind(&ids)
+    .bind(&attempts)
+    .bind(lease.as_secs_f64())
+    .fetch_all(pool)
+    .await?;
+    let renewed: std::collections::HashMap<(Uuid, i32), Lease> = renewed
+        .into_iter()
+        .map(|(id, attempt, cancel, interrupt)| {
+            let lease = match (cancel, interrupt) {
+                (true, _) => Lease::CancelRequested,
+                (false, true) => Lease::InterruptRequested,
+                (false, false) => Lease::Held,
+            };
+            ((id, attempt), lease)
+        })
+        .collect();
+    let unrenewed: Vec<Fence> = fences
+        .iter()
+        .filter(|f| !renewed.contains_key(&(f.run_id, f.attempt)))
+        .copied()
+        .collect();
+    // Skipped (locked) or lost: the fences that still hold, read without a lock.
+    let still_held: std::collections::HashSet<(Uuid, i32)> = if unrenewed.is_empty() {
+        Default::default()
+    } else {
+        let ids: Vec<Uuid> = unrenewed.iter().map(|f| f.run_id).collect();
+        let attempts: Vec<i32> = unrenewed.iter().map(|f| f.attempt).collect();
+        let rows: Vec<(Uuid, i32)> = sqlx::query_as(
+            "SELECT r.id, r.attempt FROM runs r
+               JOIN UNNEST($1::uuid[], $2::int[]) AS h(id, attempt)
+                 ON r.id = h.id AND r.attempt = h.attempt
+              WHERE r.id = ANY($1) AND r.status = 'running'",
+        )
+        .bind(&ids)
+        .bind(&attempts)
+        .fetch_all(pool)
+        .await?;
+        rows.into_iter().collect()
+    };
+    Ok(fences
+        .iter()
+        .map(|f| match renewed.get(&(f.run_id, f.attempt)) {
+            Some(lease) => Ok(Some(*lease)),
+            None if still_held.contains(&(f.run_id, f.attempt)) => Ok(None),
+            None => Err(f.lost()),
+        })
+        .collect())
 }
 
 /// The end of a holding that needs no other write: `running -> completed | cancelled`, with

@@ -224,20 +224,43 @@ impl TestEnv {
         .await;
     }
 
-    /// A run's Redis event list exactly as stored (compacted ranges included).
+    /// A run's Redis event list as stored (compacted ranges included), a packed finished list
+    /// unpacked into its places.
     pub async fn raw_events(&self, run_id: &str) -> Vec<String> {
+        let (packed, items) = self.stored_list(run_id).await;
+        let packed = packed.unwrap_or_default();
+        let rest = items
+            .into_iter()
+            .skip(packed.len())
+            .map(|e| String::from_utf8(e).expect("stored events are UTF-8"));
+        packed.into_iter().chain(rest).collect()
+    }
+
+    /// Whether a run's list is packed (its first element is a pack of the events before its
+    /// last), and its length.
+    pub async fn list_is_packed(&self, run_id: &str) -> (bool, usize) {
+        let (packed, items) = self.stored_list(run_id).await;
+        (packed.is_some(), items.len())
+    }
+
+    async fn stored_list(&self, run_id: &str) -> (Option<Vec<String>>, Vec<Vec<u8>>) {
         let client = redis::Client::open(redis_url()).expect("redis url");
         let mut conn = client
             .get_multiplexed_async_connection()
             .await
             .expect("redis");
-        redis::cmd("LRANGE")
+        let items: Vec<Vec<u8>> = redis::cmd("LRANGE")
             .arg(format!("{}:run:{run_id}:events", self.prefix))
             .arg(0)
             .arg(-1)
             .query_async(&mut conn)
             .await
-            .expect("LRANGE")
+            .expect("LRANGE");
+        let packed = items
+            .first()
+            .filter(|e| e.starts_with(b"~z:"))
+            .map(|e| agentfleet_shared::events::unpack(e).expect("a pack unpacks"));
+        (packed, items)
     }
 }
 

@@ -193,18 +193,22 @@ async fn event_ids_are_gap_free_and_replay_equals_live() {
         text,
         "let me look that up for youhere is the answer you wanted"
     );
-    // Both messages' deltas get compacted in Redis once the messages complete...
+    // Both messages' deltas get compacted in Redis once the messages complete, then the
+    // finished list is packed (the events before the last deflated into its first element)...
     let deltas = kinds.iter().filter(|k| *k == "message_delta").count();
     assert!(deltas >= 6, "several deltas per message: {kinds:?}");
-    let stored = wait_for("the deltas to be compacted", T, || async {
-        let raw = env.raw_events(&run_id).await;
-        let headers = raw
-            .iter()
-            .filter(|r| r.contains("\"type\":\"~delta\""))
-            .count();
-        (headers == 2).then_some(raw)
+    let len = wait_for("the finished list to be packed", T, || async {
+        let (packed, len) = env.list_is_packed(&run_id).await;
+        packed.then_some(len)
     })
     .await;
+    assert_eq!(len, live.len(), "packing keeps every position");
+    let stored = env.raw_events(&run_id).await;
+    let headers = stored
+        .iter()
+        .filter(|r| r.contains("\"type\":\"~delta\""))
+        .count();
+    assert_eq!(headers, 2, "compacted before it was packed: {stored:?}");
     assert_eq!(stored.len(), live.len());
     assert_eq!(
         stored.iter().filter(|r| r.is_empty()).count(),
@@ -506,4 +510,56 @@ async fn a_run_stops_at_max_iterations() {
     assert_eq!(done["error"]["code"], "max_iterations_reached");
     assert_eq!(done["iteration"], 2);
     assert_eq!(env.llm.requests().len(), 2);
+}
+
+/// With `models.<name>.http2`, model calls go over HTTP/2 without negotiation (h2c) and share
+/// connections: six runs on a worker of six slots, three streams a connection, open at most two
+/// (over HTTP/1.1 each call in flight holds one of its own). Their streams are whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_calls_over_http2_share_a_few_connections() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env
+        .spawn_worker_with(&[
+            ("models.mock.http2", "true"),
+            ("worker.concurrency", "6"),
+            ("worker.model_streams_per_connection", "3"),
+        ])
+        .await;
+    let body = scripted_run(
+        json!([{"content": "streamed on a shared connection", "chunks": 6,
+                "chunk_delay_ms": 40, "delay_ms": 200}]),
+        json!([]),
+    );
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(
+            app.start_run(&body).await["id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    for id in &ids {
+        let events = app.events(id, 0, T).await;
+        assert_gap_free(&events);
+        let text: String = events
+            .iter()
+            .filter(|e| e["type"] == "message_delta")
+            .map(|e| e["data"]["text"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(text, "streamed on a shared connection");
+        assert_eq!(
+            types(&events).last().map(String::as_str),
+            Some("run_completed")
+        );
+    }
+    let recorded = env.llm.recorded();
+    assert_eq!(recorded.len(), 6);
+    assert!(recorded.iter().all(|r| r.http2), "every call over HTTP/2");
+    let connections = env.llm.state().connections();
+    assert!(
+        (1..=2).contains(&connections),
+        "ceil(6 / 3) clients, one connection each: {connections}"
+    );
 }

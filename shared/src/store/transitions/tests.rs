@@ -78,10 +78,11 @@ async fn a_stale_attempt_is_fenced_out_after_a_take_over(pool: PgPool) {
         complete(&pool, first.fence(), 3).await,
         Err(StoreError::LeaseLost { .. })
     ));
-    assert!(matches!(
-        renew_lease(&pool, first.fence(), LEASE).await,
-        Err(StoreError::LeaseLost { .. })
-    ));
+    let renewed = renew_leases(&pool, &[first.fence(), second.fence()], LEASE)
+        .await
+        .unwrap();
+    assert!(matches!(renewed[0], Err(StoreError::LeaseLost { .. })));
+    assert!(matches!(renewed[1], Ok(Some(Lease::Held))));
     complete(&pool, second.fence(), 3).await.unwrap();
     let done = runs::get(&pool, run.id).await.unwrap();
     assert_eq!(done.status, RunStatus::Completed);
@@ -558,4 +559,73 @@ async fn turn_groups_on_two_connections_take_different_rows_and_the_day_sums_the
     let next = new_run_of(&pool, tenant).await;
     let claimed = claim(&pool, next.id, "w", LEASE).await.unwrap().unwrap();
     assert_eq!(claimed.tenant_tokens_today, 160);
+}
+
+/// A worker's leases renew in one statement: each held run's lease is extended and a cancel or
+/// an interrupt asked for is reported; a row another transaction holds locked is skipped (not
+/// waited for) and reported as still held; an ended run's fence is lost.
+#[sqlx::test(migrations = "../migrations")]
+async fn leases_renew_together_skipping_a_busy_row(pool: PgPool) {
+    let tenant = tenants::create(&pool, "t").await.unwrap();
+    let mut fences = Vec::new();
+    for _ in 0..5 {
+        let run = new_run_of(&pool, tenant.tenant_id).await;
+        let claimed = claim(&pool, run.id, "w1", LEASE).await.unwrap().unwrap();
+        fences.push(claimed.fence());
+    }
+    let [held, cancelled, interrupted, busy, ended] = fences[..] else {
+        unreachable!()
+    };
+    sqlx::query("UPDATE runs SET lease_expires_at = now() + interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE runs SET cancel_requested_at = now() WHERE id = $1")
+        .bind(cancelled.run_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE runs SET interrupt_requested_at = now() WHERE id = $1")
+        .bind(interrupted.run_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    complete(&pool, ended, 3).await.unwrap();
+    let mut locker = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
+        .bind(busy.run_id)
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+
+    let renewed = tokio::time::timeout(Duration::from_secs(5), renew_leases(&pool, &fences, LEASE))
+        .await
+        .expect("a locked row is not waited for")
+        .unwrap();
+    assert!(matches!(renewed[0], Ok(Some(Lease::Held))));
+    assert!(matches!(renewed[1], Ok(Some(Lease::CancelRequested))));
+    assert!(matches!(renewed[2], Ok(Some(Lease::InterruptRequested))));
+    assert!(matches!(renewed[3], Ok(None)), "skipped, still held");
+    assert!(matches!(renewed[4], Err(StoreError::LeaseLost { .. })));
+    locker.rollback().await.unwrap();
+
+    let left = |id: Uuid| {
+        let pool = pool.clone();
+        async move {
+            let (secs,): (f64,) = sqlx::query_as(
+                "SELECT extract(epoch FROM lease_expires_at - now())::float8 FROM runs WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            secs
+        }
+    };
+    assert!(left(held.run_id).await > 5.0, "renewed for the lease");
+    assert!(left(busy.run_id).await < 2.0, "the skipped one was not");
+    assert!(
+        renew_leases(&pool, &[], LEASE).await.unwrap().is_empty(),
+        "nothing to renew, no statement"
+    );
 }

@@ -11,23 +11,29 @@ use crate::Report;
 use crate::common::Ctx;
 
 /// Bytes a realistic run leaves in its Redis list, against the text it streamed: at the
-/// default delta coalescing with and without compaction, and at longer flush intervals.
+/// defaults (compacted, then packed once finished), compacted only, and neither at several
+/// delta coalescing intervals.
 pub async fn redis_bytes(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
-    for (flush_ms, compact) in [
-        ("50", "true"),
-        ("50", "false"),
-        ("250", "false"),
-        ("1000", "false"),
+    for (flush_ms, compact, pack) in [
+        ("50", true, true),
+        ("50", true, false),
+        ("50", false, false),
+        ("250", false, false),
+        ("1000", false, false),
     ] {
         let workers = ctx.workers(
             1,
             &[
                 ("events.delta_flush_ms", flush_ms),
                 ("events.delta_flush_bytes", "4096"),
-                ("events.compact_deltas", compact),
+                (
+                    "events.compact_deltas",
+                    if compact { "true" } else { "false" },
+                ),
+                ("events.pack_max_events", if pack { "10000" } else { "0" }),
             ],
         );
-        redis_bytes_at(ctx, report, flush_ms, compact == "true").await?;
+        redis_bytes_at(ctx, report, flush_ms, compact, pack).await?;
         drop(workers);
     }
     Ok(())
@@ -38,6 +44,7 @@ async fn redis_bytes_at(
     report: &mut Report,
     flush_ms: &str,
     compact: bool,
+    pack: bool,
 ) -> anyhow::Result<()> {
     // About 60 tokens/s, a typical streaming rate: 4-character chunks every 16 ms.
     let words = "agents stream their answers token by token while users watch the text appear ";
@@ -55,23 +62,25 @@ async fn redis_bytes_at(
     let client = redis::Client::open(redis_url())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let key = format!("{}:run:{id}:events", ctx.env.prefix);
-    // Compaction runs right after `message_completed`; wait for both messages' headers.
-    let items: Vec<String> = wait_for("the list to settle", Duration::from_secs(10), || {
+    // Compaction runs right after `message_completed`, packing after the end: wait for both
+    // messages' headers, and for the pack.
+    let items: Vec<Vec<u8>> = wait_for("the list to settle", Duration::from_secs(10), || {
         let mut conn = conn.clone();
         let key = key.clone();
         async move {
-            let items: Vec<String> = redis::cmd("LRANGE")
+            let items: Vec<Vec<u8>> = redis::cmd("LRANGE")
                 .arg(&key)
                 .arg(0)
                 .arg(-1)
                 .query_async(&mut conn)
                 .await
                 .ok()?;
-            let headers = items
+            let packed = items.first().is_some_and(|i| i.starts_with(b"~z:"));
+            let headers = logical(&items)
                 .iter()
                 .filter(|i| i.contains("\"type\":\"~delta\""))
                 .count();
-            (!compact || headers == 2).then_some(items)
+            (packed == pack && (!compact || headers == 2)).then_some(items)
         }
     })
     .await;
@@ -82,8 +91,8 @@ async fn redis_bytes_at(
         .arg(0)
         .query_async(&mut conn)
         .await?;
-    let stored: usize = items.iter().map(String::len).sum();
-    let deltas = items
+    let stored: usize = items.iter().map(Vec::len).sum();
+    let deltas = logical(&items)
         .iter()
         .filter(|i| {
             i.is_empty() || i.contains("\"type\":\"message_delta\"") || i.contains("~delta")
@@ -92,10 +101,11 @@ async fn redis_bytes_at(
     let streamed = text.len() + "Let me check.".len();
     let ratio = stored as f64 / streamed as f64;
     let tag = format!(
-        "flush {flush_ms} ms{}",
-        if compact { ", compacted" } else { "" }
+        "flush {flush_ms} ms{}{}",
+        if compact { ", compacted" } else { "" },
+        if pack { ", packed" } else { "" }
     );
-    let default = flush_ms == "50" && compact;
+    let default = flush_ms == "50" && compact && pack;
     report.add(
         "redis",
         &format!("{tag}: events / deltas in the list"),
@@ -118,4 +128,19 @@ async fn redis_bytes_at(
         None,
     );
     Ok(())
+}
+
+/// A list's events as appended, a pack unpacked in its places.
+fn logical(items: &[Vec<u8>]) -> Vec<String> {
+    let mut events: Vec<String> = items
+        .iter()
+        .map(|i| String::from_utf8_lossy(i).into_owned())
+        .collect();
+    if let Some(packed) = items
+        .first()
+        .and_then(|i| agentfleet_shared::events::unpack(i))
+    {
+        events.splice(..packed.len(), packed);
+    }
+    events
 }

@@ -114,7 +114,7 @@ pub(super) async fn run_keys(
     id: &str,
 ) -> anyhow::Result<(usize, i64)> {
     let key = |name: &str| format!("{prefix}:run:{id}:{name}");
-    let items: Vec<String> = redis::cmd("LRANGE")
+    let items: Vec<Vec<u8>> = redis::cmd("LRANGE")
         .arg(key("events"))
         .arg(0)
         .arg(-1)
@@ -131,7 +131,7 @@ pub(super) async fn run_keys(
             .await?;
         usage += bytes.unwrap_or(0);
     }
-    Ok((items.iter().map(String::len).sum(), usage))
+    Ok((items.iter().map(Vec::len).sum(), usage))
 }
 
 /// The database's tables: heap (with free space and visibility maps), TOAST (with its

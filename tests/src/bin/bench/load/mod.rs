@@ -68,6 +68,10 @@ pub struct LoadArgs {
     /// Share of SSE clients cut once on purpose mid-run, which reconnect with `Last-Event-ID`.
     #[arg(long, default_value_t = 0.10)]
     pub cut_share: f64,
+    /// Speak HTTP/1.1 to the scripted model, a connection per model call in flight, instead of
+    /// HTTP/2 (`models.<name>.http2`), many calls on one connection.
+    #[arg(long)]
+    pub model_http1: bool,
 }
 
 mod client;
@@ -106,12 +110,18 @@ pub async fn load(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
         .await;
     let slots = plan.slots.to_string();
     let model_url = format!("http://{model_addr}/v1");
+    let http2 = if ctx.args.load.model_http1 {
+        "false"
+    } else {
+        "true"
+    };
     let workers = ctx.workers(
         plan.workers,
         &[
             ("worker.concurrency", slots.as_str()),
             ("database.max_connections", "20"),
             ("models.mock.base_url", model_url.as_str()),
+            ("models.mock.http2", http2),
             ("egress.allow", tools_addr.as_str()),
         ],
     );
@@ -737,6 +747,7 @@ pub async fn load(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
     );
     let mut config = plan.config_json(rate);
     config["rates"] = json!(rates);
+    config["model_http"] = json!(if ctx.args.load.model_http1 { 1 } else { 2 });
     report.json.insert("load.config".into(), config);
     report.json.insert(
         "load.samples".into(),
