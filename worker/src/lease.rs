@@ -76,15 +76,6 @@ impl Leases {
         }
     }
 
-    /// Runs held now.
-    pub fn len(&self) -> usize {
-        self.held.lock().expect("leases lock").len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     fn fences(&self) -> Vec<Fence> {
         self.held
             .lock()
