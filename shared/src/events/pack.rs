@@ -154,21 +154,17 @@ impl EventBus {
             return Ok(Packed::Left);
         }
         let (list, fence_key) = (self.keys().events(run), self.keys().fence(run));
-        let mut read = redis::pipe();
-        read.atomic()
-            .llen(&list)
-            .cmd("LRANGE")
-            .arg(&list)
-            .arg(0)
-            // One past the bound: a list longer than it is left alone, unread beyond.
-            .arg(max);
-        let (n, events): (usize, Vec<Vec<u8>>) = self
+        // One past the bound: a list longer than it comes back one too long, unread beyond.
+        let mut read = redis::cmd("LRANGE");
+        read.arg(&list).arg(0).arg(max);
+        let events: Vec<Vec<u8>> = self
             .call(|mut conn, _| {
                 let read = &read;
                 async move { read.query_async(&mut conn).await }
             })
             .await?;
-        if n < 3 || n as u64 > max || events.len() != n {
+        let n = events.len();
+        if n < 3 || n as u64 > max {
             return Ok(Packed::Left);
         }
         let last = &events[n - 1];
