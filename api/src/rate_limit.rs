@@ -60,11 +60,11 @@ use governor::clock::{Clock, DefaultClock};
 use governor::middleware::StateInformationMiddleware;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter as Governor};
-use redis::aio::ConnectionManager;
 use uuid::Uuid;
 
 use agentfleet_shared::config::{RateLimitSettings, Settings};
 use agentfleet_shared::domain::Limits;
+use agentfleet_shared::events::RedisConnection;
 use agentfleet_shared::store::tenants::Principal;
 
 use crate::error::ApiError;
@@ -183,7 +183,7 @@ struct LocalBucket {
 
 /// The per-process limiter: the shared bucket in Redis and the local limiters.
 pub struct RateLimiter {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     script: redis::Script,
     prefix: String,
     settings: RateLimitSettings,
@@ -195,7 +195,7 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
-    pub fn new(conn: ConnectionManager, prefix: &str, settings: RateLimitSettings) -> Self {
+    pub fn new(conn: RedisConnection, prefix: &str, settings: RateLimitSettings) -> Self {
         RateLimiter {
             conn,
             script: redis::Script::new(GCRA_LUA),
@@ -453,11 +453,13 @@ mod tests {
     async fn the_local_limiter_holds_the_burst_then_refuses_with_a_wait() {
         // A connection that is never used: only the local decision is looked at.
         let client = redis::Client::open("redis://127.0.0.1:1").unwrap();
-        let conn = ConnectionManager::new_lazy_with_config(
-            client,
-            redis::aio::ConnectionManagerConfig::new(),
-        )
-        .unwrap();
+        let conn = RedisConnection::Single(
+            redis::aio::ConnectionManager::new_lazy_with_config(
+                client,
+                redis::aio::ConnectionManagerConfig::new(),
+            )
+            .unwrap(),
+        );
         let limiter = RateLimiter::new(
             conn,
             "t",

@@ -65,6 +65,7 @@ impl Application {
             settings.events.retention_secs,
         )
         .with_lost_id_margin(settings.events.lost_id_margin)
+        .with_fence_replication(settings.redis.fence_replication())
         .with_timeout(settings.redis.timeout());
         let publisher = infra::rabbitmq(
             &settings.amqp.url,
@@ -77,11 +78,11 @@ impl Application {
         let shutdown = CancellationToken::new();
         let hub = Hub::start(
             HubSettings {
-                redis_url: settings.redis.url.clone(),
+                redis: settings.redis.clone(),
                 buffer: settings.events.client_buffer.get(),
                 linger: Duration::from_millis(settings.events.hub_linger_ms),
                 ping_every: Duration::from_millis(settings.events.hub_ping_ms),
-                // A connect attempt, then the PSUBSCRIBE's answer.
+                // A connect attempt, then a SUBSCRIBE's answer.
                 connect_within: Duration::from_millis(
                     settings
                         .redis
@@ -161,7 +162,7 @@ impl Application {
         };
         // Started once nothing can fail any more; they stop with the server.
         crate::auth::invalidation::spawn_listener(
-            settings.redis.url.clone(),
+            settings.redis.clone(),
             &settings.redis.prefix,
             listener_cache,
             shutdown.clone(),

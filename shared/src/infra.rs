@@ -11,7 +11,6 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use backon::BackoffBuilder;
-use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -137,27 +136,37 @@ pub async fn postgres(
 }
 
 /// The process's shared Redis connection (`events::redis_connection`), once the server answers
-/// `PING`. Each attempt makes one connection of its own, so a failure says why (refused,
-/// unknown host, authentication) rather than after the shared connection's reconnect policy.
+/// `PING` (on a cluster, every node). Each attempt makes one connection of its own, so a failure
+/// says why (refused, unknown host, authentication) rather than after the shared connection's
+/// reconnect policy.
 pub async fn redis(
     settings: &RedisSettings,
     budget: Duration,
-) -> Result<ConnectionManager, Unreachable> {
+) -> Result<crate::events::RedisConnection, Unreachable> {
     let invalid = |e: redis::RedisError| Unreachable {
         server: Server::Redis,
-        address: address(&settings.url),
+        address: address(settings.address()),
         waited_secs: 0,
         cause: report::error_line(&e),
     };
-    let client = crate::events::redis_client(settings).map_err(invalid)?;
-    let config = crate::events::connection_config(settings);
-    wait_for(Server::Redis, &settings.url, budget, || async {
-        let mut conn = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        redis::cmd("PING").query_async::<String>(&mut conn).await
-    })
-    .await?;
+    if settings.is_cluster() {
+        let client = crate::events::cluster_client(settings, None).map_err(invalid)?;
+        wait_for(Server::Redis, settings.address(), budget, || async {
+            let mut conn = client.get_async_connection().await?;
+            redis::cmd("PING").query_async::<String>(&mut conn).await
+        })
+        .await?;
+    } else {
+        let client = crate::events::redis_client(settings).map_err(invalid)?;
+        let config = crate::events::connection_config(settings);
+        wait_for(Server::Redis, &settings.url, budget, || async {
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            redis::cmd("PING").query_async::<String>(&mut conn).await
+        })
+        .await?;
+    }
     crate::events::redis_connection(settings).map_err(invalid)
 }
 

@@ -9,6 +9,7 @@ use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use agentfleet_shared::config::RedisSettings;
 use agentfleet_shared::events::Keys;
 use agentfleet_shared::infra::{self, Server};
 
@@ -50,16 +51,21 @@ impl Registry {
 }
 
 /// Listens for cancel hints until `shutdown`, reconnecting with backoff.
-pub fn spawn_listener(url: String, keys: Keys, registry: Registry, shutdown: CancellationToken) {
+pub fn spawn_listener(
+    redis: RedisSettings,
+    keys: Keys,
+    registry: Registry,
+    shutdown: CancellationToken,
+) {
     tokio::spawn(async move {
         infra::reconnecting(
             "the cancel listener",
             Server::Redis,
-            &url,
+            redis.address(),
             &shutdown,
             || async {
                 tokio::select! {
-                    r = listen(&url, &keys, &registry) => r,
+                    r = listen(&redis, &keys, &registry) => r,
                     _ = shutdown.cancelled() => Ok(()),
                 }
             },
@@ -69,13 +75,12 @@ pub fn spawn_listener(url: String, keys: Keys, registry: Registry, shutdown: Can
 }
 
 /// Never `Ok`: returns when the subscription breaks.
-async fn listen(url: &str, keys: &Keys, registry: &Registry) -> anyhow::Result<()> {
-    let client = redis::Client::open(url)?;
-    let mut pubsub = client.get_async_pubsub().await?;
+async fn listen(redis: &RedisSettings, keys: &Keys, registry: &Registry) -> anyhow::Result<()> {
+    let mut pubsub = agentfleet_shared::events::classic_pubsub(redis).await?;
     pubsub.psubscribe(keys.control_pattern()).await?;
     let mut messages = pubsub.into_on_message();
     while let Some(msg) = messages.next().await {
-        let Some(run) = keys.run_of_channel(msg.get_channel_name()) else {
+        let Some(run) = keys.id_of_channel(msg.get_channel_name()) else {
             continue;
         };
         match msg.get_payload_bytes() {

@@ -494,7 +494,7 @@ mod tests {
     use super::*;
 
     /// A bus on the local Redis under a prefix of its own, and a connection to clean up with.
-    fn test_bus() -> (EventBus, redis::aio::ConnectionManager) {
+    fn test_bus() -> (EventBus, agentfleet_shared::events::RedisConnection) {
         let settings = Settings::load_with(None, [], true).expect("settings");
         let prefix = format!("emitter-test-{}", Uuid::new_v4().simple());
         let conn = redis_connection(&settings.redis).expect("redis");
@@ -502,7 +502,12 @@ mod tests {
     }
 
     /// A first holder's emitter for a new run, on a bus of its own (see [`test_bus`]).
-    fn fresh_emitter() -> (EventBus, redis::aio::ConnectionManager, Uuid, Emitter) {
+    fn fresh_emitter() -> (
+        EventBus,
+        agentfleet_shared::events::RedisConnection,
+        Uuid,
+        Emitter,
+    ) {
         let (bus, conn) = test_bus();
         let run = Uuid::new_v4();
         let emitter = Emitter::new(bus.clone(), run, Uuid::new_v4(), 1, 0, false);
@@ -532,7 +537,11 @@ mod tests {
         held
     }
 
-    async fn clean_up(bus: &EventBus, mut conn: redis::aio::ConnectionManager, run: Uuid) {
+    async fn clean_up(
+        bus: &EventBus,
+        mut conn: agentfleet_shared::events::RedisConnection,
+        run: Uuid,
+    ) {
         let keys = bus.keys();
         let _: () = redis::cmd("DEL")
             .arg(keys.events(run))

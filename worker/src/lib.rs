@@ -75,6 +75,7 @@ impl Worker {
             settings.events.retention_secs,
         )
         .with_lost_id_margin(settings.events.lost_id_margin)
+        .with_fence_replication(settings.redis.fence_replication())
         .with_compact_header(settings.events.compact_header)
         .with_pack_max_events(settings.events.pack_max_events)
         .with_timeout(settings.redis.timeout());
@@ -185,7 +186,7 @@ impl Worker {
         crate::sweeper::spawn(deps.clone(), background.clone());
         crate::lease::spawn(deps.clone(), background.clone());
         crate::control::spawn_listener(
-            deps.settings.redis.url.clone(),
+            deps.settings.redis.clone(),
             Keys::new(&deps.settings.redis.prefix),
             deps.active.clone(),
             background.clone(),

@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use agentfleet_shared::config::RedisSettings;
+use agentfleet_shared::events::RedisConnection;
 use agentfleet_shared::infra::{self, Server};
 
 use crate::auth::cache::AuthCache;
@@ -52,13 +53,13 @@ pub fn channel(prefix: &str) -> String {
 /// Announces changes (the admin API and the CLI, after their write has committed).
 #[derive(Clone)]
 pub struct Announcer {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     channel: String,
     timeout: Duration,
 }
 
 impl Announcer {
-    pub fn new(conn: ConnectionManager, prefix: &str, timeout: Duration) -> Announcer {
+    pub fn new(conn: RedisConnection, prefix: &str, timeout: Duration) -> Announcer {
         Announcer {
             conn,
             channel: channel(prefix),
@@ -92,22 +93,21 @@ impl Announcer {
 
 /// Listens until `shutdown`, reconnecting, and drops what each message names from `cache`.
 pub fn spawn_listener(
-    redis_url: String,
+    redis: RedisSettings,
     prefix: &str,
     cache: Arc<AuthCache>,
     shutdown: CancellationToken,
 ) {
     let channel = channel(prefix);
     tokio::spawn(async move {
-        let url = redis_url.clone();
         infra::reconnecting(
             "the auth cache's invalidation subscription",
             Server::Redis,
-            &url,
+            redis.address(),
             &shutdown,
             || async {
                 tokio::select! {
-                    r = listen(&redis_url, &channel, &cache) => r,
+                    r = listen(&redis, &channel, &cache) => r,
                     _ = shutdown.cancelled() => Ok(()),
                 }
             },
@@ -116,9 +116,8 @@ pub fn spawn_listener(
     });
 }
 
-async fn listen(url: &str, channel: &str, cache: &AuthCache) -> anyhow::Result<()> {
-    let client = redis::Client::open(url)?;
-    let mut pubsub = client.get_async_pubsub().await?;
+async fn listen(redis: &RedisSettings, channel: &str, cache: &AuthCache) -> anyhow::Result<()> {
+    let mut pubsub = agentfleet_shared::events::classic_pubsub(redis).await?;
     pubsub.subscribe(channel).await?;
     // Whatever was announced while we were not subscribed is lost: forget everything.
     cache.invalidate(|_| true);

@@ -341,8 +341,8 @@ pub struct Readiness {
     pub postgres: bool,
     pub redis: bool,
     pub rabbitmq: bool,
-    /// Whether this process holds its subscription to the runs' live events now. Not part of
-    /// readiness: it is held only while the process serves a stream, and
-    /// `events.hub_linger_ms` after the last one (false on an idle, healthy API).
+    /// Whether this process holds a subscription to live events now. Not part of readiness: it
+    /// subscribes only to the runs it serves streams of, until `events.hub_linger_ms` after
+    /// their last stream (false on an idle, healthy API).
     pub event_hub: bool,
 }

@@ -1,37 +1,44 @@
-//! One Redis subscription per API process, fanned out in-process to SSE clients.
+//! Live events for the streams this process serves, by one Redis subscription per run.
 //!
-//! The hub pattern-subscribes once to every run's live channel, so a client never waits for a
-//! SUBSCRIBE round trip and cannot race it. Each client has a bounded buffer; a client that
-//! falls behind is dropped (its stream ends) rather than silently skipped, and it resumes with
-//! `Last-Event-ID`. When the Redis connection drops, every client is told to resync from the
-//! list, which closes any hole the outage made.
+//! The hub subscribes to the live channel of each run a stream here follows, and to nothing
+//! else: `SUBSCRIBE` on one server, sharded `SSUBSCRIBE` (on the node owning the run's slot) on
+//! a Redis Cluster. Redis then sends each replica only the events of its own streams, whatever
+//! the number of replicas. A run's channel is subscribed when its first stream registers and
+//! kept `events.hub_linger_ms` after its last one left (a client reconnecting at a pause finds
+//! it still there).
 //!
-//! The subscription is held only while this process serves a stream (a run's or a thread's),
-//! and `events.hub_linger_ms` after the last one closed: every run's every event reaches a
-//! subscribed process, and one serving none (an API taking batches, say) would parse them all
-//! for nothing. A stream that arrives while it is not held registers, the subscription is
-//! made, and the client is told to resync from the list, as after a reconnect: nothing
-//! published in between is missed.
+//! Gap-freedom: a stream registers *before* it reads the list. Once the subscription is
+//! confirmed, the hub tells the run's streams to resync (re-read the list after the last id
+//! they saw): what was published before the confirmation is in the list, what comes after is
+//! delivered live. A stream registering on a channel already confirmed needs no resync: what
+//! precedes its registration is in the list it is about to read.
+//!
+//! Each client has a bounded buffer; a client that falls behind is dropped (its stream ends)
+//! rather than silently skipped, and it resumes with `Last-Event-ID`. When the connection
+//! drops, each run's clients resync once its subscription is made anew (reading the list from
+//! a Redis out of reach before that would only fail their streams).
 //!
 //! A subscriber only listens, so a connection that died without a reset (a NAT's timeout, a
-//! failover behind a proxy) would look open for ever while every stream waits: the hub sends
-//! a PING every `events.hub_ping_ms` and, without an answer before the next one is due,
-//! reconnects (and every client resyncs).
+//! failover behind a proxy) would look open for ever while every stream waits: while it holds
+//! any subscription, the hub sends a PING every `events.hub_ping_ms` and, without an answer
+//! before the next one is due, makes a new connection (and every client resyncs on it).
 //!
-//! Thread streams also watch a thread: the hub tells them when one of its runs is queued or
-//! started (the first events of a new run), so an idle thread stream learns of the next run
-//! without asking Postgres on a timer.
+//! Thread streams also watch a thread: a run's `run_queued` and `run_started` publish its id on
+//! the thread's channel, which the hub subscribes to while a stream watches that thread, so an
+//! idle thread stream learns of the next run without asking Postgres on a timer.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
+use redis::{PushInfo, PushKind, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use agentfleet_shared::events::{EventType, Keys};
+use agentfleet_shared::config::RedisSettings;
+use agentfleet_shared::events::{Keys, RedisConnection, subscriber_connection};
 use agentfleet_shared::infra::{self, Server};
 
 #[derive(Debug, Clone)]
@@ -46,6 +53,24 @@ type Clients = HashMap<Uuid, Vec<(u64, mpsc::Sender<HubMessage>)>>;
 /// Per thread, its watchers' wake-up channels (capacity 1: wake-ups coalesce).
 type Watchers = HashMap<Uuid, Vec<(u64, mpsc::Sender<()>)>>;
 
+/// A channel the hub may subscribe to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Channel {
+    /// A run's live events.
+    Run(Uuid),
+    /// A thread's new runs.
+    Thread(Uuid),
+}
+
+/// What the hub knows of a channel it wants.
+#[derive(Debug)]
+struct Wanted {
+    /// Redis confirmed the subscription on the current connection.
+    confirmed: bool,
+    /// Since when no stream has needed it (`None`: one does).
+    unused_since: Option<Instant>,
+}
+
 #[derive(Clone)]
 pub struct Hub {
     inner: Arc<Inner>,
@@ -54,15 +79,12 @@ pub struct Hub {
 struct Inner {
     clients: Mutex<Clients>,
     threads: Mutex<Watchers>,
-    /// Whether any thread is watched: without watchers no event is parsed for its thread.
-    watched: std::sync::atomic::AtomicBool,
-    next_id: std::sync::atomic::AtomicU64,
-    connected: std::sync::atomic::AtomicBool,
-    /// Told when a stream registers, so an idle hub subscribes.
-    wanted: tokio::sync::Notify,
-    /// Registrations so far: a stream that came and went between two idle checks still
-    /// counts as use.
-    registrations: std::sync::atomic::AtomicU64,
+    /// The channels subscribed or to subscribe. Lock order: `channels`, then `clients` or
+    /// `threads`.
+    channels: Mutex<HashMap<Channel, Wanted>>,
+    /// Channels to subscribe, for the subscription task.
+    commands: mpsc::UnboundedSender<Channel>,
+    next_id: AtomicU64,
     buffer: usize,
 }
 
@@ -77,7 +99,11 @@ pub struct Subscription {
 impl Drop for Subscription {
     fn drop(&mut self) {
         let mut clients = self.hub.inner.clients.lock().expect("hub lock");
-        unregister(&mut clients, self.run, self.id);
+        let last = unregister(&mut clients, self.run, self.id);
+        drop(clients);
+        if last {
+            self.hub.unused(Channel::Run(self.run));
+        }
     }
 }
 
@@ -109,219 +135,100 @@ async fn within<T>(
     })
 }
 
-/// Removes registration `id` under `key`, and the key with its last registration.
-fn unregister<T>(map: &mut HashMap<Uuid, Vec<(u64, T)>>, key: Uuid, id: u64) {
+/// Removes registration `id` under `key`, and the key with its last registration; `true`
+/// when that was the last.
+fn unregister<T>(map: &mut HashMap<Uuid, Vec<(u64, T)>>, key: Uuid, id: u64) -> bool {
     if let Some(list) = map.get_mut(&key) {
         list.retain(|(each, _)| *each != id);
         if list.is_empty() {
             map.remove(&key);
+            return true;
         }
     }
+    false
 }
 
-/// How the hub holds its subscription (`events.*`, `redis.*`).
+/// How the hub holds its subscriptions (`events.*`, `redis.*`).
 #[derive(Debug, Clone)]
 pub struct HubSettings {
-    pub redis_url: String,
+    pub redis: RedisSettings,
     /// Messages buffered per client before it is dropped as too slow.
     pub buffer: usize,
-    /// How long the subscription outlives the last stream.
+    /// How long a channel stays subscribed after its last stream left.
     pub linger: Duration,
     /// How often the connection is checked with a PING; an answer not in by the next one
     /// counts the connection as dead (a slow answer, a fork's pause, is not one).
     pub ping_every: Duration,
-    /// How long the connect and the PSUBSCRIBE may take.
+    /// How long the connect and a SUBSCRIBE may take.
     pub connect_within: Duration,
 }
 
+/// Why a subscription session ended.
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("the subscription's connection did not answer a PING in time")]
+    Silent,
+    #[error("the subscription's connection closed")]
+    Closed,
+}
+
 impl Hub {
-    /// Starts the subscription task: subscribed while streams need it (see the module note),
-    /// reconnecting after a failure, until `shutdown`.
+    /// Starts the subscription task: it subscribes the channels streams need, reconnecting
+    /// after a failure, until `shutdown`.
     pub fn start(settings: HubSettings, keys: Keys, shutdown: CancellationToken) -> Hub {
-        let hub = Hub::new(settings.buffer);
+        let (hub, commands) = Hub::new(settings.buffer);
         let task_hub = hub.clone();
+        let commands = Arc::new(tokio::sync::Mutex::new(commands));
         tokio::spawn(async move {
-            let url = settings.redis_url.clone();
-            while task_hub.until_wanted(&shutdown).await {
-                infra::reconnecting(
-                    "the event hub's subscription",
-                    Server::Redis,
-                    &url,
-                    &shutdown,
-                    || async {
-                        // After a failure, no retry for streams that have all gone.
-                        if !task_hub.is_wanted() {
-                            return Ok(());
-                        }
-                        let result = tokio::select! {
-                            r = task_hub.pump(&settings, &keys) => r,
-                            _ = shutdown.cancelled() => return Ok(()),
-                        };
-                        task_hub
-                            .inner
-                            .connected
-                            .store(false, std::sync::atomic::Ordering::SeqCst);
-                        // `Ok`: no stream for a while, unsubscribed on purpose.
-                        if result.is_err() {
-                            task_hub.broadcast_resync();
-                        }
-                        Ok(result?)
-                    },
-                )
-                .await;
-            }
+            let address = settings.redis.address().to_owned();
+            infra::reconnecting(
+                "the event hub's subscription",
+                Server::Redis,
+                &address,
+                &shutdown,
+                || async {
+                    let mut commands = commands.lock().await;
+                    let result = tokio::select! {
+                        r = task_hub.session(&settings, &keys, &mut commands) => r,
+                        _ = shutdown.cancelled() => return Ok(()),
+                    };
+                    // Whatever the connection delivered no more, the lists have.
+                    task_hub.lost_connection();
+                    Ok(result?)
+                },
+            )
+            .await;
         });
         hub
     }
 
-    /// A hub with no subscription task (`start` adds it).
-    fn new(buffer: usize) -> Hub {
-        Hub {
+    /// A hub without its subscription task (`start` adds it), and what the task reads.
+    fn new(buffer: usize) -> (Hub, mpsc::UnboundedReceiver<Channel>) {
+        let (commands, rx) = mpsc::unbounded_channel();
+        let hub = Hub {
             inner: Arc::new(Inner {
                 clients: Mutex::new(HashMap::new()),
                 threads: Mutex::new(HashMap::new()),
-                watched: false.into(),
+                channels: Mutex::new(HashMap::new()),
+                commands,
                 next_id: 0.into(),
-                connected: false.into(),
-                wanted: tokio::sync::Notify::new(),
-                registrations: 0.into(),
                 buffer,
             }),
-        }
+        };
+        (hub, rx)
     }
 
-    /// Whether a stream needs the subscription: a run's client or a thread's watcher.
-    fn is_wanted(&self) -> bool {
-        !self.inner.clients.lock().expect("hub lock").is_empty()
-            || !self.inner.threads.lock().expect("hub lock").is_empty()
-    }
-
-    /// Waits until a stream needs the subscription; `false` on shutdown.
-    async fn until_wanted(&self, shutdown: &CancellationToken) -> bool {
-        loop {
-            // Streams still registered at shutdown must not make this loop spin.
-            if shutdown.is_cancelled() {
-                return false;
-            }
-            // Registered before the check: a stream registering after it still wakes us.
-            let notified = self.inner.wanted.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.is_wanted() {
-                return true;
-            }
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = shutdown.cancelled() => return false,
-            }
-        }
-    }
-
-    /// Holds the subscription and fans its messages out; `Ok` once no stream has needed it
-    /// for about `linger` (between one and two).
-    async fn pump(&self, settings: &HubSettings, keys: &Keys) -> redis::RedisResult<()> {
-        let linger = settings.linger;
-        let client = redis::Client::open(settings.redis_url.as_str())?;
-        let mut pubsub = within(settings.connect_within, client.get_async_pubsub()).await?;
-        within(
-            settings.connect_within,
-            pubsub.psubscribe(keys.live_pattern()),
-        )
-        .await?;
-        let (mut sink, mut messages) = pubsub.split();
-        self.inner
-            .connected
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        // Events published while we were away (or before a stream's subscription was made)
-        // are in the lists: make every client look.
-        self.broadcast_resync();
-        // The PINGs go out from a task of their own, so that waiting for an answer never holds
-        // up the messages; it says when one went unanswered, and goes with this call.
-        let every = settings.ping_every;
-        let (dead_tx, mut dead) = tokio::sync::oneshot::channel::<()>();
-        let _pinger = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                if within(every, sink.ping::<redis::Value>()).await.is_err() {
-                    let _ = dead_tx.send(());
-                    return;
-                }
-            }
-        }));
-        let mut check = tokio::time::interval_at(tokio::time::Instant::now() + linger, linger);
-        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut idle = false;
-        let mut seen = self.registrations();
-        loop {
-            let msg = tokio::select! {
-                msg = messages.next() => msg,
-                _ = &mut dead => {
-                    return Err(redis::RedisError::from((
-                        redis::ErrorKind::Io,
-                        "the subscription's connection did not answer a PING in time",
-                    )));
-                }
-                _ = check.tick() => {
-                    let now = self.registrations();
-                    let unused = !self.is_wanted() && now == seen;
-                    if unused && idle {
-                        return Ok(());
-                    }
-                    (idle, seen) = (unused, now);
-                    continue;
-                }
-            };
-            let Some(msg) = msg else { break };
-            let Some(run) = keys.run_of_channel(msg.get_channel_name()) else {
-                continue;
-            };
-            let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) else {
-                continue;
-            };
-            if self
-                .inner
-                .watched
-                .load(std::sync::atomic::Ordering::Acquire)
-            {
-                self.wake_thread_of(payload);
-            }
-            self.dispatch(run, HubMessage::Event(Arc::from(payload)));
-        }
-        Err(redis::RedisError::from((
-            redis::ErrorKind::Io,
-            "subscription stream ended",
-        )))
-    }
-
-    /// A stream registered: counted as use, and an idle hub subscribes.
-    fn registered(&self) {
-        self.inner
-            .registrations
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.wanted.notify_one();
-    }
-
-    fn registrations(&self) -> u64 {
-        self.inner
-            .registrations
-            .load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// Whether the subscription is held now (it is not while no stream needs it).
+    /// Whether the hub holds a subscription now (it holds none while it serves no stream).
     pub fn is_connected(&self) -> bool {
-        self.inner
-            .connected
-            .load(std::sync::atomic::Ordering::SeqCst)
+        let channels = self.inner.channels.lock().expect("hub lock");
+        channels.values().any(|w| w.confirmed)
     }
 
     pub fn subscribe(&self, run: Uuid) -> Subscription {
         let (tx, rx) = mpsc::channel(self.inner.buffer);
-        let id = self
-            .inner
-            .next_id
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         self.inner
             .clients
             .lock()
@@ -329,13 +236,229 @@ impl Hub {
             .entry(run)
             .or_default()
             .push((id, tx));
-        self.registered();
+        self.want(Channel::Run(run));
         Subscription {
             rx,
             hub: self.clone(),
             run,
             id,
         }
+    }
+
+    /// A stream needs `channel`: subscribed unless it is (or is being) already.
+    fn want(&self, channel: Channel) {
+        let mut channels = self.inner.channels.lock().expect("hub lock");
+        match channels.get_mut(&channel) {
+            Some(wanted) => wanted.unused_since = None,
+            None => {
+                channels.insert(
+                    channel,
+                    Wanted {
+                        confirmed: false,
+                        unused_since: None,
+                    },
+                );
+                // Without a task (tests) nobody subscribes; nothing else to do.
+                let _ = self.inner.commands.send(channel);
+                metrics::gauge!("agentfleet_hub_channels").set(channels.len() as f64);
+            }
+        }
+    }
+
+    /// The last stream that needed `channel` left.
+    fn unused(&self, channel: Channel) {
+        let mut channels = self.inner.channels.lock().expect("hub lock");
+        if let Some(wanted) = channels.get_mut(&channel) {
+            wanted.unused_since = Some(Instant::now());
+        }
+    }
+
+    /// Holds the subscriptions on one connection until it fails (or shutdown, which the caller
+    /// watches).
+    async fn session(
+        &self,
+        settings: &HubSettings,
+        keys: &Keys,
+        commands: &mut mpsc::UnboundedReceiver<Channel>,
+    ) -> Result<(), SessionError> {
+        let (push_tx, mut pushes) = mpsc::unbounded_channel();
+        let mut conn = subscriber_connection(&settings.redis, push_tx)?;
+        // Whatever is wanted now, made again on this connection.
+        while commands.try_recv().is_ok() {}
+        let all: Vec<Channel> = {
+            let mut channels = self.inner.channels.lock().expect("hub lock");
+            channels.values_mut().for_each(|w| w.confirmed = false);
+            channels.keys().copied().collect()
+        };
+        self.subscribe_channels(&mut conn, keys, &all, settings.connect_within)
+            .await?;
+        // The PINGs go out from a task of their own, so that waiting for an answer never holds
+        // up the messages; it says when one went unanswered, and goes with this call.
+        let every = settings.ping_every;
+        let (dead_tx, mut dead) = tokio::sync::oneshot::channel::<()>();
+        let pinger_hub = self.clone();
+        let mut pinger_conn = conn.clone();
+        let _pinger = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                // A lazy connection holding nothing is not made just to be checked.
+                if pinger_hub
+                    .inner
+                    .channels
+                    .lock()
+                    .expect("hub lock")
+                    .is_empty()
+                {
+                    continue;
+                }
+                let ping = redis::cmd("PING");
+                if within(every, ping.query_async::<Value>(&mut pinger_conn))
+                    .await
+                    .is_err()
+                {
+                    let _ = dead_tx.send(());
+                    return;
+                }
+            }
+        }));
+        let linger = settings.linger;
+        let mut sweep = tokio::time::interval_at(tokio::time::Instant::now() + linger, linger);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                push = pushes.recv() => {
+                    let Some(push) = push else { return Err(SessionError::Closed) };
+                    self.on_push(keys, push);
+                }
+                channel = commands.recv() => {
+                    let Some(channel) = channel else { return Ok(()) };
+                    let mut batch = vec![channel];
+                    while let Ok(more) = commands.try_recv() {
+                        batch.push(more);
+                    }
+                    self.subscribe_channels(&mut conn, keys, &batch, settings.connect_within)
+                        .await?;
+                }
+                _ = sweep.tick() => {
+                    let gone = self.sweep(linger);
+                    if !gone.is_empty() {
+                        let (sharded, classic) = names(keys, &gone);
+                        within(settings.connect_within, conn.unsubscribe_live(&sharded, &classic))
+                            .await?;
+                    }
+                }
+                _ = &mut dead => return Err(SessionError::Silent),
+            }
+        }
+    }
+
+    async fn subscribe_channels(
+        &self,
+        conn: &mut RedisConnection,
+        keys: &Keys,
+        channels: &[Channel],
+        limit: Duration,
+    ) -> redis::RedisResult<()> {
+        if channels.is_empty() {
+            return Ok(());
+        }
+        let (sharded, classic) = names(keys, channels);
+        within(limit, conn.subscribe_live(&sharded, &classic)).await
+    }
+
+    /// Forgets the channels no stream has needed for `linger`, and returns them to unsubscribe.
+    fn sweep(&self, linger: Duration) -> Vec<Channel> {
+        let mut channels = self.inner.channels.lock().expect("hub lock");
+        let clients = self.inner.clients.lock().expect("hub lock");
+        let threads = self.inner.threads.lock().expect("hub lock");
+        let mut gone = Vec::new();
+        channels.retain(|channel, wanted| {
+            let needed = match channel {
+                Channel::Run(run) => clients.contains_key(run),
+                Channel::Thread(thread) => threads.contains_key(thread),
+            };
+            if needed {
+                wanted.unused_since = None;
+                return true;
+            }
+            let since = *wanted.unused_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < linger {
+                return true;
+            }
+            gone.push(*channel);
+            false
+        });
+        metrics::gauge!("agentfleet_hub_channels").set(channels.len() as f64);
+        gone
+    }
+
+    /// One message from the connection: an event, a subscription confirmed or dropped, or the
+    /// connection lost.
+    fn on_push(&self, keys: &Keys, push: PushInfo) {
+        if push.kind == PushKind::Disconnection {
+            self.lost_connection();
+            return;
+        }
+        let Some((name, channel)) = channel_of(keys, &push.data) else {
+            return;
+        };
+        match (push.kind, channel) {
+            (PushKind::Message | PushKind::SMessage, Channel::Thread(thread)) => {
+                self.wake_thread(thread);
+            }
+            (PushKind::Message | PushKind::SMessage, Channel::Run(run)) => {
+                if let Some(Value::BulkString(payload)) = push.data.get(1)
+                    && let Ok(payload) = std::str::from_utf8(payload)
+                {
+                    self.dispatch(run, HubMessage::Event(Arc::from(payload)));
+                }
+            }
+            (PushKind::Subscribe | PushKind::SSubscribe, _) => {
+                if let Some(wanted) = self
+                    .inner
+                    .channels
+                    .lock()
+                    .expect("hub lock")
+                    .get_mut(&channel)
+                {
+                    wanted.confirmed = true;
+                }
+                // Published before the confirmation: in the list (or, for a thread, in Postgres).
+                match channel {
+                    Channel::Run(run) => self.resync(run),
+                    Channel::Thread(thread) => self.wake_thread(thread),
+                }
+            }
+            // Not asked for while the channel is still wanted: the server dropped it (a
+            // cluster's slot moved to another node). Made again; the clients resync meanwhile.
+            (PushKind::Unsubscribe | PushKind::SUnsubscribe, _) => {
+                let mut channels = self.inner.channels.lock().expect("hub lock");
+                if let Some(wanted) = channels.get_mut(&channel) {
+                    wanted.confirmed = false;
+                    let _ = self.inner.commands.send(channel);
+                    drop(channels);
+                    tracing::debug!(channel = %name, "a live subscription was dropped; making it again");
+                    if let Channel::Run(run) = channel {
+                        self.resync(run);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The connection broke: nothing is confirmed until it is made again. The clients resync
+    /// then, each run's as its subscription is confirmed anew: re-reading the list now, from a
+    /// Redis that may well be the one out of reach, would only fail their streams.
+    fn lost_connection(&self) {
+        self.inner
+            .channels
+            .lock()
+            .expect("hub lock")
+            .values_mut()
+            .for_each(|w| w.confirmed = false);
     }
 
     fn dispatch(&self, run: Uuid, msg: HubMessage) {
@@ -348,39 +471,22 @@ impl Hub {
         }
     }
 
-    fn broadcast_resync(&self) {
-        let mut clients = self.inner.clients.lock().expect("hub lock");
-        // A client that cannot take the resync is dropped like one that cannot take an event:
-        // kept, it would never learn that live delivery missed events (its run's last ones,
-        // say), and wait for them for ever; dropped, its stream ends and the client resumes.
-        clients.retain(|_, list| {
-            list.retain(|(_, tx)| delivered(tx, HubMessage::Resync));
-            !list.is_empty()
-        });
-        drop(clients);
-        // A new run's first events may have been missed too.
-        let threads = self.inner.threads.lock().expect("hub lock");
-        for list in threads.values() {
-            for (_, tx) in list {
-                let _ = tx.try_send(());
-            }
-        }
+    /// Tells `run`'s clients to re-read the list. A client that cannot take it is dropped like
+    /// one that cannot take an event: kept, it would never learn that live delivery missed
+    /// events (its run's last ones, say), and wait for them for ever; dropped, its stream ends
+    /// and the client resumes.
+    fn resync(&self, run: Uuid) {
+        self.dispatch(run, HubMessage::Resync);
     }
 
     /// Registers interest in `thread`'s new runs until the returned watch is dropped.
     pub fn watch_thread(&self, thread: Uuid) -> ThreadWatch {
         let (tx, rx) = mpsc::channel(1);
-        let id = self
-            .inner
-            .next_id
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let mut threads = self.inner.threads.lock().expect("hub lock");
         threads.entry(thread).or_default().push((id, tx));
-        self.inner
-            .watched
-            .store(true, std::sync::atomic::Ordering::Release);
         drop(threads);
-        self.registered();
+        self.want(Channel::Thread(thread));
         ThreadWatch {
             rx,
             hub: self.clone(),
@@ -389,39 +495,42 @@ impl Hub {
         }
     }
 
-    /// Wakes the watchers of the event's thread when the event begins a run.
-    fn wake_thread_of(&self, payload: &str) {
-        #[derive(serde::Deserialize)]
-        struct Head {
-            thread_id: Uuid,
-            #[serde(rename = "type")]
-            kind: EventType,
-        }
-        // Most events begin no run: told apart by their head, without parsing their data.
-        if !may_begin_a_run(payload) {
-            return;
-        }
-        let Ok(head) = serde_json::from_str::<Head>(payload) else {
-            return;
-        };
-        if !matches!(head.kind, EventType::RunQueued | EventType::RunStarted) {
-            return;
-        }
+    /// Wakes the watchers of `thread`: one of its runs was queued or started.
+    fn wake_thread(&self, thread: Uuid) {
         let threads = self.inner.threads.lock().expect("hub lock");
-        for (_, tx) in threads.get(&head.thread_id).into_iter().flatten() {
+        for (_, tx) in threads.get(&thread).into_iter().flatten() {
             // Full: a wake-up is already pending, which is all a watcher needs.
             let _ = tx.try_send(());
         }
     }
 }
 
-/// Whether a stored event may be a run's `run_queued` or `run_started`: its type is in its
-/// head (`{"id":…,"run_id":"…","thread_id":"…","type":"…"`, about 140 bytes), before `data`.
-fn may_begin_a_run(payload: &str) -> bool {
-    const HEAD: usize = 256;
-    const TYPES: [&[u8]; 2] = [b"\"type\":\"run_queued\"", b"\"type\":\"run_started\""];
-    let head = &payload.as_bytes()[..payload.len().min(HEAD)];
-    TYPES.iter().any(|t| head.windows(t.len()).any(|w| w == *t))
+/// The channel a push names (its first element), if it is one of [`Keys`]'s.
+fn channel_of(keys: &Keys, data: &[Value]) -> Option<(String, Channel)> {
+    let Some(Value::BulkString(name)) = data.first() else {
+        return None;
+    };
+    let name = std::str::from_utf8(name).ok()?;
+    let id = keys.id_of_channel(name)?;
+    let channel = if keys.is_thread_channel(name) {
+        Channel::Thread(id)
+    } else {
+        Channel::Run(id)
+    };
+    Some((name.to_owned(), channel))
+}
+
+/// The Redis channel names of `channels`: runs' (sharded on a cluster) and threads' (classic).
+fn names(keys: &Keys, channels: &[Channel]) -> (Vec<String>, Vec<String>) {
+    let mut sharded = Vec::new();
+    let mut classic = Vec::new();
+    for channel in channels {
+        match channel {
+            Channel::Run(run) => sharded.push(keys.live(*run)),
+            Channel::Thread(thread) => classic.push(keys.thread_live(*thread)),
+        }
+    }
+    (sharded, classic)
 }
 
 /// A thread stream's interest in its thread's new runs; dropping it unregisters.
@@ -451,78 +560,98 @@ impl ThreadWatch {
 impl Drop for ThreadWatch {
     fn drop(&mut self) {
         let mut threads = self.hub.inner.threads.lock().expect("hub lock");
-        unregister(&mut threads, self.thread, self.id);
-        self.hub
-            .inner
-            .watched
-            .store(!threads.is_empty(), std::sync::atomic::Ordering::Release);
+        let last = unregister(&mut threads, self.thread, self.id);
+        drop(threads);
+        if last {
+            self.hub.unused(Channel::Thread(self.thread));
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use agentfleet_shared::events::{Envelope, EventType};
-    use serde_json::json;
+    use redis::{PushInfo, PushKind, Value};
     use uuid::Uuid;
 
-    fn stored(kind: EventType, data: serde_json::Value) -> String {
-        // Field order as stored: the append script puts `id` first, then the envelope.
-        let e = Envelope {
-            id: 12_345_678_901,
-            run_id: Uuid::new_v4(),
-            thread_id: Uuid::new_v4(),
+    use agentfleet_shared::events::Keys;
+
+    use super::{Channel, Hub, HubMessage};
+
+    fn push(kind: PushKind, channel: &str, payload: &str) -> PushInfo {
+        PushInfo {
             kind,
-            at: "2026-11-27T00:00:00.000Z".into(),
-            data,
-        };
-        serde_json::to_string(&e).unwrap()
+            data: vec![
+                Value::BulkString(channel.as_bytes().to_vec()),
+                Value::BulkString(payload.as_bytes().to_vec()),
+            ],
+        }
     }
 
-    /// A client whose buffer is full when a resync comes is dropped (its stream ends and it
-    /// resumes), as for an event: kept, it never learnt that live delivery had missed events.
+    /// A subscription confirmed tells its run's clients, and only them, to re-read the list
+    /// (what was published before it is there); a client whose buffer is full then is dropped
+    /// (its stream ends and it resumes), as for an event: kept, it would never learn that live
+    /// delivery had missed events.
     #[tokio::test]
-    async fn a_client_too_slow_for_a_resync_is_dropped_and_the_others_resync() {
-        // No subscription task: the only resync is the one sent here.
-        let hub = super::Hub::new(1);
+    async fn a_confirmed_subscription_resyncs_its_run_and_drops_a_client_too_slow_for_it() {
+        // No subscription task: the pushes are the ones given here.
+        let (hub, mut commands) = Hub::new(1);
+        let keys = Keys::new("t");
         let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
         let mut slow = hub.subscribe(a);
-        let mut fine = hub.subscribe(b);
-        hub.dispatch(a, super::HubMessage::Event("e".into()));
-        hub.broadcast_resync();
-        assert!(matches!(
-            slow.rx.recv().await,
-            Some(super::HubMessage::Event(_))
-        ));
+        let mut other = hub.subscribe(b);
+        assert_eq!(commands.try_recv().ok(), Some(Channel::Run(a)));
+        assert_eq!(commands.try_recv().ok(), Some(Channel::Run(b)));
+        assert!(!hub.is_connected(), "nothing confirmed yet");
+        hub.dispatch(a, HubMessage::Event("e".into()));
+        hub.on_push(&keys, push(PushKind::SSubscribe, &keys.live(a), "1"));
+        assert!(hub.is_connected());
+        assert!(matches!(slow.rx.recv().await, Some(HubMessage::Event(_))));
         assert!(
             slow.rx.recv().await.is_none(),
             "the slow client's stream ends"
         );
-        assert!(matches!(
-            fine.rx.recv().await,
-            Some(super::HubMessage::Resync)
-        ));
+        assert!(
+            other.rx.try_recv().is_err(),
+            "the other run's client is not disturbed"
+        );
+        // An event on the other run's channel reaches its client, as stored.
+        hub.on_push(&keys, push(PushKind::Message, &keys.live(b), "{\"id\":1}"));
+        assert!(matches!(other.rx.recv().await, Some(HubMessage::Event(e)) if &*e == "{\"id\":1}"));
     }
 
-    #[test]
-    fn only_the_first_events_of_a_run_are_taken_for_a_new_run() {
-        assert!(super::may_begin_a_run(&stored(
-            EventType::RunQueued,
-            json!({"status": "queued"})
-        )));
-        assert!(super::may_begin_a_run(&stored(
-            EventType::RunStarted,
-            json!({"attempt": 1, "worker": "w"})
-        )));
-        // The words in a later event's data past the head are not looked at (nearer, they
-        // pass this filter, and the parse of the whole envelope tells).
-        let long = "x".repeat(300);
-        assert!(!super::may_begin_a_run(&stored(
-            EventType::ToolCompleted,
-            json!({"a": long, "echo": {"type": "run_queued"}})
-        )));
-        assert!(!super::may_begin_a_run(&stored(
-            EventType::MessageDelta,
-            json!({"text": "hi"})
-        )));
+    /// A channel is subscribed once however many streams follow its run, and given up only
+    /// when none has for `linger`; a subscription the server dropped while still wanted is made
+    /// again.
+    #[tokio::test]
+    async fn a_run_s_channel_is_held_while_streams_follow_it_and_made_again_when_dropped() {
+        let (hub, mut commands) = Hub::new(8);
+        let keys = Keys::new("t");
+        let run = Uuid::new_v4();
+        let first = hub.subscribe(run);
+        let second = hub.subscribe(run);
+        assert_eq!(commands.try_recv().ok(), Some(Channel::Run(run)));
+        assert!(
+            commands.try_recv().is_err(),
+            "one subscription for both streams"
+        );
+        hub.on_push(&keys, push(PushKind::SUnsubscribe, &keys.live(run), "0"));
+        assert_eq!(
+            commands.try_recv().ok(),
+            Some(Channel::Run(run)),
+            "dropped by the server while wanted: subscribed again"
+        );
+        drop(first);
+        let linger = std::time::Duration::from_millis(50);
+        assert!(
+            hub.sweep(linger).is_empty(),
+            "a stream still follows the run"
+        );
+        drop(second);
+        assert!(hub.sweep(linger).is_empty(), "kept for the linger");
+        tokio::time::sleep(linger).await;
+        assert_eq!(hub.sweep(linger), vec![Channel::Run(run)]);
+        // Unsubscribed on purpose: its confirmation is not taken for a loss.
+        hub.on_push(&keys, push(PushKind::SUnsubscribe, &keys.live(run), "0"));
+        assert!(commands.try_recv().is_err());
     }
 }

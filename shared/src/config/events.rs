@@ -50,14 +50,15 @@ pub struct EventSettings {
     /// never reached Redis (its worker died between the commit and the append) is noticed then, and
     /// served from Postgres after `events.final_event_grace_ms`. 100–3600000.
     pub idle_recheck_ms: u64,
-    /// An API process subscribes to every run's live events only while it serves a stream, and this
-    /// long after the last one closed (it subscribes again, at once, for the next stream; an API
-    /// that only takes submissions parses no live events). 100–3600000.
+    /// An API process subscribes to a run's live events while it serves a stream of the run, and
+    /// this long after the run's last stream there closed (a client reconnecting at a pause finds
+    /// the subscription held; an API that only takes submissions subscribes to nothing).
+    /// 100–3600000.
     pub hub_linger_ms: u64,
-    /// How often that subscription checks its connection with a PING: without an answer before the
-    /// next one is due the API reconnects and every stream resyncs from the list. A subscriber only
-    /// listens: a connection that died without a reset would otherwise look open for ever and stall
-    /// every stream. 100–3600000.
+    /// How often, while it holds any subscription, the API checks that connection with a PING:
+    /// without an answer before the next one is due it reconnects and every stream resyncs from the
+    /// list. A subscriber only listens: a connection that died without a reset would otherwise look
+    /// open for ever and stall every stream. 100–3600000.
     pub hub_ping_ms: u64,
     /// When Redis has lost a run's list, its ids continue this far past the last id recorded in
     /// Postgres, so an id a client saw is never handed out again (docs/events.md). At least 1000

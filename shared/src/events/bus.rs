@@ -4,11 +4,10 @@ use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redis::aio::ConnectionManager;
 use uuid::Uuid;
 
-use super::connection::worth_retrying;
-use super::envelope::{NewEvent, envelope};
+use super::connection::{RedisConnection, worth_retrying};
+use super::envelope::{EventType, NewEvent, envelope};
 use super::keys::Keys;
 
 /// Fencing token of writers that must win over every worker (a cancel from the API).
@@ -61,7 +60,11 @@ impl AppendError {
 /// KEYS: list, fence, base. ARGV: token, envelope-without-id (starting after its `{`), channel,
 /// expiry mode (0 keep, 1 expire, 2 persist), ttl seconds, floor, margin, unless-ended (`1`:
 /// decline, returning -2, when the list ends with a terminal event), again (`1`: this very
-/// envelope may have been appended by an attempt whose answer was lost).
+/// envelope may have been appended by an attempt whose answer was lost), the publish command
+/// (`PUBLISH` on one server; `SPUBLISH` on a cluster, where the run's channel is in the slot of
+/// its keys), the thread's channel (non-empty for an event that begins a run) and what to
+/// publish there (the run's id; by a plain `PUBLISH`, which names no key and so may leave the
+/// slot: a thread's wake-ups are two a run, and only the replicas watching it subscribe).
 ///
 /// An event's id is `base + its position` (1-based); `base` is 0 until Redis loses a list.
 /// `floor` is the last id a client may have seen, as far as the writer knows (its own last
@@ -124,7 +127,8 @@ end
 local n = last + 1
 local ev = '{"id":' .. n .. ',' .. ARGV[2]
 redis.call('RPUSH', KEYS[1], ev)
-redis.call('PUBLISH', ARGV[3], ev)
+redis.call(ARGV[10], ARGV[3], ev)
+if ARGV[11] ~= '' then redis.call('PUBLISH', ARGV[11], ARGV[12]) end
 local mode = ARGV[4]
 if mode == '1' then
   redis.call('EXPIRE', KEYS[1], ARGV[5]); redis.call('EXPIRE', KEYS[2], ARGV[5])
@@ -165,7 +169,7 @@ pub fn lost_placeholder(id: u64) -> String {
 /// The event bus over the process's shared Redis connection.
 #[derive(Clone)]
 pub struct EventBus {
-    pub(super) conn: ConnectionManager,
+    pub(super) conn: RedisConnection,
     /// Bound of one call, reconnecting and retrying included (`redis.timeout_ms`).
     timeout: Duration,
     keys: Keys,
@@ -179,6 +183,9 @@ pub struct EventBus {
     /// Finished lists of at most this many events are packed (`events.pack_max_events`; 0:
     /// never).
     pack_max_events: u64,
+    /// On a cluster, how long an append that took a run's stream from an earlier holder waits
+    /// for a replica to have the new fence (`redis.fence_replication_ms`; zero: not at all).
+    fence_replication: Duration,
 }
 
 /// Default of `events.lost_id_margin`.
@@ -196,7 +203,7 @@ pub struct Appended {
 }
 
 impl EventBus {
-    pub fn new(conn: ConnectionManager, prefix: &str, retention_secs: u64) -> EventBus {
+    pub fn new(conn: RedisConnection, prefix: &str, retention_secs: u64) -> EventBus {
         EventBus {
             conn,
             timeout: DEFAULT_TIMEOUT,
@@ -207,7 +214,14 @@ impl EventBus {
             script: std::sync::Arc::new(redis::Script::new(APPEND_LUA)),
             read_script: std::sync::Arc::new(redis::Script::new(READ_LUA)),
             pack_max_events: 0,
+            fence_replication: Duration::ZERO,
         }
+    }
+
+    /// Sets `redis.fence_replication_ms`.
+    pub fn with_fence_replication(mut self, wait: Duration) -> EventBus {
+        self.fence_replication = wait;
+        self
     }
 
     /// Sets `events.pack_max_events` (for the holders that end runs).
@@ -252,7 +266,7 @@ impl EventBus {
     /// whether it is that second attempt, and must be safe to repeat).
     pub(crate) async fn call<T, F, Fut>(&self, command: F) -> Result<T, AppendError>
     where
-        F: Fn(ConnectionManager, bool) -> Fut,
+        F: Fn(RedisConnection, bool) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let attempts = async {
@@ -335,7 +349,53 @@ impl EventBus {
                 async move { invocation.invoke_async(&mut conn).await }
             })
             .await?;
+        if Self::took_over(fence, reply) {
+            self.replicate_fence(event.run_id).await;
+        }
         Self::outcome(&event, reply, at)
+    }
+
+    /// Whether an append's reply `(id, fence before)` says it raised the run's fence over an
+    /// earlier holder's (not from nothing: a run's first holder keeps no one out).
+    fn took_over(fence: i64, (id, before): (i64, i64)) -> bool {
+        id > 0 && before > 0 && before < fence
+    }
+
+    /// After an append that raised a run's fence over an earlier holder's, on a cluster: waits
+    /// until a replica of the run's node has it (`WAIT 1`), at most `redis.fence_replication_ms`.
+    /// Replication is asynchronous: without this, a failover to a replica that missed the new
+    /// fence would let the earlier holder (a worker that lost its lease and has not noticed yet,
+    /// or a paused attempt's late append) append again until the new holder's next append. The
+    /// `WAIT` goes on the connection that wrote, to the run's node, and holds that connection
+    /// for its replica's acknowledgement (well under a millisecond on a healthy cluster); it
+    /// happens only at a take-over or a resume. Without a replica in time, the append stands
+    /// and the shortfall is logged and counted.
+    async fn replicate_fence(&self, run: Uuid) {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let RedisConnection::Cluster(conn) = &self.conn else {
+            return;
+        };
+        if self.fence_replication.is_zero() {
+            return;
+        }
+        let route = Route::with_key(self.keys.fence(run), SlotAddr::Master);
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(1).arg(self.fence_replication.as_millis() as u64);
+        let mut conn = conn.clone();
+        let routed = conn.route_command(
+            wait,
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+        );
+        // The command's own bound is the WAIT's, plus the round trip.
+        let limit = self.fence_replication + self.timeout;
+        let acked = match tokio::time::timeout(limit, routed).await {
+            Ok(Ok(redis::Value::Int(n))) => n,
+            _ => 0,
+        };
+        if acked < 1 {
+            metrics::counter!("agentfleet_fence_unreplicated_total").increment(1);
+            tracing::warn!(run_id = %run, "a run's new stream fence reached no replica in time; a failover now could let its earlier holder append again");
+        }
     }
 
     /// Appends one event to each of many runs in one round trip: a pipeline of the same
@@ -366,11 +426,50 @@ impl EventBus {
         self.pipeline(events, fence, floor).await
     }
 
-    /// One pipeline of append invocations. It is sent without the script first (Redis
-    /// nearly always has it cached); from the first invocation that finds the cache empty
-    /// (a restarted or flushed Redis: nothing from that one on ran), the rest is sent again
-    /// behind a `SCRIPT LOAD`.
+    /// Append invocations in as few round trips as the server allows: one pipeline on one
+    /// server; on a cluster, where a pipeline goes to one node, one per run (a run's keys share
+    /// a slot, different runs' need not), all sent at once.
     async fn pipeline(
+        &self,
+        events: &[(NewEvent<'_>, Expiry)],
+        fence: i64,
+        floor: Floor,
+    ) -> Result<Vec<Result<Appended, AppendError>>, AppendError> {
+        let first_run = events.first().map(|(e, _)| e.run_id);
+        if !self.conn.is_cluster() || events.iter().all(|(e, _)| Some(e.run_id) == first_run) {
+            return self.pipeline_one(events, fence, floor).await;
+        }
+        // Grouped by run, in order within each; the outcomes are put back in the callers' order.
+        let mut groups: Vec<(Uuid, Vec<usize>)> = Vec::new();
+        for (i, (event, _)) in events.iter().enumerate() {
+            match groups.iter_mut().find(|(run, _)| *run == event.run_id) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((event.run_id, vec![i])),
+            }
+        }
+        let sends = groups.iter().map(|(_, members)| {
+            let group: Vec<(NewEvent<'_>, Expiry)> = members.iter().map(|&i| events[i]).collect();
+            async move { self.pipeline_one(&group, fence, floor).await }
+        });
+        let replies = futures_util::future::join_all(sends).await;
+        let mut outcomes: Vec<Option<Result<Appended, AppendError>>> =
+            (0..events.len()).map(|_| None).collect();
+        for ((_, members), reply) in groups.iter().zip(replies) {
+            for (&i, outcome) in members.iter().zip(reply?) {
+                outcomes[i] = Some(outcome);
+            }
+        }
+        Ok(outcomes
+            .into_iter()
+            .map(|o| o.expect("every event belongs to one group"))
+            .collect())
+    }
+
+    /// One pipeline of append invocations, to one server. It is sent without the script first
+    /// (Redis nearly always has it cached); from the first invocation that finds the cache
+    /// empty (a restarted or flushed Redis: nothing from that one on ran), the rest is sent
+    /// again behind a `SCRIPT LOAD` (in the same pipeline, so on the same node).
+    async fn pipeline_one(
         &self,
         events: &[(NewEvent<'_>, Expiry)],
         fence: i64,
@@ -419,6 +518,13 @@ impl EventBus {
                 "pipeline answered a different number of replies",
             ))));
         }
+        // One run per pipeline on a cluster (see `pipeline`): one wait covers the pipeline.
+        let took_over = replies
+            .iter()
+            .any(|r| matches!(r, Ok(reply) if Self::took_over(fence, *reply)));
+        if took_over {
+            self.replicate_fence(events[0].0.run_id).await;
+        }
         Ok(events
             .iter()
             .zip(replies)
@@ -464,7 +570,20 @@ impl EventBus {
             .arg(floor)
             .arg(margin)
             .arg(if args.unless_ended { "1" } else { "0" })
-            .arg(if args.again { "1" } else { "0" });
+            .arg(if args.again { "1" } else { "0" })
+            .arg(if self.conn.is_cluster() {
+                "SPUBLISH"
+            } else {
+                "PUBLISH"
+            });
+        if matches!(event.kind, EventType::RunQueued | EventType::RunStarted) {
+            let mut id = Uuid::encode_buffer();
+            invocation
+                .arg(self.keys.thread_live(event.thread_id))
+                .arg(&*event.run_id.hyphenated().encode_lower(&mut id));
+        } else {
+            invocation.arg("").arg("");
+        }
         invocation
     }
 

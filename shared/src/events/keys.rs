@@ -1,4 +1,9 @@
 //! Names of a run's Redis keys and channels.
+//!
+//! Every key and channel of one run carries the run's id as a hash tag
+//! (`{prefix}:run:{<id>}:events`): a Redis Cluster keeps them in one hash slot, so the append
+//! script can name the list, its fence and its id base and publish on the run's sharded channel
+//! in one atomic step. A thread's channel is tagged with the thread's id.
 
 use uuid::Uuid;
 
@@ -15,46 +20,60 @@ impl Keys {
         }
     }
     pub fn events(&self, run: Uuid) -> String {
-        self.of_run(run, "events")
+        self.of(":run:", run, "events")
     }
+    /// The run's live channel: each appended event, as stored.
     pub fn live(&self, run: Uuid) -> String {
-        self.of_run(run, "live")
+        self.of(":run:", run, "live")
     }
     pub fn control(&self, run: Uuid) -> String {
-        self.of_run(run, "control")
+        self.of(":run:", run, "control")
     }
     pub fn fence(&self, run: Uuid) -> String {
-        self.of_run(run, "fence")
+        self.of(":run:", run, "fence")
     }
     /// The id offset of a list rebuilt after a loss (absent: 0).
     pub fn base(&self, run: Uuid) -> String {
-        self.of_run(run, "base")
+        self.of(":run:", run, "base")
     }
-    /// `{prefix}:run:{run}:{name}`, built without `format!`: every append names four of these,
-    /// and through the formatting machinery (a `Uuid`'s `Display` included) they cost about
-    /// 2,000 instructions each, 6 % of a worker's instructions per run (callgrind).
-    fn of_run(&self, run: Uuid, name: &str) -> String {
-        let mut id = Uuid::encode_buffer();
-        let id = run.hyphenated().encode_lower(&mut id);
-        let mut key = String::with_capacity(self.prefix.len() + 6 + id.len() + name.len());
+    /// The thread's channel: the id of each run of the thread as it is queued or started, for
+    /// thread streams waiting for the thread's next run.
+    pub fn thread_live(&self, thread: Uuid) -> String {
+        self.of(":thread:", thread, "live")
+    }
+    /// `{prefix}{kind}{<id>}:{name}`, built without `format!`: every append names four of
+    /// these, and through the formatting machinery (a `Uuid`'s `Display` included) they cost
+    /// about 2,000 instructions each, 6 % of a worker's instructions per run (callgrind).
+    fn of(&self, kind: &str, id: Uuid, name: &str) -> String {
+        let mut buf = Uuid::encode_buffer();
+        let id = id.hyphenated().encode_lower(&mut buf);
+        let mut key =
+            String::with_capacity(self.prefix.len() + kind.len() + id.len() + 3 + name.len());
         key.push_str(&self.prefix);
-        key.push_str(":run:");
+        key.push_str(kind);
+        key.push('{');
         key.push_str(id);
-        key.push(':');
+        key.push_str("}:");
         key.push_str(name);
         key
     }
-    /// Pattern matching every run's live channel, for the API's single subscription.
-    pub fn live_pattern(&self) -> String {
-        format!("{}:run:*:live", self.prefix)
-    }
+    /// Pattern matching every run's control channel, for a worker's one subscription.
     pub fn control_pattern(&self) -> String {
         format!("{}:run:*:control", self.prefix)
     }
-    /// Extracts the run id from a live or control channel name.
-    pub fn run_of_channel(&self, channel: &str) -> Option<Uuid> {
-        let rest = channel.strip_prefix(&self.prefix)?.strip_prefix(":run:")?;
-        let id = rest.split(':').next()?;
+    /// The run (or thread) id of a channel of [`Keys`]'s making.
+    pub fn id_of_channel(&self, channel: &str) -> Option<Uuid> {
+        let rest = channel.strip_prefix(&self.prefix)?;
+        let rest = rest
+            .strip_prefix(":run:")
+            .or_else(|| rest.strip_prefix(":thread:"))?;
+        let id = rest.strip_prefix('{')?.split('}').next()?;
         Uuid::parse_str(id).ok()
+    }
+    /// Whether `channel` is a thread's channel (else a run's).
+    pub fn is_thread_channel(&self, channel: &str) -> bool {
+        channel
+            .strip_prefix(&self.prefix)
+            .is_some_and(|rest| rest.starts_with(":thread:"))
     }
 }

@@ -32,13 +32,44 @@ fn run_keys_are_named_as_documented_and_read_back() {
     let keys = Keys::new("af_x");
     let run = Uuid::parse_str("0190A1B2-C3D4-7E5F-8A9B-0C1D2E3F4A5B").unwrap();
     let id = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b";
-    assert_eq!(keys.events(run), format!("af_x:run:{id}:events"));
-    assert_eq!(keys.live(run), format!("af_x:run:{id}:live"));
-    assert_eq!(keys.control(run), format!("af_x:run:{id}:control"));
-    assert_eq!(keys.fence(run), format!("af_x:run:{id}:fence"));
-    assert_eq!(keys.base(run), format!("af_x:run:{id}:base"));
-    assert_eq!(keys.run_of_channel(&keys.live(run)), Some(run));
-    assert_eq!(keys.run_of_channel(&keys.control(run)), Some(run));
+    assert_eq!(keys.events(run), format!("af_x:run:{{{id}}}:events"));
+    assert_eq!(keys.live(run), format!("af_x:run:{{{id}}}:live"));
+    assert_eq!(keys.control(run), format!("af_x:run:{{{id}}}:control"));
+    assert_eq!(keys.fence(run), format!("af_x:run:{{{id}}}:fence"));
+    assert_eq!(keys.base(run), format!("af_x:run:{{{id}}}:base"));
+    assert_eq!(keys.thread_live(run), format!("af_x:thread:{{{id}}}:live"));
+    assert_eq!(keys.id_of_channel(&keys.live(run)), Some(run));
+    assert_eq!(keys.id_of_channel(&keys.control(run)), Some(run));
+    assert_eq!(keys.id_of_channel(&keys.thread_live(run)), Some(run));
+    assert!(keys.is_thread_channel(&keys.thread_live(run)));
+    assert!(!keys.is_thread_channel(&keys.live(run)));
+}
+
+/// A Redis Cluster places a key by the part between its first `{` and the next `}`: every key
+/// of a run must hash to the run's slot, whatever the prefix.
+#[test]
+fn every_key_of_a_run_shares_its_hash_tag() {
+    fn tag(key: &str) -> &str {
+        let open = key.find('{').expect("a hash tag");
+        let close = open + key[open..].find('}').expect("a closed hash tag");
+        &key[open + 1..close]
+    }
+    let keys = Keys::new("af.x-1");
+    let run = Uuid::new_v4();
+    let id = run.to_string();
+    for key in [
+        keys.events(run),
+        keys.live(run),
+        keys.control(run),
+        keys.fence(run),
+        keys.base(run),
+    ] {
+        assert_eq!(tag(&key), id, "{key}");
+    }
+    assert!(
+        keys.control_pattern().chars().all(|c| c != '{'),
+        "the prefix of a key names no hash tag of its own"
+    );
 }
 
 #[test]
@@ -67,11 +98,12 @@ fn a_budget_pause_is_announced_as_input_required_with_its_figures() {
 fn keys_follow_the_design_names() {
     let k = Keys::new("agentfleet");
     let id = Uuid::nil();
-    assert_eq!(k.events(id), format!("agentfleet:run:{id}:events"));
-    assert_eq!(k.live(id), format!("agentfleet:run:{id}:live"));
-    assert_eq!(k.control(id), format!("agentfleet:run:{id}:control"));
-    assert_eq!(k.run_of_channel(&k.live(id)), Some(id));
-    assert_eq!(k.run_of_channel("other:run:x:live"), None);
+    assert_eq!(k.events(id), format!("agentfleet:run:{{{id}}}:events"));
+    assert_eq!(k.live(id), format!("agentfleet:run:{{{id}}}:live"));
+    assert_eq!(k.control(id), format!("agentfleet:run:{{{id}}}:control"));
+    assert_eq!(k.id_of_channel(&k.live(id)), Some(id));
+    assert_eq!(k.id_of_channel("other:run:{x}:live"), None);
+    assert_eq!(k.id_of_channel("agentfleet:run:x:live"), None);
 }
 
 fn bus_at(url: String, timeout_ms: u64) -> EventBus {

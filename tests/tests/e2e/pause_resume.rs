@@ -35,7 +35,7 @@ async fn ask_on_worker_a_answer_handled_by_worker_b_after_a_is_killed() {
     assert_eq!(waiting["pending"]["kind"], "input");
     assert_eq!(waiting["pending"]["question"], "What is your name?");
     // The paused run's list now expires (24 h by default).
-    let ttl = redis_ttl(&format!("{}:run:{run_id}:events", env.prefix)).await;
+    let ttl = redis_ttl(&format!("{}:run:{{{run_id}}}:events", env.prefix)).await;
     assert!(ttl > 86_000 && ttl <= 86_400, "ttl {ttl}");
 
     worker_a.kill();
@@ -50,7 +50,7 @@ async fn ask_on_worker_a_answer_handled_by_worker_b_after_a_is_killed() {
     let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert!(done["pending"].is_null());
-    let ttl = redis_ttl(&format!("{}:run:{run_id}:events", env.prefix)).await;
+    let ttl = redis_ttl(&format!("{}:run:{{{run_id}}}:events", env.prefix)).await;
     assert!(
         ttl > 86_000,
         "a finished run's list expires after the retention: ttl {ttl}"
@@ -425,8 +425,7 @@ async fn one_active_run_per_thread() {
 }
 
 async fn redis_ttl(key: &str) -> i64 {
-    let client = redis::Client::open(redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = redis_connection();
     redis::cmd("TTL")
         .arg(key)
         .query_async(&mut conn)

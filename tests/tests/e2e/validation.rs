@@ -330,7 +330,7 @@ async fn a_batch_of_1000_is_committed_announced_and_published_and_completes() {
     let mut pipe = redis::pipe();
     for id in &ids {
         pipe.cmd("LRANGE")
-            .arg(format!("{}:run:{id}:events", env.prefix))
+            .arg(format!("{}:run:{{{id}}}:events", env.prefix))
             .arg(0)
             .arg(-1);
     }

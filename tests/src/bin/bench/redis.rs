@@ -61,7 +61,7 @@ async fn redis_bytes_at(
     ctx.wait_completed(&id, Duration::from_secs(120)).await;
     let client = redis::Client::open(redis_url())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
-    let key = format!("{}:run:{id}:events", ctx.env.prefix);
+    let key = format!("{}:run:{{{id}}}:events", ctx.env.prefix);
     // Compaction runs right after `message_completed`, packing after the end: wait for both
     // messages' headers, and for the pack.
     let items: Vec<Vec<u8>> = wait_for("the list to settle", Duration::from_secs(10), || {

@@ -113,7 +113,7 @@ pub(super) async fn run_keys(
     prefix: &str,
     id: &str,
 ) -> anyhow::Result<(usize, i64)> {
-    let key = |name: &str| format!("{prefix}:run:{id}:{name}");
+    let key = |name: &str| format!("{prefix}:run:{{{id}}}:{name}");
     let items: Vec<Vec<u8>> = redis::cmd("LRANGE")
         .arg(key("events"))
         .arg(0)
