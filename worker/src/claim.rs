@@ -1,8 +1,9 @@
 //! Claiming a delivered run: one conditional UPDATE. A claimed run's delivery is acknowledged
 //! by its slot's task when the slot is let go (`intake`), so the prefetch counts busy slots. A
 //! claim that matches no row means the message is stale or a duplicate (acknowledged). A
-//! run taken over too many times after its worker vanished is poison: it is failed and its
-//! message dead-lettered.
+//! run taken over more than `worker.max_recoveries` times after its worker vanished goes to
+//! quarantine (`quarantine`: it runs alone in its worker); one that was alone in quarantine
+//! when its worker vanished is poison: it is failed and its message dead-lettered.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +21,12 @@ use agentfleet_shared::telemetry;
 use crate::deps::Deps;
 
 pub enum ClaimOutcome {
-    Claimed(Box<Claimed>),
+    Claimed {
+        claimed: Box<Claimed>,
+        /// Taken over more than `worker.max_recoveries` times: it must run alone in this
+        /// worker (`quarantine`).
+        alone: bool,
+    },
     /// Nothing to run: the delivery is to be settled as said, once its slot is free.
     Skipped(Settle),
 }
@@ -49,7 +55,7 @@ pub async fn claim(deps: &Arc<Deps>, delivery: &Delivery) -> anyhow::Result<Clai
     if claimed.took_over {
         metrics::counter!("agentfleet_lease_expiries_total").increment(1);
     }
-    if claimed.run.recoveries > deps.settings.worker.max_recoveries {
+    if claimed.crashed_alone {
         let fence = claimed.fence();
         // The list may be gone (expired, or Redis restarted): ids continue past the last one
         // recorded, and the id of `run_failed` is recorded too, with the same message.
@@ -88,13 +94,18 @@ pub async fn claim(deps: &Arc<Deps>, delivery: &Delivery) -> anyhow::Result<Clai
         }
         metrics::counter!("agentfleet_runs_total", "status" => "failed").increment(1);
         metrics::counter!("agentfleet_poison_runs_total").increment(1);
-        tracing::error!(run_id = %fence.run_id, recoveries = claimed.run.recoveries, "poison run failed and dead-lettered");
+        tracing::error!(run_id = %fence.run_id, recoveries = claimed.run.recoveries,
+            "poison run: its worker died while it ran alone in quarantine; failed and dead-lettered");
         return Ok(ClaimOutcome::Skipped(Settle::DeadLetter));
     }
     if claimed.recovered {
         metrics::counter!("agentfleet_recoveries_total").increment(1);
     }
-    Ok(ClaimOutcome::Claimed(Box::new(claimed)))
+    let alone = claimed.run.recoveries > deps.settings.worker.max_recoveries;
+    Ok(ClaimOutcome::Claimed {
+        claimed: Box::new(claimed),
+        alone,
+    })
 }
 
 /// How long a slot waits before it gives back a delivery whose claim failed (Postgres down,

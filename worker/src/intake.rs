@@ -34,6 +34,7 @@ use crate::claim::{
     ClaimOutcome, Settle, attempt_span, claim, claim_retry_wait, earlier_deliveries,
 };
 use crate::deps::Deps;
+use crate::quarantine::{self, Quarantine};
 use crate::run;
 use crate::stop::StopSignal;
 
@@ -44,6 +45,7 @@ pub struct Intake {
     pub tracker: TaskTracker,
     pub draining: CancellationToken,
     pub unacked: Arc<Unacked>,
+    pub quarantine: Arc<Quarantine>,
 }
 
 /// The deliveries of the current channel that busy slots hold unacknowledged: what the
@@ -155,11 +157,13 @@ impl Intake {
         let freed = self.freed.clone();
         let draining = self.draining.clone();
         let unacked = self.unacked.clone();
+        let quarantine = self.quarantine.clone();
+        let slots = self.slots.clone();
         let channel = unacked.taken();
         self.tracker.spawn(async move {
             // What the delivery still needs once the slot is free (`None`: acked early).
             let settle = match claim(&deps, &delivery).await {
-                Ok(ClaimOutcome::Claimed(claimed)) => {
+                Ok(ClaimOutcome::Claimed { claimed, alone }) => {
                     let run_id = claimed.run.id;
                     let span = attempt_span(&deps, &claimed, &delivery);
                     let stop = StopSignal::default();
@@ -169,7 +173,18 @@ impl Intake {
                     // Boxed: the run's future is the largest of the worker (about 11 KB);
                     // inline, this task would hold it more than once and every move of the
                     // task (its spawn) would copy it.
-                    let run = run::execute(deps.clone(), *claimed, stop, draining);
+                    let run = {
+                        let deps = deps.clone();
+                        async move {
+                            if alone {
+                                quarantine::run_alone(deps, *claimed, stop, quarantine, slots)
+                                    .await;
+                            } else {
+                                let handback = quarantine.handback();
+                                run::execute(deps, *claimed, stop, handback).await;
+                            }
+                        }
+                    };
                     let execute = Box::pin(async move {
                         // A panic ends this run's attempt, not the slot's bookkeeping below:
                         // the run's lease lapses (its heartbeat is dropped with it) and the

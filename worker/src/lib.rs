@@ -1,6 +1,7 @@
 //! agentfleet-worker: takes runs from the queue and executes the agent loop.
 //!
 //! A run's life, file by file: `intake` (deliveries into slots) → `claim` (lease + attempt) →
+//! `quarantine` (a run taken over too often runs alone in its worker) →
 //! `lease` (heartbeat) → `run` (the driver, over `run_ctx`) → `iteration` (one model turn, over
 //! the `history`) → `model_call` →
 //! `tools` (settle the calls) → `pause` (ask, confirm) → `drain` (shutdown). `sweeper`
@@ -25,6 +26,7 @@ pub mod model_call;
 pub mod model_http;
 pub mod model_stream;
 pub mod pause;
+pub mod quarantine;
 pub mod run;
 pub mod run_ctx;
 pub mod stop;
@@ -114,6 +116,7 @@ impl Worker {
             // born at its first event would hide that event from `increase()`.
             for name in [
                 "agentfleet_poison_runs_total",
+                "agentfleet_quarantined_runs_total",
                 "agentfleet_lease_expiries_total",
                 "agentfleet_recoveries_total",
                 "agentfleet_run_handbacks_total",
@@ -122,6 +125,7 @@ impl Worker {
             ] {
                 metrics::counter!(name).absolute(0);
             }
+            metrics::gauge!("agentfleet_quarantined_runs_in_flight").set(0.0);
             Some(
                 tokio::net::TcpListener::bind(&settings.worker.metrics_listen)
                     .await
@@ -209,6 +213,7 @@ impl Worker {
             tracker: tracker.clone(),
             draining: draining.clone(),
             unacked: Default::default(),
+            quarantine: Arc::new(crate::quarantine::Quarantine::new(draining.clone())),
         };
         let stopper = intake_stop.clone();
         tokio::spawn(async move {

@@ -1,5 +1,6 @@
 //! Driving one claimed run: announce the attempt, alternate model turns and tool settlement
-//! until the run completes, pauses, fails, is stopped or is handed back on drain.
+//! until the run completes, pauses, fails, is stopped or is handed back (a drain, or a
+//! quarantine emptying the worker: `handback`).
 //!
 //! Statements on the pool off the hot path (ends other than completion, hand-backs, reloads,
 //! compaction, pauses) are awaited boxed (`Box::pin`): sqlx's pool acquire future is about
@@ -38,7 +39,7 @@ enum Outcome {
         ended: Option<Option<Uuid>>,
     },
     Paused,
-    /// Drain: handed back between iterations.
+    /// Drain or quarantine (`handback`): handed back between iterations.
     Released,
     MaxIterations,
     /// A token budget was reached: no further model call.
@@ -51,7 +52,7 @@ pub async fn execute(
     deps: Arc<Deps>,
     claimed: Claimed,
     stop: StopSignal,
-    draining: CancellationToken,
+    handback: CancellationToken,
 ) {
     let fence = claimed.fence();
     let spent = Spent::read(
@@ -105,7 +106,7 @@ pub async fn execute(
     // for the sweeper to hand the run to another attempt.
     let holding = ctx.deps.leases.hold(fence, ctx.stop.clone());
     let result = tokio::select! {
-        r = drive(&ctx, claimed.recovered, &draining) => r,
+        r = drive(&ctx, claimed.recovered, &handback) => r,
         // Every await point of `drive` is abandoned at once when the run must stop.
         _ = ctx.stop.stopped() => Err(RunError::Stopped),
     };
@@ -120,9 +121,9 @@ pub async fn execute(
 async fn drive(
     ctx: &RunCtx,
     recovered: bool,
-    draining: &CancellationToken,
+    handback: &CancellationToken,
 ) -> Result<Outcome, RunError> {
-    let (kind, data) = if recovered {
+    let (kind, mut data) = if recovered {
         (
             EventType::RunRecovered,
             json!({"attempt": ctx.fence.attempt, "worker": ctx.deps.worker_id,
@@ -134,6 +135,10 @@ async fn drive(
             json!({"attempt": ctx.fence.attempt, "worker": ctx.deps.worker_id}),
         )
     };
+    if ctx.run.quarantine_attempt == Some(ctx.fence.attempt) {
+        // Said to the run's clients too: the attempt that decides whether the run is poison.
+        data["quarantined"] = json!(true);
+    }
     // Goes out with the holding's first step (its `iteration_started`, or whatever comes first).
     ctx.emitter.defer(kind, data, Expiry::Persist);
     let mut iteration = ctx.run.iteration;
@@ -168,7 +173,7 @@ async fn drive(
         if ctx.stop.interrupt_requested() {
             return Ok(Outcome::Interrupted);
         }
-        if draining.is_cancelled() {
+        if handback.is_cancelled() {
             return Ok(Outcome::Released);
         }
         if iteration >= ctx.run.max_iterations {

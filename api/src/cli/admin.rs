@@ -1,5 +1,6 @@
-//! `agentfleet-api admin dead-letters list|replay|purge` and `agentfleet-api admin stuck`:
-//! what an operator does about work that stopped moving (docs/operations.md, "Dead letters").
+//! `agentfleet-api admin dead-letters list|replay|purge`, `agentfleet-api admin quarantine` and
+//! `agentfleet-api admin stuck`: what an operator does about work that stopped moving
+//! (docs/operations.md, "Dead letters").
 //!
 //! A dead letter is a run failed as `poison_run` (Postgres is the truth,
 //! `store::dead_letters`); its message in `{prefix}.runs.dead` only names the run. `replay`
@@ -17,7 +18,7 @@ use uuid::Uuid;
 
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::queue::{self, Publisher, RunMessage, Topology};
-use agentfleet_shared::store::dead_letters::{self, DeadLetter, ReplayError, Stuck};
+use agentfleet_shared::store::dead_letters::{self, DeadLetter, Quarantined, ReplayError, Stuck};
 use agentfleet_shared::store::fair_dispatch;
 
 use super::{parse_duration, print, when};
@@ -27,10 +28,19 @@ const MAX_DEAD_SCAN: u32 = 100_000;
 
 #[derive(Subcommand)]
 pub enum AdminCommand {
-    /// Runs failed as poison (they crashed their workers too often), and their messages in the
-    /// dead-letter queue.
+    /// Runs failed as poison (they crashed their workers too often, the last time one that ran
+    /// nothing else), and their messages in the dead-letter queue.
     #[command(subcommand)]
     DeadLetters(DeadLettersCommand),
+    /// Runs in quarantine, newest first: taken over more than `worker.max_recoveries` times,
+    /// so each of their attempts runs alone in a worker (failed as poison if that worker dies).
+    Quarantine {
+        /// Also those finished since (completed, failed, cancelled).
+        #[arg(long)]
+        all: bool,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
     /// Runs queued or waiting (for input, a confirmation or their thread) with no change for
     /// longer than `--older-than`, oldest first.
     Stuck {
@@ -82,6 +92,10 @@ pub async fn run(
             let older = parse_duration(&older_than).context("--older-than")?;
             let runs = dead_letters::stuck(pool, older, limit.into()).await?;
             print_stuck(json, &runs);
+        }
+        AdminCommand::Quarantine { all, limit } => {
+            let runs = dead_letters::quarantined(pool, !all, limit.into()).await?;
+            print_quarantined(json, &runs);
         }
         AdminCommand::DeadLetters(DeadLettersCommand::List { tenant, limit }) => {
             let runs = dead_letters::list(pool, tenant, limit.into()).await?;
@@ -285,6 +299,40 @@ fn print_dead(json: bool, runs: &[DeadLetter]) {
         json,
         &runs,
         &["RUN", "TENANT", "FAILED", "ATTEMPTS", "REPLAYS", "REASON"],
+        rows,
+    );
+}
+
+fn print_quarantined(json: bool, runs: &[Quarantined]) {
+    let rows = runs
+        .iter()
+        .map(|q| {
+            let status = match (&q.error_code, q.running_alone) {
+                (Some(code), _) => format!("{} ({code})", q.status),
+                (None, true) => format!("{} (alone)", q.status),
+                (None, false) => q.status.clone(),
+            };
+            vec![
+                q.run_id.to_string(),
+                q.tenant_id.to_string(),
+                status,
+                when(Some(q.quarantined_at)),
+                q.attempt.to_string(),
+                q.recoveries.to_string(),
+            ]
+        })
+        .collect();
+    print(
+        json,
+        &runs,
+        &[
+            "RUN",
+            "TENANT",
+            "STATUS",
+            "QUARANTINED",
+            "ATTEMPTS",
+            "TAKE-OVERS",
+        ],
         rows,
     );
 }

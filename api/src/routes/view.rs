@@ -27,6 +27,11 @@ pub struct Run {
     pub max_iterations: i32,
     /// How many times a worker has claimed the run.
     pub attempt: i32,
+    /// The run is in quarantine: its workers stopped responding while holding it more times
+    /// than the deployment allows, so each of its attempts now runs alone in a worker. If such
+    /// a worker stops responding too, the run fails with `poison_run`; otherwise it goes on as
+    /// any run.
+    pub quarantined: bool,
     /// While the run waits: `{"kind": "input", ...}` (a question),
     /// `{"kind": "confirmation", "tool_calls": [...]}`, or `{"kind": "budget", "budget",
     /// "used", "limit", "question"}` (the tenant's daily token budget, answered with
@@ -102,6 +107,7 @@ impl From<&RunRow> for Run {
             iteration: run.iteration,
             max_iterations: run.max_iterations,
             attempt: run.attempt,
+            quarantined: run.quarantined_at.is_some(),
             pending: run.pending.as_ref().map(|p| p.0.clone()),
             usage: Usage {
                 prompt_tokens: run.prompt_tokens,

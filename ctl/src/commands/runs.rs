@@ -113,7 +113,13 @@ fn short_time(t: &str) -> String {
 pub fn print_run(run: &Value) {
     println!("id:         {}", s(run, "id"));
     println!("thread:     {}", s(run, "thread_id"));
-    println!("status:     {}", s(run, "status"));
+    // A run taken over too often runs alone in quarantine: worth a word beside its status.
+    let quarantined = if run["quarantined"] == true {
+        " (quarantined)"
+    } else {
+        ""
+    };
+    println!("status:     {}{quarantined}", s(run, "status"));
     println!(
         "iteration:  {}/{} (attempt {})",
         run["iteration"].as_i64().unwrap_or(0),

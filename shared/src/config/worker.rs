@@ -36,8 +36,9 @@ pub struct WorkerSettings {
     /// `x-delivery-count`, or `x-acquired-count` from RabbitMQ 4.3), at most this long; each
     /// failure counts in `agentfleet_claim_failures_total`. 500–600000.
     pub claim_retry_max_ms: u64,
-    /// Take-overs after crashes before a run is declared poison: failed (`poison_run`) and its
-    /// message dead-lettered. At least 0.
+    /// Take-overs after crashes before a run is quarantined: from then on each of its attempts
+    /// runs alone in a worker, and if that worker dies holding it the run is poison: failed
+    /// (`poison_run`) and its message dead-lettered. At least 0.
     pub max_recoveries: i32,
     /// Hand-backs after a transient failure (a database error) before the run is failed.
     pub max_handbacks: i32,

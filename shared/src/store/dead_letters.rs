@@ -1,7 +1,8 @@
 //! Dead letters and stuck work, for operators (`agentfleet-api admin …`).
 //!
-//! The source of truth for a dead letter is Postgres: a run failed with `poison_run` (taken
-//! over more than `worker.max_recoveries` times after its worker vanished). Its message in the
+//! The source of truth for a dead letter is Postgres: a run failed with `poison_run` (its
+//! worker vanished while it ran alone in quarantine, after more than `worker.max_recoveries`
+//! take-overs). Runs in quarantine are listed by [`quarantined`]. Its message in the
 //! dead-letter queue (`{prefix}.runs.dead`) says only which run; the queue's depth is what the
 //! alert watches. A replay puts the run back to `queued` (one transition,
 //! [`replay`]) and is counted in `runs.replays`.
@@ -79,8 +80,9 @@ pub struct Replayed {
     pub fair: bool,
 }
 
-/// `failed (poison_run) -> queued`: the error is cleared, take-overs start again from zero (or
-/// the next claim would fail it at once), `replays` is incremented. The next claim is a new,
+/// `failed (poison_run) -> queued`: the error is cleared, take-overs start again from zero and
+/// the quarantine is lifted (the run runs among others until it reaches the limit again),
+/// `replays` is incremented. The next claim is a new,
 /// counted attempt. A run of a batch that had completed reopens the batch (`in_progress`: it
 /// completes again, with a second `batch.completed`, once the run ends); a run of a cancelled
 /// batch is refused, as its batch would cancel it again.
@@ -102,6 +104,7 @@ pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<Replayed, ReplayError
     .map_err(StoreError::from)?;
     let updated: Result<Option<(Uuid, bool, Option<Uuid>)>, sqlx::Error> = sqlx::query_as(
         "UPDATE runs SET status = 'queued', error = NULL, finished_at = NULL, recoveries = 0,
+                         quarantined_at = NULL, quarantine_attempt = NULL,
                          interrupted = false, lease_owner = NULL, lease_expires_at = NULL,
                          held = fair, enqueued_at = now(),
                          replays = replays + 1, replayed_at = now(), updated_at = now()
@@ -188,6 +191,45 @@ pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<Replayed, ReplayError
         }
         Err(e) => Err(StoreError::from(e).into()),
     }
+}
+
+/// A run in quarantine: taken over more than `worker.max_recoveries` times, so each of its
+/// attempts runs alone in a worker; failed as poison if one of those workers dies.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Quarantined {
+    pub run_id: Uuid,
+    pub tenant_id: Uuid,
+    pub status: String,
+    /// When it first ran alone.
+    pub quarantined_at: DateTime<Utc>,
+    /// A worker holds it alone right now.
+    pub running_alone: bool,
+    pub attempt: i32,
+    pub recoveries: i32,
+    /// For a failed run, its error code (`poison_run`: its quarantine worker died).
+    pub error_code: Option<String>,
+}
+
+/// Runs in quarantine, or that were, newest first; `active` keeps those not yet finished.
+pub async fn quarantined(
+    pool: &PgPool,
+    active: bool,
+    limit: i64,
+) -> Result<Vec<Quarantined>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT id AS run_id, tenant_id, status::text AS status, quarantined_at,
+                (status = 'running' AND quarantine_attempt = attempt) AS running_alone,
+                attempt, recoveries, error ->> 'code' AS error_code
+         FROM runs
+         WHERE quarantined_at IS NOT NULL
+           AND NOT ($1 AND status IN ('completed', 'failed', 'cancelled'))
+         ORDER BY quarantined_at DESC
+         LIMIT $2",
+    )
+    .bind(active)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
 }
 
 /// A run that has not moved for a long time.

@@ -56,6 +56,14 @@ pub struct RunRow {
     /// attempt's span joins. Absent from statements that list their columns.
     #[sqlx(default)]
     pub traceparent: Option<String>,
+    /// When the run first ran alone in quarantine (taken over more than
+    /// `worker.max_recoveries` times); `None` if never. Absent from statements that list
+    /// their columns.
+    #[sqlx(default)]
+    pub quarantined_at: Option<DateTime<Utc>>,
+    /// The attempt that holds (or last held) the run alone in quarantine.
+    #[sqlx(default)]
+    pub quarantine_attempt: Option<i32>,
 }
 
 pub async fn get(pool: &PgPool, id: Uuid) -> Result<RunRow, StoreError> {

@@ -6,6 +6,7 @@
 //! waiting_* -> queued                    (resume)
 //! waiting_* | queued | running -> cancelled
 //! running -> queued                      (drain, or lease expired after a crash)
+//! running -> running                     (quarantine: this attempt runs alone in its worker)
 //! ```
 //! Worker-side transitions take a [`Fence`] and succeed only while that attempt holds the run.
 
@@ -183,6 +184,9 @@ pub struct Claimed {
     pub recovered: bool,
     /// The run's lease had expired: its holder vanished and this claim took it over.
     pub took_over: bool,
+    /// The attempt taken over held the run alone in quarantine ([`quarantine`]): its worker
+    /// died running nothing else, so the run is the cause (poison).
+    pub crashed_alone: bool,
     /// Prompt + completion tokens of the run's tenant this UTC day, as the claim found them:
     /// with the run's own counters, what the budget check needs before the first model call.
     pub tenant_tokens_today: i64,
@@ -228,7 +232,8 @@ pub async fn claim_many<'e>(
 ) -> Result<Vec<Option<Claimed>>, StoreError> {
     let rows = sqlx::query_as::<_, ClaimRow>(
         "WITH prev AS (
-            SELECT id, status, interrupted, held FROM runs WHERE id = ANY($1) ORDER BY id FOR UPDATE)
+            SELECT id, status, interrupted, held, attempt, quarantine_attempt
+              FROM runs WHERE id = ANY($1) ORDER BY id FOR UPDATE)
          UPDATE runs r SET
              status = 'running',
              attempt = r.attempt + 1,
@@ -244,6 +249,8 @@ pub async fn claim_many<'e>(
                 OR (prev.status = 'running' AND r.lease_expires_at < now()))
          RETURNING r.*, (prev.status = 'running' OR prev.interrupted) AS recovered,
              (prev.status = 'running') AS took_over,
+             (prev.status = 'running' AND prev.quarantine_attempt IS NOT DISTINCT FROM prev.attempt)
+                 AS crashed_alone,
              coalesce((SELECT u.prompt_tokens + u.completion_tokens FROM usage_days u
                        WHERE u.tenant_id = r.tenant_id
                          AND u.day = (now() AT TIME ZONE 'UTC')::date), 0) AS tenant_tokens_today,
@@ -266,6 +273,7 @@ pub async fn claim_many<'e>(
             by_id.remove(id).map(|r| Claimed {
                 recovered: r.recovered,
                 took_over: r.took_over,
+                crashed_alone: r.crashed_alone,
                 run: r.run,
                 tenant_tokens_today: r.tenant_tokens_today,
                 tenant_tokens_per_day: r.tenant_tokens_per_day,
@@ -281,6 +289,7 @@ struct ClaimRow {
     run: RunRow,
     recovered: bool,
     took_over: bool,
+    crashed_alone: bool,
     tenant_tokens_today: i64,
     tenant_tokens_per_day: Option<Json<serde_json::Value>>,
     history: Option<Json<Vec<serde_json::Value>>>,
@@ -688,7 +697,31 @@ pub async fn cancel(pool: &PgPool, tenant: Uuid, run_id: Uuid) -> Result<Cancell
     })
 }
 
-/// `running -> failed` without a fence: the claim found a poison run (too many recoveries).
+/// `running -> running` under the same attempt: the holder has emptied its worker and runs
+/// the run alone in quarantine (it was taken over more than `worker.max_recoveries` times).
+/// Recorded before the run goes on, so that a claim taking this attempt over knows the run
+/// crashed a worker it had to itself ([`Claimed::crashed_alone`]). `quarantined_at` keeps the
+/// first time.
+pub async fn quarantine(pool: &PgPool, fence: Fence) -> Result<(), StoreError> {
+    let done = sqlx::query(concat!(
+        "UPDATE runs SET quarantined_at = coalesce(quarantined_at, now()),
+                         quarantine_attempt = attempt, updated_at = now()
+         WHERE ",
+        held!()
+    ))
+    .bind(fence.run_id)
+    .bind(fence.attempt)
+    .execute(pool)
+    .await?;
+    if done.rows_affected() == 0 {
+        return Err(fence.lost());
+    }
+    Ok(())
+}
+
+/// `running -> failed` by the claim that took over the run's quarantine attempt: the run
+/// crashed (or lost) a worker that held nothing else. Returns the message, which its
+/// tenant sees: it names no worker.
 pub async fn fail_poisoned(
     pool: &PgPool,
     fence: Fence,
@@ -696,8 +729,9 @@ pub async fn fail_poisoned(
     last_event_id: u64,
 ) -> Result<String, StoreError> {
     let message = format!(
-        "the run was taken over {recoveries} times after its worker stopped responding; \
-         it is presumed to crash its worker and was failed"
+        "the run was taken over {recoveries} times after its worker stopped responding, the \
+         last time while it ran alone in quarantine; it is presumed to crash its worker and \
+         was failed"
     );
     fail(pool, fence, "poison_run", &message, last_event_id).await?;
     Ok(message)

@@ -78,9 +78,23 @@ async fn a_run_failed_as_poison_after_its_list_is_gone_still_ends_its_stream() {
         async move { exited.then_some(()) }
     })
     .await;
+    // Taken over once, past the limit: the next attempt runs alone, and crashes its worker too.
+    let mut alone = env.spawn_worker_process_with_failpoints(&[], "tool:crash");
+    wait_for("the quarantined attempt to crash its worker", T, || {
+        let exited = alone.has_exited();
+        async move { exited.then_some(()) }
+    })
+    .await;
+    let (quarantined,): (Option<i32>,) =
+        sqlx::query_as("SELECT quarantine_attempt FROM runs WHERE id = $1::uuid")
+            .bind(&id)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!(quarantined, Some(2), "the second attempt ran alone");
     let seen = watch.snapshot().last().unwrap()["id"].as_u64().unwrap();
     env.flush_redis_keys().await;
-    // The next holder finds the run crashed its worker once too often.
+    // The next holder finds the run crashed a worker it had to itself.
     let _next = env.spawn_worker_process(&[]);
     let done = app.wait_status(&id, &["failed"], T).await;
     assert_eq!(done["error"]["code"], "poison_run", "{done}");

@@ -256,7 +256,9 @@ async fn a_run_that_kills_its_worker_every_time_is_failed_and_dead_lettered() {
     })
     .await;
     assert_eq!(done["error"]["code"], "poison_run", "{done}");
-    assert!(crashes >= 3, "crashed {crashes} times");
+    // Two take-overs to the limit, then once more alone in quarantine.
+    assert!(crashes >= 4, "crashed {crashes} times");
+    assert_eq!(done["quarantined"], true, "{done}");
     let dead = format!("{}.runs.dead", env.prefix);
     wait_for("the message in the dead-letter queue", T, || async {
         (env.queue_depth(&dead).await == 1).then_some(())
@@ -268,8 +270,9 @@ async fn a_run_that_kills_its_worker_every_time_is_failed_and_dead_lettered() {
 }
 
 /// A panic in a run's task (a bug its input reaches) ends that attempt only: the heartbeat
-/// goes with it, so the lease lapses and the run is recovered, counted, and failed as poison
-/// once it has panicked too often; the worker never dies and its slots serve the next run.
+/// goes with it, so the lease lapses and the run is recovered, counted, quarantined once it has
+/// panicked too often, and failed as poison when it panics alone too; the worker never dies
+/// and its slots serve the next run.
 /// (The heartbeat outlived a panicked run and renewed its lease for ever: it stayed `running`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_whose_task_panics_is_recovered_then_failed_and_its_worker_goes_on() {

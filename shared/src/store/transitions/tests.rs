@@ -238,6 +238,56 @@ async fn release_hands_back_without_counting_a_recovery(pool: PgPool) {
     );
 }
 
+/// Only a take-over of the attempt that held the run alone in quarantine says the run
+/// crashed its worker: not a take-over of an ordinary attempt, not a claim after the
+/// quarantine attempt handed the run back (a drain), and a stale attempt cannot record a
+/// quarantine.
+#[sqlx::test(migrations = "../migrations")]
+async fn only_a_take_over_of_the_quarantine_attempt_found_a_crash_alone(pool: PgPool) {
+    let run = new_run(&pool).await;
+    let expire = || async {
+        sqlx::query("UPDATE runs SET lease_expires_at = now() - interval '1 second'")
+            .execute(&pool)
+            .await
+            .unwrap();
+    };
+    let first = claim(&pool, run.id, "w1", LEASE).await.unwrap().unwrap();
+    expire().await;
+    let second = claim(&pool, run.id, "w2", LEASE).await.unwrap().unwrap();
+    assert!(second.took_over && !second.crashed_alone);
+    assert!(matches!(
+        quarantine(&pool, first.fence()).await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+    quarantine(&pool, second.fence()).await.unwrap();
+    let quarantined = runs::get(&pool, run.id).await.unwrap();
+    assert_eq!(quarantined.quarantine_attempt, Some(second.run.attempt));
+    let since = quarantined.quarantined_at.expect("quarantined");
+
+    // Handed back cleanly: the next claim is not a crash, and the run is still quarantined.
+    release(&pool, second.fence(), false, 1).await.unwrap();
+    let third = claim(&pool, run.id, "w3", LEASE).await.unwrap().unwrap();
+    assert!(!third.took_over && !third.crashed_alone);
+    assert_eq!(third.run.recoveries, 1, "a hand-back spends no recovery");
+    quarantine(&pool, third.fence()).await.unwrap();
+    assert_eq!(
+        runs::get(&pool, run.id).await.unwrap().quarantined_at,
+        Some(since),
+        "the first time is kept"
+    );
+
+    // Its worker vanished while it held the run alone.
+    expire().await;
+    let fourth = claim(&pool, run.id, "w4", LEASE).await.unwrap().unwrap();
+    assert!(fourth.took_over && fourth.crashed_alone);
+    fail_poisoned(&pool, fourth.fence(), fourth.run.recoveries, 2)
+        .await
+        .unwrap();
+    let failed = runs::get(&pool, run.id).await.unwrap();
+    assert_eq!(failed.status, RunStatus::Failed);
+    assert_eq!(failed.error.unwrap().0["code"], "poison_run");
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn resume_needs_a_waiting_run_and_cancel_is_idempotent(pool: PgPool) {
     let run = new_run(&pool).await;
