@@ -18,6 +18,7 @@ mod limits;
 mod mcp;
 mod outages;
 mod pause_resume;
+mod rabbit_cluster;
 mod resilience;
 mod scaling;
 mod startup;
