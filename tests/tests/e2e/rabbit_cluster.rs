@@ -1,11 +1,17 @@
-//! A RabbitMQ cluster losing a node under load: the fleet is pointed at the three nodes of
-//! `scripts/rabbitmq-cluster` (`amqp.url` lists them), and the node leading the runs queue is
-//! killed while runs are submitted and executed. Killing a node of the shared cluster would
-//! break any other test on it, so this is `#[ignore]`d and runs in `scripts/test`'s second
-//! phase, which starts the cluster and sets `AGENTFLEET_TEST_AMQP_CLUSTER_URLS`; run by hand
-//! without it, it fails saying how to start the cluster. It needs root, as CI has.
+//! `amqp.url` naming several RabbitMQ nodes.
+//!
+//! A cluster losing a node under load: the fleet is pointed at the three nodes of
+//! `scripts/rabbitmq-cluster`, and the node leading the runs queue is killed while runs are
+//! submitted and executed. Killing a node of the shared cluster would break any other test on
+//! it, so this is `#[ignore]`d and runs in `scripts/test`'s second phase, which starts the
+//! cluster and sets `AGENTFLEET_TEST_AMQP_CLUSTER_URLS`; run by hand without it, it fails
+//! saying how to start the cluster. It needs root, as CI has.
+//!
+//! A dead address listed before the shared broker needs no cluster and runs in parallel.
 
 use std::time::Instant;
+
+use serde_json::json;
 
 use agentfleet_tests::harness::servers::rabbitmq_cluster as cluster;
 use agentfleet_tests::harness::*;
@@ -154,4 +160,29 @@ async fn losing_the_queue_leader_node_loses_no_run_and_runs_none_twice() {
         "node {leader} killed: leader {new_leader} elected within {elected_ms} ms, API ready \
          within {ready_ms} ms, all {RUNS} runs completed within {done_ms} ms"
     );
+}
+
+/// A node that refuses connections, listed first, is passed over at start-up and at every
+/// reconnection: the API and a worker run on the next address (the shared broker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_listed_first_is_passed_over() {
+    let dead = free_address();
+    let urls = format!("amqp://guest:guest@{dead}/%2f,{}", amqp_url());
+    let env = TestEnv::with(&[("amqp.url", &urls)]).await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker_process(&[]);
+    let body = scripted_run(json!([{"content": "through the second node"}]), json!([]));
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(
+            app.start_run(&body).await["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    for id in &ids {
+        let run = app.wait_status(id, &["completed", "failed"], T).await;
+        assert_eq!(run["status"], "completed", "{run}");
+    }
 }
