@@ -46,11 +46,30 @@ pub struct Unreachable {
 }
 
 /// `host:port` of a server URL, without credentials: what a log line or an error may show.
+/// A list of URLs (`amqp.url` naming a cluster's nodes) gives each one's, comma-separated; a
+/// comma not followed by a URL (a libpq host list, a password) stays inside its URL.
 pub fn address(url: &str) -> String {
+    let mut urls: Vec<String> = Vec::new();
+    for part in url.split(',') {
+        match urls.last_mut() {
+            Some(last) if !part.contains("://") => {
+                last.push(',');
+                last.push_str(part);
+            }
+            _ => urls.push(part.to_owned()),
+        }
+    }
+    urls.iter()
+        .map(|u| one_address(u.trim()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn one_address(url: &str) -> &str {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    rest[..end].to_owned()
+    &rest[..end]
 }
 
 /// How often a start-up wait says what it is waiting for.
@@ -232,6 +251,15 @@ mod tests {
             "127.0.0.1:5672"
         );
         assert_eq!(address("redis://cache:6379"), "cache:6379");
+        assert_eq!(
+            address("amqp://u:s3cret@r0:5672/%2f, amqp://u:s3cret@r1:5672/%2f"),
+            "r0:5672,r1:5672"
+        );
+        assert_eq!(address("postgres://u:a,b@db:5432/x"), "db:5432");
+        assert_eq!(
+            address("postgres://u:p@h1:5432,h2:5432/x"),
+            "h1:5432,h2:5432"
+        );
     }
 
     /// `wait_for` of a Redis that never answers, with a budget of 300 ms.

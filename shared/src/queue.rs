@@ -5,12 +5,16 @@
 //! `{prefix}.runs` bound to it, and a dead-letter exchange and queue `{prefix}.runs.dead`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
     QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
@@ -120,6 +124,16 @@ fn run_message_properties(headers: HashMap<String, String>) -> BasicProperties {
         .with_headers(table)
 }
 
+/// The waits before a publish that the broker did not confirm is tried again, on a fresh
+/// channel (on the next node when its node is lost): a quorum queue refuses publishes while it
+/// elects a new leader, and a node lost mid-publish drops the confirms it owed. All within
+/// `amqp.timeout_ms`; past these, the sweeper publishes the run again.
+const RETRY_AFTER: [Duration; 3] = [
+    Duration::from_millis(50),
+    Duration::from_millis(250),
+    Duration::from_millis(1000),
+];
+
 /// Run messages of a burst that the broker did not confirm (`Publisher::publish_runs`).
 #[derive(Debug, thiserror::Error)]
 #[error("{} of {total} run messages not confirmed: {first}", failed.len())]
@@ -135,6 +149,8 @@ pub struct PublishRunsError {
 pub enum PublishError {
     #[error("amqp: {0}")]
     Amqp(#[from] lapin::Error),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     #[error("the broker refused the message (nack)")]
     Nacked,
     #[error("the broker did not confirm within {after_ms} ms (amqp.timeout_ms)")]
@@ -145,6 +161,157 @@ pub enum PublishError {
     Blocked,
 }
 
+impl PublishError {
+    /// Whether trying again soon may succeed: a nack (a quorum queue electing a leader) or a
+    /// lost connection. Not a blocked publisher (an alarm lasts) nor a time-out (the budget
+    /// is spent).
+    fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            PublishError::Nacked | PublishError::Amqp(_) | PublishError::Connect(_)
+        )
+    }
+}
+
+/// An `amqp.url` that does not parse. Never shows the address itself: it may hold a password.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BadBrokers {
+    #[error("address {index} of {count} is empty")]
+    Empty { index: usize, count: usize },
+    #[error("address {index} of {count} is not an amqp:// or amqps:// URL: {reason}")]
+    Malformed {
+        index: usize,
+        count: usize,
+        reason: String,
+    },
+}
+
+/// One node of `amqp.url` that did not take a connection.
+#[derive(Debug)]
+pub struct NodeFailure {
+    /// `host:port`, without credentials.
+    pub address: String,
+    pub cause: String,
+}
+
+/// Opening a broker connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("amqp.url: {0}")]
+    BadUrl(#[from] BadBrokers),
+    /// Every node was tried once, in turn.
+    #[error("no RabbitMQ node took the connection: {}", list_failures(.0))]
+    Unreachable(Vec<NodeFailure>),
+    /// A node took the connection, then failed a step after it (a channel, confirms, the
+    /// topology's declarations).
+    #[error("amqp: {0}")]
+    Amqp(#[from] lapin::Error),
+}
+
+fn list_failures(failures: &[NodeFailure]) -> String {
+    failures
+        .iter()
+        .map(|f| format!("{}: {}", f.address, f.cause))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The broker nodes of `amqp.url`: one URL, or a cluster's nodes as comma-separated URLs (a
+/// comma inside a password is written `%2C`). A connection goes to the node that answered
+/// last, else to the next one in turn; clones share that choice, so a publisher and a
+/// consumer that share a `Brokers` move off a lost node together.
+#[derive(Clone)]
+pub struct Brokers {
+    nodes: Arc<[Node]>,
+    /// The node the next connection tries first.
+    next: Arc<AtomicUsize>,
+}
+
+struct Node {
+    uri: AMQPUri,
+    address: String,
+}
+
+impl std::fmt::Debug for Brokers {
+    /// Addresses only: the URLs hold credentials.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Brokers")
+            .field("nodes", &self.addresses())
+            .finish()
+    }
+}
+
+impl Brokers {
+    pub fn parse(spec: &str) -> Result<Brokers, BadBrokers> {
+        let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
+        let count = parts.len();
+        let mut nodes = Vec::with_capacity(count);
+        for (i, part) in parts.into_iter().enumerate() {
+            let index = i + 1;
+            if part.is_empty() {
+                return Err(BadBrokers::Empty { index, count });
+            }
+            let uri: AMQPUri = part.parse().map_err(|reason| BadBrokers::Malformed {
+                index,
+                count,
+                reason,
+            })?;
+            let address = format!("{}:{}", uri.authority.host, uri.authority.port);
+            nodes.push(Node { uri, address });
+        }
+        Ok(Brokers {
+            nodes: nodes.into(),
+            next: Default::default(),
+        })
+    }
+
+    /// `host:port` of every node, comma-separated, without credentials.
+    pub fn addresses(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| n.address.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// A connection to the first node that takes one, each node tried once in turn starting
+    /// with the one that answered last, each attempt given at most `attempt` (a black-holed
+    /// node must not hold the others back).
+    pub async fn connect(&self, name: &str, attempt: Duration) -> Result<Connection, ConnectError> {
+        let props = ConnectionProperties::default().with_connection_name(LongString::from(name));
+        let count = self.nodes.len();
+        let first = self.next.load(Ordering::Relaxed) % count;
+        let mut failures = Vec::new();
+        for k in (first..count).chain(0..first) {
+            // Moved on before the attempt: one that the caller's own time-out cuts short still
+            // sends the caller's next connection to the next node.
+            self.next.store((k + 1) % count, Ordering::Relaxed);
+            let node = &self.nodes[k];
+            let cause = match tokio::time::timeout(
+                attempt,
+                Connection::connect_uri(node.uri.clone(), props.clone()),
+            )
+            .await
+            {
+                Ok(Ok(conn)) => {
+                    self.next.store(k, Ordering::Relaxed);
+                    return Ok(conn);
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {} ms", attempt.as_millis()),
+            };
+            if count > 1 {
+                tracing::debug!(node = %node.address, error = %cause, "RabbitMQ node did not take the connection; trying the next");
+            }
+            failures.push(NodeFailure {
+                address: node.address.clone(),
+                cause,
+            });
+        }
+        Err(ConnectError::Unreachable(failures))
+    }
+}
+
 /// Whether the publisher's connection is up and the broker blocks it (`connection.blocked`).
 fn blocked(kept: &Option<(Connection, Channel)>) -> bool {
     kept.as_ref()
@@ -152,11 +319,12 @@ fn blocked(kept: &Option<(Connection, Channel)>) -> bool {
 }
 
 /// Default of `amqp.timeout_ms`.
-pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
-pub async fn connect(url: &str, name: &str) -> lapin::Result<Connection> {
-    let props = ConnectionProperties::default().with_connection_name(LongString::from(name));
-    Connection::connect(url, props).await
+/// A connection to a node of `url` (the form of `amqp.url`), for one-off work (the admin
+/// commands, tests).
+pub async fn connect(url: &str, name: &str) -> Result<Connection, ConnectError> {
+    Brokers::parse(url)?.connect(name, DEFAULT_TIMEOUT).await
 }
 
 /// Publishes run messages with publisher confirms: a publish returns only once the broker
@@ -165,18 +333,19 @@ pub async fn connect(url: &str, name: &str) -> lapin::Result<Connection> {
 /// heals on the next publish.
 #[derive(Clone)]
 pub struct Publisher {
-    url: String,
+    brokers: Brokers,
     name: String,
     topology: Topology,
-    channel: std::sync::Arc<tokio::sync::Mutex<Option<(Connection, Channel)>>>,
+    channel: Arc<tokio::sync::Mutex<Option<(Connection, Channel)>>>,
     /// `amqp.timeout_ms`: the longest a publish (reconnecting included) or the close waits.
-    timeout: std::time::Duration,
+    timeout: Duration,
 }
 
 impl Publisher {
-    pub async fn new(url: &str, name: &str, topology: Topology) -> lapin::Result<Publisher> {
+    /// `url` is `amqp.url`: one node, or a cluster's nodes (see [`Brokers`]).
+    pub async fn new(url: &str, name: &str, topology: Topology) -> Result<Publisher, ConnectError> {
         let publisher = Publisher {
-            url: url.to_owned(),
+            brokers: Brokers::parse(url)?,
             name: name.to_owned(),
             topology,
             channel: Default::default(),
@@ -187,7 +356,7 @@ impl Publisher {
     }
 
     /// Sets `amqp.timeout_ms`.
-    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Publisher {
+    pub fn with_timeout(mut self, timeout: Duration) -> Publisher {
         self.timeout = timeout;
         self
     }
@@ -223,14 +392,21 @@ impl Publisher {
         &self.topology
     }
 
+    /// The broker nodes this publisher connects to; a consumer that connects through them too
+    /// follows the publisher off a lost node.
+    pub fn brokers(&self) -> &Brokers {
+        &self.brokers
+    }
+
     /// Whether the broker can be reached now, reconnecting if needed (for readiness probes:
     /// a probe that only reported the last state would stay "not ready" after an outage).
     pub async fn check(&self) -> bool {
         self.channel().await.is_ok()
     }
 
-    /// The confirm channel, re-made if the connection was lost.
-    async fn channel(&self) -> lapin::Result<Channel> {
+    /// The confirm channel, re-made if the connection was lost (on the next node that takes
+    /// it, when `amqp.url` names several).
+    async fn channel(&self) -> Result<Channel, ConnectError> {
         let mut guard = self.channel.lock().await;
         if let Some((conn, ch)) = guard.as_ref()
             && conn.status().connected()
@@ -239,7 +415,7 @@ impl Publisher {
             return Ok(ch.clone());
         }
         *guard = None;
-        let conn = connect(&self.url, &self.name).await?;
+        let conn = self.brokers.connect(&self.name, self.timeout).await?;
         let ch = conn.create_channel().await?;
         ch.confirm_select(ConfirmSelectOptions::default()).await?;
         self.topology.declare(&ch).await?;
@@ -278,6 +454,22 @@ impl Publisher {
     }
 
     async fn publish_run_in_span(&self, run_id: Uuid) -> Result<(), PublishError> {
+        let mut retries = RETRY_AFTER.iter();
+        loop {
+            match self.publish_run_once(run_id).await {
+                Err(e)
+                    if e.is_transient()
+                        && let Some(&wait) = retries.next() =>
+                {
+                    tracing::debug!(%run_id, error = %e, "publish not confirmed; trying again");
+                    tokio::time::sleep(wait).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn publish_run_once(&self, run_id: Uuid) -> Result<(), PublishError> {
         let body = serde_json::to_vec(&RunMessage { run_id }).expect("serializes");
         let result = self
             .publish_raw(
@@ -327,6 +519,30 @@ impl Publisher {
     }
 
     async fn publish_runs_in_span(&self, ids: &[Uuid]) -> Result<(), PublishRunsError> {
+        let mut retries = RETRY_AFTER.iter();
+        let mut pending = ids.to_vec();
+        loop {
+            match self.publish_burst(&pending).await {
+                Err(e)
+                    if e.first.is_transient()
+                        && let Some(&wait) = retries.next() =>
+                {
+                    tracing::debug!(error = %e, "publishes not confirmed; trying them again");
+                    pending = e.failed;
+                    tokio::time::sleep(wait).await;
+                }
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    return Err(PublishRunsError {
+                        total: ids.len(),
+                        ..e
+                    });
+                }
+            }
+        }
+    }
+
+    async fn publish_burst(&self, ids: &[Uuid]) -> Result<(), PublishRunsError> {
         let unconfirmed = |first: PublishError, failed: Vec<Uuid>| PublishRunsError {
             total: ids.len(),
             failed,
@@ -455,4 +671,93 @@ pub fn headers_of(props: &BasicProperties) -> HashMap<String, String> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_url_is_one_node() {
+        let b = Brokers::parse("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap();
+        assert_eq!(b.addresses(), "127.0.0.1:5672");
+    }
+
+    #[test]
+    fn a_cluster_is_its_nodes_in_order_without_credentials() {
+        let b = Brokers::parse(
+            "amqp://u:s3cret@rabbit-0:5672/%2f, amqp://u:s3cret@rabbit-1/%2f,amqps://u:p%2Cq@rabbit-2:5671/x",
+        )
+        .unwrap();
+        assert_eq!(b.addresses(), "rabbit-0:5672,rabbit-1:5672,rabbit-2:5671");
+        assert!(!format!("{b:?}").contains("s3cret"));
+        assert_eq!(b.nodes[2].uri.authority.userinfo.password, "p,q");
+    }
+
+    #[test]
+    fn a_bad_address_is_named_by_its_place_not_its_text() {
+        assert_eq!(
+            Brokers::parse("amqp://a:1/%2f,").unwrap_err(),
+            BadBrokers::Empty { index: 2, count: 2 }
+        );
+        let err = Brokers::parse("amqp://u:s3cret@a:1/%2f,http://u:s3cret@b:2/")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("address 2 of 2 is not an amqp:// or amqps:// URL"),
+            "{err}"
+        );
+        assert!(!err.contains("s3cret"), "{err}");
+        assert!(Brokers::parse("rabbit-0:5672").is_err());
+    }
+
+    /// Every node is tried once, in turn, and the error names each with its cause; the next
+    /// connection starts after the node tried last.
+    #[tokio::test]
+    async fn every_node_is_tried_once_and_named() {
+        let closed = || {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let (a, b) = (closed(), closed());
+        let brokers = Brokers::parse(&format!(
+            "amqp://127.0.0.1:{a}/%2f,amqp://127.0.0.1:{b}/%2f"
+        ))
+        .unwrap();
+        let err = brokers
+            .connect("test", Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        let ConnectError::Unreachable(failures) = &err else {
+            panic!("{err}")
+        };
+        let tried: Vec<_> = failures.iter().map(|f| f.address.clone()).collect();
+        assert_eq!(tried, [format!("127.0.0.1:{a}"), format!("127.0.0.1:{b}")]);
+        assert!(
+            err.to_string()
+                .starts_with("no RabbitMQ node took the connection: 127.0.0.1:")
+        );
+        // The last tried was the second: the next round starts over at the first.
+        assert_eq!(brokers.next.load(Ordering::Relaxed), 0);
+    }
+
+    /// A dead node first and a live one second: the connection goes to the live one, and the
+    /// next connection starts there.
+    #[tokio::test]
+    async fn a_dead_node_is_passed_over() {
+        let live = std::env::var("AGENTFLEET_TEST_AMQP_URL")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+        let dead = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let brokers = Brokers::parse(&format!("amqp://127.0.0.1:{dead}/%2f,{live}")).unwrap();
+        let conn = brokers
+            .connect("test", Duration::from_secs(5))
+            .await
+            .expect("the live node takes it");
+        assert_eq!(brokers.next.load(Ordering::Relaxed), 1);
+        let _ = conn.close(200, "done".into()).await;
+    }
 }

@@ -47,7 +47,7 @@ use tokio_util::task::TaskTracker;
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::events::{EventBus, Keys};
 use agentfleet_shared::infra::{self, Server};
-use agentfleet_shared::queue::{self, Topology};
+use agentfleet_shared::queue::Topology;
 use agentfleet_shared::{db, telemetry};
 
 use crate::deps::Deps;
@@ -232,7 +232,13 @@ impl Worker {
                 // Bounded, and given up on a stop, as every later step of the session: a broker
                 // that takes the connection but never answers must not hold the drain.
                 let opened = async {
-                    let conn = queue::connect(&deps.settings.amqp.url, &deps.worker_id).await?;
+                    // The publisher's nodes: the intake starts on the node the publisher found
+                    // alive last, and a node lost to one is passed over by the other.
+                    let conn = deps
+                        .publisher
+                        .brokers()
+                        .connect(&deps.worker_id, deps.settings.amqp.timeout())
+                        .await?;
                     let channel = conn.create_channel().await?;
                     anyhow::Ok((conn, channel))
                 };

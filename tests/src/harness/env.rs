@@ -61,12 +61,27 @@ pub fn amqp_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
+/// The `amqp.url` of the three-node cluster that `scripts/services --rabbitmq-cluster` starts
+/// (`scripts/rabbitmq-cluster urls`), for the tests that lose a broker node; `scripts/test`
+/// sets it for its second phase. Unset, such a test fails saying so rather than pass.
+pub fn amqp_cluster_urls() -> String {
+    std::env::var("AGENTFLEET_TEST_AMQP_CLUSTER_URLS").unwrap_or_else(|_| {
+        panic!(
+            "AGENTFLEET_TEST_AMQP_CLUSTER_URLS is not set: start the cluster with \
+             `scripts/services --rabbitmq-cluster` and set it to `scripts/rabbitmq-cluster urls` \
+             (scripts/test does both)"
+        )
+    })
+}
+
 /// One isolated environment: database, prefixes, scripted LLM and tool server.
 pub struct TestEnv {
     pub id: String,
     pub database_url: String,
     pub db_name: String,
     pub prefix: String,
+    /// The broker its settings name (`amqp.url`): where its queues are looked at and removed.
+    pub amqp_url: String,
     pub pool: PgPool,
     pub llm: MockLlm,
     pub tools: ToolServer,
@@ -105,11 +120,17 @@ impl TestEnv {
         let llm = MockLlm::start().await.expect("mock llm starts");
         let tools = ToolServer::start().await.expect("tool server starts");
         let prefix = format!("aft{id}");
+        let amqp_url = overrides
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == "amqp.url")
+            .map_or_else(amqp_url, |(_, v)| v.to_string());
         let mut env = TestEnv {
             id,
             database_url,
             db_name,
             prefix,
+            amqp_url,
             pool,
             llm,
             tools,
@@ -134,7 +155,7 @@ impl TestEnv {
                 redis_cluster_nodes().unwrap_or_default(),
             ),
             ("redis.prefix", self.prefix.clone()),
-            ("amqp.url", amqp_url()),
+            ("amqp.url", self.amqp_url.clone()),
             ("amqp.prefix", self.prefix.clone()),
             ("api.listen", "127.0.0.1:0".into()),
             ("models.mock.base_url", self.llm.base_url()),
@@ -199,7 +220,7 @@ impl TestEnv {
 
     /// The messages waiting in a queue of this environment, and its consumers.
     pub async fn queue_stats(&self, queue: &str) -> (u32, u32) {
-        let conn = agentfleet_shared::queue::connect(&amqp_url(), "test-depth")
+        let conn = agentfleet_shared::queue::connect(&self.amqp_url, "test-depth")
             .await
             .expect("amqp");
         let ch = conn.create_channel().await.expect("channel");
@@ -303,6 +324,7 @@ impl Drop for TestEnv {
     fn drop(&mut self) {
         let db = self.db_name.clone();
         let prefix = self.prefix.clone();
+        let amqp = self.amqp_url.clone();
         let pool = self.pool.clone();
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -318,8 +340,7 @@ impl Drop for TestEnv {
                 let _ =
                     tokio::time::timeout(Duration::from_secs(10), delete_redis_keys(&prefix)).await;
                 let queues = async {
-                    if let Ok(conn) =
-                        agentfleet_shared::queue::connect(&amqp_url(), "test-cleanup").await
+                    if let Ok(conn) = agentfleet_shared::queue::connect(&amqp, "test-cleanup").await
                         && let Ok(ch) = conn.create_channel().await
                     {
                         let t = agentfleet_shared::queue::Topology::new(&prefix);

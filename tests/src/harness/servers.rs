@@ -55,3 +55,98 @@ pub async fn redis_restart() {
     );
     until("Redis back", "redis-cli -h 127.0.0.1 ping | grep -q PONG").await;
 }
+
+/// The three-node cluster of `scripts/rabbitmq-cluster` (the tests that lose a broker node).
+/// Asynchronous: each `rabbitmqctl` takes about a second, which must not hold a runtime thread.
+pub mod rabbitmq_cluster {
+    fn script() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/rabbitmq-cluster")
+    }
+
+    async fn run(args: &[&str]) -> (bool, String) {
+        let out = tokio::process::Command::new(script())
+            .args(args)
+            .output()
+            .await
+            .expect("scripts/rabbitmq-cluster runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    }
+
+    /// `afrabbitN@localhost`.
+    pub fn node_name(n: u8) -> String {
+        format!("afrabbit{n}@localhost")
+    }
+
+    /// The AMQP port of node `n`.
+    pub fn amqp_port(n: u8) -> u16 {
+        5680 + u16::from(n)
+    }
+
+    /// The node (1..3) that leads quorum queue `queue`, as node `ask` sees it.
+    pub async fn leader(ask: u8, queue: &str) -> Option<u8> {
+        let (ok, out) = run(&[
+            "ctl",
+            &ask.to_string(),
+            "-q",
+            "list_queues",
+            "--no-table-headers",
+            "name",
+            "leader",
+        ])
+        .await;
+        if !ok {
+            return None;
+        }
+        let node = out.lines().find_map(|l| {
+            let mut cols = l.split_whitespace();
+            (cols.next() == Some(queue)).then(|| cols.next().map(str::to_owned))?
+        })?;
+        (1..=3).find(|&n| node == node_name(n))
+    }
+
+    /// The cluster's AMQP connections, as node `ask` lists them: the AMQP port each is on
+    /// (that is, its node) and its client properties as JSON text (which hold the name the
+    /// client gave it).
+    pub async fn connections(ask: u8) -> Vec<(u16, String)> {
+        let (ok, out) = run(&[
+            "ctl",
+            &ask.to_string(),
+            "-q",
+            "list_connections",
+            "name",
+            "client_properties",
+            "--formatter",
+            "json",
+        ])
+        .await;
+        assert!(ok, "list_connections on node {ask}");
+        let listed: Vec<serde_json::Value> =
+            serde_json::from_str(out.trim()).expect("list_connections gives JSON");
+        listed
+            .iter()
+            .filter_map(|c| {
+                // "127.0.0.1:51234 -> 127.0.0.1:5682"
+                let name = c["name"].as_str()?;
+                let port = name.rsplit_once(':')?.1.parse().ok()?;
+                Some((port, c["client_properties"].to_string()))
+            })
+            .collect()
+    }
+
+    /// A crash of node `n`: its Erlang VM killed with SIGKILL.
+    pub async fn kill(n: u8) {
+        let (ok, out) = run(&["kill", &n.to_string()]).await;
+        assert!(ok, "scripts/rabbitmq-cluster kill {n}: {out}");
+    }
+
+    /// Starts node `n` again; returns once it takes connections. Blocking, for a `Drop`.
+    pub fn start_blocking(n: u8) -> bool {
+        std::process::Command::new(script())
+            .args(["start", &n.to_string()])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}

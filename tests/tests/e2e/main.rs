@@ -19,6 +19,7 @@ mod mcp;
 mod outages;
 mod pause_resume;
 mod quarantine;
+mod rabbit_cluster;
 mod redis_cluster;
 mod resilience;
 mod scaling;

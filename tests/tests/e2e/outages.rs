@@ -11,17 +11,17 @@ use serde_json::json;
 
 use agentfleet_tests::harness::*;
 
-const T: Duration = Duration::from_secs(90);
+pub(crate) const T: Duration = Duration::from_secs(90);
 
 /// Submits runs in the background, retrying 503s as a client would; collects accepted ids.
-struct Load {
+pub(crate) struct Load {
     accepted: Arc<Mutex<Vec<String>>>,
     unavailable: Arc<Mutex<usize>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Load {
-    fn start(base: String, key: String, body: serde_json::Value, total: usize) -> Load {
+    pub(crate) fn start(base: String, key: String, body: serde_json::Value, total: usize) -> Load {
         let accepted = Arc::new(Mutex::new(Vec::new()));
         let unavailable = Arc::new(Mutex::new(0));
         let (acc, una) = (accepted.clone(), unavailable.clone());
@@ -61,17 +61,17 @@ impl Load {
         }
     }
 
-    fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.accepted.lock().unwrap().len()
     }
 
-    async fn finish(self) -> Vec<String> {
+    pub(crate) async fn finish(self) -> Vec<String> {
         self.task.await.unwrap();
         self.accepted.lock().unwrap().clone()
     }
 }
 
-async fn all_complete(app: &TestApp, ids: &[String]) {
+pub(crate) async fn all_complete(app: &TestApp, ids: &[String]) {
     for id in ids {
         let run = app.wait_status(id, &["completed", "failed"], T).await;
         assert_eq!(run["status"], "completed", "{run}");
@@ -100,7 +100,7 @@ async fn all_complete(app: &TestApp, ids: &[String]) {
 /// only if every worker's consumer came back with its full prefetch (a consumer that never
 /// reconnected, a leaked slot or a stuck channel caps this below `slots`). Counting busy slots
 /// instead of timing keeps the check exact on a loaded machine.
-async fn assert_full_capacity(env: &TestEnv, app: &TestApp, slots: usize) {
+pub(crate) async fn assert_full_capacity(env: &TestEnv, app: &TestApp, slots: usize) {
     let body = scripted_run(
         json!([{"content": "holding a slot", "delay_ms": 4000}]),
         json!([]),
@@ -133,9 +133,9 @@ async fn assert_full_capacity(env: &TestEnv, app: &TestApp, slots: usize) {
 
 /// Slots of the two workers the RabbitMQ and Postgres tests run (`worker.concurrency` is 8
 /// in tests).
-const SLOTS: usize = 2 * 8;
+pub(crate) const SLOTS: usize = 2 * 8;
 
-fn run_body(env: &TestEnv) -> serde_json::Value {
+pub(crate) fn run_body(env: &TestEnv) -> serde_json::Value {
     scripted_run(
         json!([{"tool_calls": [{"name": "effect", "arguments": {}}], "delay_ms": 50}, {"content": "ok"}]),
         json!([http_tool(env, "effect", "/side-effect")]),
