@@ -150,3 +150,65 @@ pub mod rabbitmq_cluster {
             .is_ok_and(|s| s.success())
     }
 }
+
+/// The cluster of `scripts/redis-cluster` (the tests that lose a Redis node).
+pub mod redis_cluster {
+    fn script() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/redis-cluster")
+    }
+
+    /// The ports of the primaries, as the node on `seed` sees the cluster now.
+    pub async fn primaries(seed: u16) -> Vec<u16> {
+        let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{seed}")) else {
+            return Vec::new();
+        };
+        let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+            return Vec::new();
+        };
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        // `<id> <ip:port@bus> <flags> …`: a live primary's flags hold `master`, not `fail`.
+        nodes
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split(' ');
+                let address = fields.nth(1)?;
+                let flags = fields.next()?;
+                (flags.contains("master") && !flags.contains("fail"))
+                    .then(|| {
+                        address
+                            .split(['@'])
+                            .next()?
+                            .rsplit(':')
+                            .next()?
+                            .parse()
+                            .ok()
+                    })
+                    .flatten()
+            })
+            .collect()
+    }
+
+    /// A crash of the node on `port` (SIGKILL); its replica takes over.
+    pub async fn kill(port: u16) {
+        let status = tokio::process::Command::new(script())
+            .args(["kill", &port.to_string()])
+            .status()
+            .await
+            .expect("scripts/redis-cluster runs");
+        assert!(status.success(), "scripts/redis-cluster kill {port}");
+    }
+
+    /// Starts every stopped node again; returns once the cluster is whole and answers.
+    pub async fn start() {
+        let status = tokio::process::Command::new(script())
+            .arg("start")
+            .status()
+            .await
+            .expect("scripts/redis-cluster runs");
+        assert!(status.success(), "scripts/redis-cluster start");
+    }
+}

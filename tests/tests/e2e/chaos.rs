@@ -7,8 +7,12 @@
 //! taken over too often by the kills is quarantined (run alone in a worker), not failed: the
 //! report counts those, which completed like the others.
 //!
-//! `#[ignore]`d like the outage tests (it restarts the shared servers): `scripts/test` runs it
-//! in its serial phase.
+//! The same chaos runs against the clusters of `scripts/redis-cluster` and
+//! `scripts/rabbitmq-cluster`, where a server's restart is a node's crash: the RabbitMQ node
+//! leading the runs queue and a Redis primary are killed (SIGKILL) and started again later.
+//!
+//! `#[ignore]`d like the outage tests (they restart the shared servers): `scripts/test` runs
+//! the first in its serial phase and the second in its cluster phase.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -29,28 +33,102 @@ enum Fault {
     RabbitMqUp,
     PostgresDown,
     PostgresUp,
-    RedisRestart,
+    /// One server: a restart without persistence. A cluster: a primary killed.
+    RedisDown,
+    /// A cluster: the killed node started again (it rejoins as a replica).
+    RedisUp,
 }
 
-const SCHEDULE: [(u64, Fault); 5] = [
+const SCHEDULE: [(u64, Fault); 6] = [
     (4, Fault::RabbitMqDown),
     (7, Fault::RabbitMqUp),
     (12, Fault::PostgresDown),
     (15, Fault::PostgresUp),
-    (20, Fault::RedisRestart),
+    (20, Fault::RedisDown),
+    (24, Fault::RedisUp),
 ];
 /// Seconds of chaos; a worker is killed every `KILL_EVERY` of them.
 const CHAOS_SECS: u64 = 26;
 const KILL_EVERY: Duration = Duration::from_millis(2500);
 
-async fn inflict(fault: Fault) {
-    match fault {
-        Fault::RabbitMqDown => servers::rabbitmq_stop(),
-        Fault::RabbitMqUp => servers::rabbitmq_start().await,
-        Fault::PostgresDown => servers::postgres_stop(),
-        Fault::PostgresUp => servers::postgres_start().await,
-        Fault::RedisRestart => servers::redis_restart().await,
+/// The servers the chaos strikes: the shared ones, or nodes of the clusters.
+enum Servers {
+    Shared,
+    Clusters {
+        /// The runs queue, whose leader node is killed.
+        queue: String,
+        /// The RabbitMQ node killed, once it is.
+        rabbit_down: Option<u8>,
+    },
+}
+
+impl Servers {
+    async fn inflict(&mut self, fault: Fault) {
+        match (self, fault) {
+            (_, Fault::PostgresDown) => servers::postgres_stop(),
+            (_, Fault::PostgresUp) => servers::postgres_start().await,
+            (Servers::Shared, Fault::RabbitMqDown) => servers::rabbitmq_stop(),
+            (Servers::Shared, Fault::RabbitMqUp) => servers::rabbitmq_start().await,
+            (Servers::Shared, Fault::RedisDown) => servers::redis_restart().await,
+            (Servers::Shared, Fault::RedisUp) => {}
+            (Servers::Clusters { queue, rabbit_down }, Fault::RabbitMqDown) => {
+                let mut leader = None;
+                for ask in 1..=3 {
+                    leader = servers::rabbitmq_cluster::leader(ask, queue).await;
+                    if leader.is_some() {
+                        break;
+                    }
+                }
+                let leader = leader.expect("the runs queue has a leader");
+                servers::rabbitmq_cluster::kill(leader).await;
+                *rabbit_down = Some(leader);
+            }
+            (Servers::Clusters { rabbit_down, .. }, Fault::RabbitMqUp) => {
+                if let Some(n) = rabbit_down.take() {
+                    let started = tokio::task::spawn_blocking(move || {
+                        servers::rabbitmq_cluster::start_blocking(n)
+                    })
+                    .await
+                    .expect("the start's thread");
+                    assert!(started, "RabbitMQ node {n} started again");
+                }
+            }
+            (Servers::Clusters { .. }, Fault::RedisDown) => {
+                let seed = redis_seed_port();
+                let primary = *servers::redis_cluster::primaries(seed)
+                    .await
+                    .first()
+                    .expect("a Redis primary");
+                servers::redis_cluster::kill(primary).await;
+            }
+            (Servers::Clusters { .. }, Fault::RedisUp) => servers::redis_cluster::start().await,
+        }
     }
+
+    /// Whatever is still down comes back (the test ends with every server whole).
+    async fn restore(&mut self) {
+        if let Servers::Clusters { .. } = self {
+            self.inflict(Fault::RabbitMqUp).await;
+            servers::redis_cluster::start().await;
+        }
+    }
+}
+
+/// The port of the first of `AGENTFLEET_TEST_REDIS_CLUSTER`'s nodes that answers.
+fn redis_seed_port() -> u16 {
+    redis_cluster_nodes()
+        .expect("AGENTFLEET_TEST_REDIS_CLUSTER")
+        .split(',')
+        .filter_map(|url| {
+            url.trim()
+                .trim_end_matches('/')
+                .rsplit(':')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .find(|port: &u16| std::net::TcpStream::connect(("127.0.0.1", *port)).is_ok())
+        .expect("a live Redis node")
 }
 
 /// Submits `total` runs, retrying what the API cannot take now (503, connection refused) as
@@ -117,6 +195,36 @@ impl Report {
 #[ignore = "restarts the shared servers: scripts/test runs it alone, after the parallel phase"]
 async fn kill_9_and_server_restarts_together_lose_nothing() {
     let env = TestEnv::with(&[("database.connect_timeout_ms", "1000")]).await;
+    chaos(env, Servers::Shared).await;
+}
+
+/// The chaos against a Redis Cluster and a RabbitMQ cluster (`AGENTFLEET_TEST_REDIS_CLUSTER`,
+/// `AGENTFLEET_TEST_AMQP_CLUSTER_URLS`): nodes crash where the shared servers restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills nodes of the shared clusters: the cluster phase of scripts/test"]
+async fn on_clusters_kill_9_and_node_losses_together_lose_nothing() {
+    assert!(
+        redis_cluster_nodes().is_some(),
+        "needs a Redis Cluster: AGENTFLEET_TEST_REDIS_CLUSTER (scripts/test sets it)"
+    );
+    let urls = amqp_cluster_urls();
+    let env = TestEnv::with(&[
+        ("database.connect_timeout_ms", "1000"),
+        ("amqp.url", urls.as_str()),
+    ])
+    .await;
+    let queue = format!("{}.runs", env.prefix);
+    chaos(
+        env,
+        Servers::Clusters {
+            queue,
+            rabbit_down: None,
+        },
+    )
+    .await;
+}
+
+async fn chaos(env: TestEnv, mut servers: Servers) {
     let (_api, base) = env.spawn_api_process(&[]).await;
     let key = agentfleet_shared::store::tenants::create(&env.pool, "chaos")
         .await
@@ -143,7 +251,7 @@ async fn kill_9_and_server_restarts_together_lose_nothing() {
         if let Some((at, fault)) = schedule.peek()
             && start.elapsed() >= Duration::from_secs(*at)
         {
-            inflict(*fault).await;
+            servers.inflict(*fault).await;
             schedule.next();
         }
         {
@@ -163,8 +271,9 @@ async fn kill_9_and_server_restarts_together_lose_nothing() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for (_, fault) in schedule {
-        inflict(*fault).await;
+        servers.inflict(*fault).await;
     }
+    servers.restore().await;
     // Keep the fleet alive from here on (a worker that gave up while a server was away, or
     // was killed last, comes back), as the Deployment would.
     let tend = || {
