@@ -705,6 +705,10 @@ async fn a_subscription_whose_connection_went_silent_is_made_again() {
             ("events.hub_ping_ms", "1000"),
             // Only the PING may notice the silence here.
             ("events.idle_recheck_ms", "3600000"),
+            // The stream's reads share the silent path: held, they must outlast it rather
+            // than end the stream (on a loaded machine the release can take a while).
+            ("redis.response_timeout_ms", "5000"),
+            ("redis.timeout_ms", "10000"),
         ])
         .await;
     let _worker = env.spawn_worker().await;
