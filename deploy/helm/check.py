@@ -70,6 +70,7 @@ CRD_KINDS = {"ScaledObject", "ServiceMonitor", "PrometheusRule"}
 SECRET_SETTINGS = {
     "database.url",
     "redis.url",
+    "redis.cluster_nodes",
     "amqp.url",
     "api.stream_token_secret",
     "api.admin_token",
