@@ -7,7 +7,9 @@ use agentfleet_shared::telemetry;
 use agentfleet_worker::Worker;
 
 // glibc's malloc/free were about a fifth of the worker's CPU under load (perf, bench e2e);
-// jemalloc cut that as much as mimalloc did and kept less memory (docs/benchmarks.md).
+// jemalloc cut that as much as mimalloc did and kept less memory (docs/benchmarks.md). The
+// `system-allocator` feature leaves it out, for a heap profiler that hooks malloc.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
