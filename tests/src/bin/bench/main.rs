@@ -95,6 +95,12 @@ struct Args {
     /// which every model call sends, as a product's agent carries one.
     #[arg(long, default_value_t = 0)]
     system_prompt_bytes: usize,
+    /// API processes of the events section's fan-out measurement, comma-separated: for each
+    /// count N, 2,000 SSE streams (100 runs × 20 clients) are spread over N API processes, a
+    /// run's clients on one of them, and Redis output bytes and API CPU per delivered event are
+    /// reported (default 1,2,4; with --smoke 1,2 and 20 streams).
+    #[arg(long, value_delimiter = ',')]
+    api_replicas: Vec<usize>,
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench.json")]
     out: String,
@@ -111,6 +117,22 @@ impl Args {
     /// default).
     fn workers(&self) -> usize {
         self.workers.unwrap_or(2)
+    }
+
+    /// The replica counts of the fan-out measurement, smallest first.
+    fn api_replicas(&self) -> Vec<usize> {
+        let mut counts = if self.api_replicas.is_empty() {
+            if self.smoke {
+                vec![1, 2]
+            } else {
+                vec![1, 2, 4]
+            }
+        } else {
+            self.api_replicas.clone()
+        };
+        counts.sort_unstable();
+        counts.dedup();
+        counts
     }
 
     /// Slots per worker of the end-to-end section.
@@ -194,6 +216,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             && args.slots.is_none_or(|s| (1..=100_000).contains(&s)),
         "--workers must be within 1..=64 and --slots within 1..=100000"
     );
+    anyhow::ensure!(
+        args.api_replicas
+            .iter()
+            .all(|n| (1..=events::MAX_API_REPLICAS).contains(n)),
+        "--api-replicas takes counts within 1..={}",
+        events::MAX_API_REPLICAS
+    );
     if let Some(rate) = args.rate {
         anyhow::ensure!(
             rate.is_finite() && (1.0..=100_000.0).contains(&rate),
@@ -267,6 +296,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     if ctx.wants("events") {
         events::event_latency(&ctx, &mut report, &limits).await?;
+        ctx.settle().await;
+        events::fan_out(&ctx, &mut report).await?;
         ctx.settle().await;
     }
     if ctx.wants("resume") {
