@@ -18,8 +18,10 @@ use agentfleet_tests::harness::*;
 
 use crate::outages::{Load, SLOTS, T, all_complete, assert_full_capacity, run_body};
 
-/// Runs submitted in all, and how many of them before the kill.
-const RUNS: usize = 60;
+/// Runs submitted in all, and how many of them before the kill. The load submits one every
+/// 20 ms or so: the runs after the kill must outlast it (finding and killing the node takes up
+/// to a second), or on a quiet machine every run was in before the node died.
+const RUNS: usize = 160;
 const BEFORE_KILL: usize = 20;
 
 /// Starts a killed node again when the test ends, passed or failed, so that the cluster is
@@ -71,6 +73,7 @@ async fn losing_the_queue_leader_node_loses_no_run_and_runs_none_twice() {
     cluster::kill(leader).await;
     let _revive = Revive(leader);
     let killed = Instant::now();
+    // Counted once the node is dead: what comes after was submitted without it.
     let accepted_at_kill = load.count();
 
     // The queue's leadership moves to a survivor: Raft elects one of the two followers.
