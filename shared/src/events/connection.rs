@@ -58,6 +58,13 @@ pub fn cluster_client(
     builder.build()
 }
 
+/// A cluster connection's bounds of one connection attempt and one answer (`redis.*`).
+fn cluster_config(settings: &crate::config::RedisSettings) -> ClusterConfig {
+    ClusterConfig::new()
+        .set_connection_timeout(Duration::from_millis(settings.connect_timeout_ms.get()))
+        .set_response_timeout(Duration::from_millis(settings.response_timeout_ms.get()))
+}
+
 /// A connection to one server or to a cluster: what every Redis call of the fleet goes over.
 /// Commands are the same either way (every script names the keys of one run, which share a
 /// hash slot); the cluster's connection routes each to the node that owns its slot and follows
@@ -122,12 +129,9 @@ pub fn redis_connection(
     settings: &crate::config::RedisSettings,
 ) -> redis::RedisResult<RedisConnection> {
     if settings.is_cluster() {
-        let config = ClusterConfig::new()
-            .set_connection_timeout(Duration::from_millis(settings.connect_timeout_ms.get()))
-            .set_response_timeout(Duration::from_millis(settings.response_timeout_ms.get()));
         let client = cluster_client(settings, None)?;
         return Ok(RedisConnection::Cluster(
-            client.get_pending_async_connection_with_config(config),
+            client.get_pending_async_connection_with_config(cluster_config(settings)),
         ));
     }
     Ok(RedisConnection::Single(single_connection(
@@ -141,6 +145,16 @@ pub fn single_connection(
     settings: &crate::config::RedisSettings,
     config: ConnectionManagerConfig,
 ) -> redis::RedisResult<ConnectionManager> {
+    bounded_manager(redis_client(settings)?, settings, config)
+}
+
+/// A connection manager for `client` with `redis.*`'s bounds (time-outs, reconnect attempts and
+/// back-off), added to `config`.
+fn bounded_manager(
+    client: redis::Client,
+    settings: &crate::config::RedisSettings,
+    config: ConnectionManagerConfig,
+) -> redis::RedisResult<ConnectionManager> {
     let config = config
         .set_connection_timeout(Some(Duration::from_millis(
             settings.connect_timeout_ms.get(),
@@ -151,7 +165,7 @@ pub fn single_connection(
         .set_number_of_retries(settings.reconnect_retries)
         .set_min_delay(Duration::from_millis(settings.reconnect_backoff_ms))
         .set_max_delay(crate::config::RedisSettings::RECONNECT_MAX_BACKOFF);
-    ConnectionManager::new_lazy_with_config(redis_client(settings)?, config)
+    ConnectionManager::new_lazy_with_config(client, config)
 }
 
 /// Whether a failed command is worth sending again: when the connection broke or could not be
@@ -210,12 +224,9 @@ pub fn subscriber_connection(
 ) -> redis::RedisResult<RedisConnection> {
     use redis::IntoConnectionInfo;
     if settings.is_cluster() {
-        let config = ClusterConfig::new()
-            .set_connection_timeout(Duration::from_millis(settings.connect_timeout_ms.get()))
-            .set_response_timeout(Duration::from_millis(settings.response_timeout_ms.get()));
         let client = cluster_client(settings, Some(push))?;
         return Ok(RedisConnection::Cluster(
-            client.get_pending_async_connection_with_config(config),
+            client.get_pending_async_connection_with_config(cluster_config(settings)),
         ));
     }
     let info = settings.url.as_str().into_connection_info()?;
@@ -227,19 +238,10 @@ pub fn subscriber_connection(
     let client = redis::Client::open(info.set_redis_settings(resp3).set_tcp_settings(tcp))?;
     let config = ConnectionManagerConfig::new()
         .set_push_sender(push)
-        .set_automatic_resubscription()
-        .set_connection_timeout(Some(Duration::from_millis(
-            settings.connect_timeout_ms.get(),
-        )))
-        .set_response_timeout(Some(Duration::from_millis(
-            settings.response_timeout_ms.get(),
-        )))
-        .set_number_of_retries(settings.reconnect_retries)
-        .set_min_delay(Duration::from_millis(settings.reconnect_backoff_ms))
-        .set_max_delay(crate::config::RedisSettings::RECONNECT_MAX_BACKOFF);
-    Ok(RedisConnection::Single(
-        ConnectionManager::new_lazy_with_config(client, config)?,
-    ))
+        .set_automatic_resubscription();
+    Ok(RedisConnection::Single(bounded_manager(
+        client, settings, config,
+    )?))
 }
 
 impl RedisConnection {
