@@ -158,8 +158,14 @@ async fn a_thousand_concurrent_clients_on_one_api_process_each_get_every_event()
         ("events.final_event_grace_ms", "60000"),
     ])
     .await;
+    // A thousand streams of one tenant is the default per-process limit exactly: a client
+    // resuming while its ended stream still holds its place would be refused (429) and, six
+    // times over, fail the test on the limit rather than on delivery.
     let app = env
-        .spawn_api_with(&[("database.max_connections", "20")])
+        .spawn_api_with(&[
+            ("database.max_connections", "20"),
+            ("api.max_streams_per_tenant", "2000"),
+        ])
         .await;
     let mut runs = Vec::new();
     for _ in 0..50 {
