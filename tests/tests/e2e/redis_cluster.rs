@@ -274,8 +274,24 @@ async fn after_a_failover_a_stale_holder_is_still_refused() {
         .await
         .expect("the first holder's append");
     let key = bus.keys().fence(run_id);
-    let (dead, replica) = shard_of(&key, &[seed]).await.expect("the run's shard");
-    let replica = replica.expect("the run's primary has a replica");
+    // A node killed by the test before rejoins as a replica: wait until the run's shard has
+    // one that is in sync with its primary, the premise of what follows.
+    let (dead, replica) = wait_for("the run's shard to have a replica in sync", T, || {
+        let key = key.clone();
+        async move {
+            let (primary, replica) = shard_of(&key, &[seed]).await?;
+            let replica = replica?;
+            let mut conn = node(replica).await?;
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            info.contains("master_link_status:up")
+                .then_some((primary, replica))
+        }
+    })
+    .await;
     // The replica is cut off (frozen, its link closed) when the new holder takes over, and
     // thaws a second later: only a holder that waits for it gets the new fence onto it before
     // its primary dies.
