@@ -5,7 +5,8 @@
 //! `lease` (heartbeat) → `run` (the driver, over `run_ctx`) → `iteration` (one model turn, over
 //! the `history`) → `model_call` →
 //! `tools` (settle the calls) → `pause` (ask, confirm) → `drain` (shutdown). `sweeper`
-//! re-enqueues what should be moving and is not; `control` carries cancel hints.
+//! re-enqueues what should be moving and is not; `retention` removes runs past their window;
+//! `control` carries cancel hints.
 
 pub mod bounded;
 pub mod budget;
@@ -27,6 +28,7 @@ pub mod model_http;
 pub mod model_stream;
 pub mod pause;
 pub mod quarantine;
+pub mod retention;
 pub mod run;
 pub mod run_ctx;
 pub mod stop;
@@ -126,6 +128,7 @@ impl Worker {
                 metrics::counter!(name).absolute(0);
             }
             metrics::gauge!("agentfleet_quarantined_runs_in_flight").set(0.0);
+            crate::retention::register_metrics();
             Some(
                 tokio::net::TcpListener::bind(&settings.worker.metrics_listen)
                     .await
@@ -188,6 +191,7 @@ impl Worker {
         let draining = CancellationToken::new();
         let tracker = TaskTracker::new();
         crate::sweeper::spawn(deps.clone(), background.clone());
+        crate::retention::spawn(deps.clone(), background.clone());
         crate::lease::spawn(deps.clone(), background.clone());
         crate::control::spawn_listener(
             deps.settings.redis.clone(),

@@ -1,4 +1,4 @@
-//! `agentfleet-api tenants create|list|get|suspend|resume|limits`.
+//! `agentfleet-api tenants create|list|get|suspend|resume|limits|retention`.
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -6,7 +6,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use agentfleet_shared::config::Settings;
-use agentfleet_shared::domain::LimitOverrides;
+use agentfleet_shared::domain::{LimitOverrides, RetentionOverrides};
 use agentfleet_shared::store::keys;
 use agentfleet_shared::store::tenants::{self, TenantInfo};
 
@@ -46,6 +46,22 @@ pub enum TenantsCommand {
     /// Set or clear the tenant's own limits (absent ones are the configured `[limits]`; 0 is
     /// no limit). With no option, shows them.
     Limits(LimitsArgs),
+    /// Set or clear the tenant's own retention windows in days (absent ones are the configured
+    /// `[retention]`; 0 keeps for ever). With no option, shows them.
+    Retention(RetentionArgs),
+}
+
+#[derive(Args)]
+pub struct RetentionArgs {
+    #[arg(long)]
+    tenant: Uuid,
+    #[arg(long)]
+    finished_runs_days: Option<u32>,
+    #[arg(long)]
+    waiting_runs_days: Option<u32>,
+    /// Clear a window back to the configured default (repeatable; `all` clears both).
+    #[arg(long, value_name = "FIELD")]
+    clear: Vec<String>,
 }
 
 #[derive(Args)]
@@ -83,19 +99,27 @@ impl LimitsArgs {
 
     /// The fields to clear, checked against the known ones.
     fn clear(&self) -> anyhow::Result<Vec<String>> {
-        let known = tenants::limit_fields();
-        if self.clear.iter().any(|c| c == "all") {
-            return Ok(known);
-        }
-        for field in &self.clear {
-            anyhow::ensure!(
-                known.contains(field),
-                "--clear {field}: unknown limit; known: {} (or all)",
-                known.join(", ")
-            );
-        }
-        Ok(self.clear.clone())
+        fields_to_clear(&self.clear, tenants::limit_fields(), "limit")
     }
+}
+
+/// `--clear` values checked against the `known` fields (`all`: every one).
+fn fields_to_clear(
+    clear: &[String],
+    known: Vec<String>,
+    what: &str,
+) -> anyhow::Result<Vec<String>> {
+    if clear.iter().any(|c| c == "all") {
+        return Ok(known);
+    }
+    for field in clear {
+        anyhow::ensure!(
+            known.contains(field),
+            "--clear {field}: unknown {what}; known: {} (or all)",
+            known.join(", ")
+        );
+    }
+    Ok(clear.to_vec())
 }
 
 pub async fn run(
@@ -150,6 +174,25 @@ pub async fn run(
             };
             show_one(json, t, settings);
         }
+        TenantsCommand::Retention(args) => {
+            let set = RetentionOverrides {
+                finished_runs_days: args.finished_runs_days,
+                waiting_runs_days: args.waiting_runs_days,
+            };
+            let clear = fields_to_clear(&args.clear, RetentionOverrides::fields(), "window")?;
+            if let Err(e) = set.over(&settings.retention.windows()).check() {
+                anyhow::bail!("--{}: {}", e.field.replace('_', "-"), e.message);
+            }
+            let t = if set == RetentionOverrides::default() && clear.is_empty() {
+                found(tenants::get(pool, args.tenant).await, args.tenant)?
+            } else {
+                found(
+                    tenants::update_retention(pool, args.tenant, &set, &clear).await,
+                    args.tenant,
+                )?
+            };
+            show_one(json, t, settings);
+        }
     }
     Ok(())
 }
@@ -192,10 +235,16 @@ fn show_one(json: bool, t: TenantInfo, settings: &Settings) {
         let mut v = serde_json::to_value(&t).expect("serializes");
         v["effective_limits"] =
             serde_json::to_value(t.limits.over(&settings.limits)).expect("serializes");
+        v["effective_retention"] =
+            serde_json::to_value(t.retention.over(&settings.retention.windows()))
+                .expect("serializes");
         println!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
     } else {
         show(false, std::slice::from_ref(&t), settings);
         let effective = serde_json::to_string(&t.limits.over(&settings.limits)).unwrap_or_default();
         println!("effective limits (0 = none): {effective}");
+        let retention = serde_json::to_string(&t.retention.over(&settings.retention.windows()))
+            .unwrap_or_default();
+        println!("effective retention in days (0 = kept for ever): {retention}");
     }
 }

@@ -69,6 +69,7 @@ use crate::state::AppState;
         crate::routes::admin::tenants::suspend::suspend_tenant,
         crate::routes::admin::tenants::resume::resume_tenant,
         crate::routes::admin::tenants::limits::update_limits,
+        crate::routes::admin::tenants::retention::update_retention,
         crate::routes::admin::keys::create::create_key,
         crate::routes::admin::keys::list::list_keys,
         crate::routes::admin::keys::get::get_key,

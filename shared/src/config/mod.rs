@@ -22,6 +22,7 @@ mod mcp;
 mod models;
 mod rate_limit;
 mod redis;
+mod retention;
 mod startup;
 mod telemetry;
 mod webhooks;
@@ -37,6 +38,7 @@ pub use mcp::McpSettings;
 pub use models::{ModelSettings, Tokenizer, ToolCalling};
 pub use rate_limit::RateLimitSettings;
 pub use redis::RedisSettings;
+pub use retention::RetentionSettings;
 pub use startup::StartupSettings;
 pub use telemetry::{LogFormat, TelemetrySettings};
 pub use webhooks::WebhookSettings;
@@ -102,6 +104,10 @@ pub struct Settings {
     pub rate_limit: RateLimitSettings,
     /// Webhook endpoints and their deliveries (sent by the API).
     pub webhooks: WebhookSettings,
+    /// How long finished and waiting runs are kept, and how their removal (in one worker at a
+    /// time) yields to the fleet's own work. A tenant's own windows (`tenants.retention`)
+    /// override the two windows field by field.
+    pub retention: RetentionSettings,
     /// MCP tool servers: registration (API) and tool listing (worker).
     pub mcp: McpSettings,
     /// Keeping a run's requests within its model's context window (worker): old tool results, then
@@ -169,6 +175,7 @@ impl Settings {
             return Err(invalid(&format!("limits.{}", e.field), e.message));
         }
         self.webhooks.validate()?;
+        self.retention.validate()?;
         self.mcp.validate()?;
         self.context.validate()?;
         for (name, model) in &self.models {

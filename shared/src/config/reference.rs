@@ -27,6 +27,7 @@ const SOURCES: &[&str] = &[
     include_str!("models.rs"),
     include_str!("rate_limit.rs"),
     include_str!("redis.rs"),
+    include_str!("retention.rs"),
     include_str!("startup.rs"),
     include_str!("telemetry.rs"),
     include_str!("webhooks.rs"),

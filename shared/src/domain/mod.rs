@@ -2,6 +2,7 @@
 
 mod agent;
 mod limits;
+mod retention;
 mod run_status;
 pub mod schema;
 mod tool_call_status;
@@ -11,5 +12,6 @@ pub use agent::{
     MAX_TOOL_URL_BYTES, Risk, ToolKind, ToolSpec, check_mcp_server_name, check_tool_url,
 };
 pub use limits::{LimitError, LimitOverrides, Limits, MAX_REQUESTS_PER_SECOND};
+pub use retention::{MAX_RETENTION_DAYS, RetentionError, RetentionOverrides, RetentionWindows};
 pub use run_status::RunStatus;
 pub use tool_call_status::ToolCallStatus;

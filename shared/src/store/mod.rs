@@ -57,6 +57,7 @@ pub mod fair_dispatch;
 pub mod keys;
 pub mod mcp_servers;
 pub mod messages;
+pub mod retention;
 pub mod runs;
 pub mod tenants;
 pub mod tool_calls;

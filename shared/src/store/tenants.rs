@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::StoreError;
 use super::keys::hash_key;
-use crate::domain::LimitOverrides;
+use crate::domain::{LimitOverrides, RetentionOverrides};
 
 pub struct CreatedTenant {
     pub tenant_id: Uuid,
@@ -105,6 +105,10 @@ pub struct TenantInfo {
     /// Only the limits set for this tenant; absent ones are the configured `[limits]`.
     #[schema(value_type = Object)]
     pub limits: LimitOverrides,
+    /// Only the retention windows set for this tenant; absent ones are the configured
+    /// `[retention]`.
+    #[schema(value_type = Object)]
+    pub retention: RetentionOverrides,
 }
 
 type TenantRow = (
@@ -113,17 +117,19 @@ type TenantRow = (
     DateTime<Utc>,
     Option<DateTime<Utc>>,
     sqlx::types::Json<LimitOverrides>,
+    sqlx::types::Json<RetentionOverrides>,
 );
 
-const TENANT_COLUMNS: &str = "id, name, created_at, suspended_at, limits";
+const TENANT_COLUMNS: &str = "id, name, created_at, suspended_at, limits, retention";
 
-fn tenant((id, name, created_at, suspended_at, limits): TenantRow) -> TenantInfo {
+fn tenant((id, name, created_at, suspended_at, limits, retention): TenantRow) -> TenantInfo {
     TenantInfo {
         id,
         name,
         created_at,
         suspended_at,
         limits: limits.0,
+        retention: retention.0,
     }
 }
 
@@ -216,6 +222,27 @@ pub async fn update_limits(
 ) -> Result<TenantInfo, StoreError> {
     let row: Option<TenantRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE tenants SET limits = (limits - $2::text[]) || $3::jsonb \
+         WHERE id = $1 RETURNING {TENANT_COLUMNS}"
+    )))
+    .bind(id)
+    .bind(clear)
+    .bind(sqlx::types::Json(set))
+    .fetch_optional(pool)
+    .await?;
+    row.map(tenant).ok_or(StoreError::NotFound)
+}
+
+/// Sets the tenant's retention windows named in `set` and clears those in `clear` (back to the
+/// configured `[retention]`), in one statement, as [`update_limits`] does. The caller has
+/// checked that `clear` holds only [`RetentionOverrides::fields`].
+pub async fn update_retention(
+    pool: &PgPool,
+    id: Uuid,
+    set: &RetentionOverrides,
+    clear: &[String],
+) -> Result<TenantInfo, StoreError> {
+    let row: Option<TenantRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE tenants SET retention = (retention - $2::text[]) || $3::jsonb \
          WHERE id = $1 RETURNING {TENANT_COLUMNS}"
     )))
     .bind(id)

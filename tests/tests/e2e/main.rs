@@ -22,6 +22,7 @@ mod quarantine;
 mod rabbit_cluster;
 mod redis_cluster;
 mod resilience;
+mod retention;
 mod scaling;
 mod startup;
 mod streams;

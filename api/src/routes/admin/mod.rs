@@ -45,6 +45,10 @@ pub fn router(state: &AppState) -> Router<AppState> {
             axum::routing::patch(tenants::limits::update_limits),
         )
         .route(
+            "/admin/v1/tenants/{id}/retention",
+            axum::routing::patch(tenants::retention::update_retention),
+        )
+        .route(
             "/admin/v1/tenants/{id}/keys",
             post(keys::create::create_key).get(keys::list::list_keys),
         )

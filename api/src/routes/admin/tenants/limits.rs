@@ -51,14 +51,30 @@ pub async fn update_limits(
 /// Splits a merge patch into the limits it sets and those it clears; every error names the
 /// field (an unknown one, or a value that is not a non-negative integer in range).
 pub fn limits_patch(patch: &Map<String, Value>) -> Result<(LimitOverrides, Vec<String>), ApiError> {
-    let known = tenants::limit_fields();
-    let mut set = LimitOverrides::default();
+    overrides_patch(
+        patch,
+        &tenants::limit_fields(),
+        "limit",
+        LimitOverrides::merged,
+    )
+}
+
+/// A merge patch of a tenant's overrides of type `T` (limits, retention windows), whose fields
+/// are `known`, split into the values it sets and the fields it clears (`null`); every error
+/// names the field (`what` says what kind of field is unknown).
+pub fn overrides_patch<T: serde::de::DeserializeOwned + Default>(
+    patch: &Map<String, Value>,
+    known: &[String],
+    what: &str,
+    merged: fn(&T, &T) -> T,
+) -> Result<(T, Vec<String>), ApiError> {
+    let mut set = T::default();
     let mut clear = Vec::new();
     for (field, value) in patch {
         if !known.contains(field) {
             return Err(ApiError::invalid(
                 field,
-                format!("unknown limit; known: {}", known.join(", ")),
+                format!("unknown {what}; known: {}", known.join(", ")),
             ));
         }
         if value.is_null() {
@@ -67,13 +83,13 @@ pub fn limits_patch(patch: &Map<String, Value>) -> Result<(LimitOverrides, Vec<S
         }
         let mut one = Map::new();
         one.insert(field.clone(), whole_number(value));
-        let parsed: LimitOverrides = serde_json::from_value(Value::Object(one)).map_err(|e| {
+        let parsed: T = serde_json::from_value(Value::Object(one)).map_err(|e| {
             ApiError::invalid(
                 field,
                 format!("must be a non-negative integer in range ({e})"),
             )
         })?;
-        set = set.merged(&parsed);
+        set = merged(&set, &parsed);
     }
     Ok((set, clear))
 }

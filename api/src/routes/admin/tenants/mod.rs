@@ -5,5 +5,6 @@ pub mod get;
 pub mod limits;
 pub mod list;
 pub mod resume;
+pub mod retention;
 pub mod suspend;
 pub mod view;
