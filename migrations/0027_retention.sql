@@ -1,6 +1,12 @@
 -- Retention of finished runs (shared/src/store/retention.rs, worker/src/retention.rs,
 -- docs/operations.md "Retention").
 --
+-- Runs and threads are deleted from now on, which 0003 relied on not happening when it dropped
+-- the foreign keys of `messages`, `tool_calls` and `iterations`: it still holds, because only
+-- runs that ended or wait are removed, locked, and every writer of those rows selects the run
+-- it writes for in the same statement (a fenced write needs the run running; a run's creation
+-- inserts it), so nothing writes a row for a removed run.
+--
 -- `retention` holds only what an operator set for this tenant (e.g. {"finished_runs_days": 7}),
 -- like `limits` (0004): anything absent falls back to the configured `[retention]`.
 ALTER TABLE tenants

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{ConfigError, invalid};
-use crate::domain::{MAX_RETENTION_DAYS, RetentionWindows};
+use crate::domain::RetentionWindows;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -104,7 +104,6 @@ impl RetentionSettings {
                 return Err(invalid(key, format!("must be within {min}..={max}")));
             }
         }
-        debug_assert!(MAX_RETENTION_DAYS > 0);
         Ok(())
     }
 }

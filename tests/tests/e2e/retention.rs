@@ -344,7 +344,10 @@ async fn runs_past_the_window_go_with_every_row_of_theirs_and_nothing_else_does(
     let mut kept_expected = kept_before.clone();
     *kept_expected.get_mut("webhook_deliveries").unwrap() -= 1;
     assert_eq!(rows_of_runs(&env, &kept_runs).await, kept_expected);
-    assert_eq!(rows_of_runs(&env, &[waiting]).await["webhook_deliveries"], 0);
+    assert_eq!(
+        rows_of_runs(&env, &[waiting]).await["webhook_deliveries"],
+        0
+    );
     let in_use = rows_of_threads(&env, &[in_use_thread]).await;
     assert_eq!(
         (in_use["threads"], in_use["runs"], in_use["messages"]),
