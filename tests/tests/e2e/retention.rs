@@ -569,12 +569,41 @@ async fn add_old_rows(pool: &sqlx::PgPool, tenant: Uuid, per_round: i32, live_th
     .unwrap();
 }
 
+/// The application name of the remover's connections, by which the lock watch knows them.
+const REMOVER: &str = "agentfleet-retention-test";
+
+/// Backends of the test's database that wait for a lock held by the remover, and what they
+/// run, sampled until `running` is cleared.
+async fn watch_lock_waits(pool: sqlx::PgPool, running: Arc<AtomicBool>) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    while running.load(Ordering::Relaxed) {
+        tick.tick().await;
+        let waiting: Vec<String> = sqlx::query_scalar(
+            "SELECT w.query FROM pg_stat_activity w
+             WHERE w.datname = current_database() AND w.wait_event_type = 'Lock'
+               AND EXISTS (SELECT 1 FROM pg_stat_activity r
+                           WHERE r.application_name = $1
+                             AND r.pid = ANY (pg_blocking_pids(w.pid)))",
+        )
+        .bind(REMOVER)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        seen.extend(waiting);
+    }
+    seen
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removal_flat_out_never_makes_a_turn_commit_wait() {
-    // A short lock time-out for the fleet: a turn commit that waited longer for a lock fails and
-    // its run is handed back (counted in `runs.handbacks`) or retried on another attempt.
+    // The fleet's lock time-out: a turn commit that waited longer for a lock fails and its run
+    // is handed back (counted in `runs.handbacks`) or retried on another attempt. Shorter than
+    // the default, so that a wait behind a removal batch (tens to hundreds of milliseconds)
+    // would show; long enough that the worker's own writers (a lease renewal committing on a
+    // loaded machine) do not.
     let env = TestEnv::with(&[
-        ("database.lock_timeout_ms", "200"),
+        ("database.lock_timeout_ms", "1000"),
         ("retention.batch_runs", "100"),
         ("retention.batch_messages", "400"),
     ])
@@ -600,12 +629,20 @@ async fn removal_flat_out_never_makes_a_turn_commit_wait() {
     }
     add_old_rows(&env.pool, tenant, 500, &threads).await;
 
-    // Removal flat out, in its own task: old rows are added before every pass, so it is still
-    // removing when the last run ends.
+    // Removal flat out, in its own task and on connections of its own (named, so the watch
+    // below can tell whom a waiting backend waits for): old rows are added before every pass,
+    // so it is still removing when the last run ends.
     let running = Arc::new(AtomicBool::new(true));
+    let options: sqlx::postgres::PgConnectOptions = env.database_url.parse().unwrap();
+    let remover_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.application_name(REMOVER))
+        .await
+        .unwrap();
+    let watch = tokio::spawn(watch_lock_waits(env.pool.clone(), running.clone()));
     let remover = {
         let running = running.clone();
-        let pool = env.pool.clone();
+        let pool = remover_pool.clone();
         let settings = settings.retention.clone();
         let threads = threads.clone();
         tokio::spawn(async move {
@@ -647,6 +684,11 @@ async fn removal_flat_out_never_makes_a_turn_commit_wait() {
     }
     running.store(false, Ordering::Relaxed);
     let (total, passes) = remover.await.expect("the remover");
+    let waits = watch.await.expect("the lock watch");
+    assert!(
+        waits.is_empty(),
+        "statements waited for a lock held by removal: {waits:#?}"
+    );
 
     let rows: Vec<(String, i32, i32, i32, i32)> = sqlx::query_as(
         "SELECT status, attempt, handbacks, recoveries, iteration FROM runs WHERE id = ANY($1)",
