@@ -23,6 +23,7 @@ mod rabbit_cluster;
 mod redis_cluster;
 mod resilience;
 mod scaling;
+mod secrets;
 mod startup;
 mod streams;
 mod tenancy;
