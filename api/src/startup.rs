@@ -29,6 +29,8 @@ use crate::stream::hub::{Hub, HubSettings};
 pub struct Application {
     listener: TcpListener,
     router: Router,
+    /// The admin API's own listener and router (`api.admin_listen`), when it has one.
+    admin: Option<(TcpListener, Router)>,
     /// The Prometheus listener (`api.metrics_listen`), apart from the public port.
     metrics: Option<TcpListener>,
     shutdown: CancellationToken,
@@ -119,8 +121,15 @@ impl Application {
         let state_pool = pool.clone();
         // Validated when the settings load: a malformed key never gets here.
         let mcp_key = settings.mcp.key().context("mcp.encryption_key")?;
+        let webhook_key = settings.webhooks.key().context("webhooks.encryption_key")?;
         let state = AppState::new(AppStateInner {
             mcp_key,
+            webhook_key,
+            admin_failures: Arc::new(crate::routes::admin::attempts::FailedAttempts::new(
+                settings.api.admin_max_failures,
+                Duration::from_millis(settings.api.admin_failure_window_ms.get()),
+                settings.api.admin_max_sources,
+            )),
             streams: Default::default(),
             schema_compiles: Arc::new(tokio::sync::Semaphore::new(
                 settings.api.max_schema_compiles,
@@ -143,6 +152,16 @@ impl Application {
             shutdown: shutdown.clone(),
         });
         let sweeper_state = state.clone();
+        let admin = if separate_admin(&settings) {
+            let listener = TcpListener::bind(&settings.api.admin_listen)
+                .await
+                .with_context(|| {
+                    format!("binding api.admin_listen {}", settings.api.admin_listen)
+                })?;
+            Some((listener, admin_router(state.clone())))
+        } else {
+            None
+        };
         let router = build_router(state);
         let listener = TcpListener::bind(&settings.api.listen)
             .await
@@ -167,6 +186,12 @@ impl Application {
             listener_cache,
             shutdown.clone(),
         );
+        crate::webhooks::sealing::spawn(
+            state_pool.clone(),
+            webhook_key,
+            settings.webhooks.seal_batch,
+            shutdown.clone(),
+        );
         crate::webhooks::deliverer::spawn(state_pool, &settings, shutdown.clone())
             .context("starting the webhook deliverer")?;
         crate::batch_driver::spawn_sweeper(sweeper_state);
@@ -178,6 +203,7 @@ impl Application {
         Ok(Application {
             listener,
             router,
+            admin,
             metrics,
             shutdown,
         })
@@ -185,6 +211,14 @@ impl Application {
 
     pub fn port(&self) -> u16 {
         self.listener.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+
+    /// The port of the admin API's own listener, when it has one (`api.admin_listen`).
+    pub fn admin_port(&self) -> Option<u16> {
+        self.admin
+            .as_ref()
+            .and_then(|(l, _)| l.local_addr().ok())
+            .map(|a| a.port())
     }
 
     /// The port of the metrics listener, when `api.metrics_listen` is set.
@@ -212,6 +246,19 @@ impl Application {
                 }
             })
         });
+        let admin = self.admin.map(|(listener, router)| {
+            let stopped = token.clone();
+            tokio::spawn(async move {
+                // The peer's address: failed attempts are counted per source.
+                let app = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+                let served = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { stopped.cancelled().await })
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "admin listener failed");
+                }
+            })
+        });
         // Small writes (SSE events) must not wait for the peer's delayed ACK (Nagle).
         let listener = self.listener.tap_io(|tcp| {
             if let Err(e) = tcp.set_nodelay(true) {
@@ -219,13 +266,21 @@ impl Application {
             }
         });
         let stopping = token.clone();
-        let served = axum::serve(listener, self.router)
+        let app = self
+            .router
+            .into_make_service_with_connect_info::<std::net::SocketAddr>();
+        let served = axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 stop.await;
                 token.cancel();
             })
             .await;
         stopping.cancel();
+        if let Some(admin) = admin
+            && let Err(e) = admin.await
+        {
+            tracing::error!(error = %e, "admin listener task failed");
+        }
         if let Some(metrics) = metrics
             && let Err(e) = metrics.await
         {
@@ -247,8 +302,10 @@ pub fn build_router(state: AppState) -> Router {
         .route("/healthz", get(routes::health::healthz))
         .route("/readyz", get(routes::health::readyz))
         .route("/openapi.json", get(routes::openapi::openapi))
-        .merge(v1)
-        .merge(routes::admin::router(&state));
+        .merge(v1);
+    if !separate_admin(&state.settings) {
+        routes = routes.merge(routes::admin::router(&state));
+    }
     if state.settings.api.console {
         routes = routes.merge(crate::console::router());
     }
@@ -265,6 +322,29 @@ pub fn build_router(state: AppState) -> Router {
                 .on_response(crate::layers::record_status),
         )
         .layer(cors)
+        .with_state(state)
+}
+
+/// Whether the admin API has a listener of its own: `api.admin_listen` is set and the admin
+/// API is on (`api.admin_token`). Otherwise its paths are on the public router, where they
+/// answer 404 while the token is empty.
+fn separate_admin(settings: &Settings) -> bool {
+    !settings.api.admin_listen.is_empty() && !settings.api.admin_token.is_empty()
+}
+
+/// The admin listener's router: `/admin/v1/…` and the probes, nothing of `/v1`.
+pub fn admin_router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(routes::health::healthz))
+        .merge(routes::admin::router(&state))
+        .fallback(crate::error::no_route)
+        .method_not_allowed_fallback(crate::error::method_not_allowed)
+        .layer(from_fn(crate::layers::catch_panic))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(crate::layers::request_span)
+                .on_response(crate::layers::record_status),
+        )
         .with_state(state)
 }
 

@@ -57,6 +57,11 @@ pub struct AppStateInner {
     /// Seals registered MCP servers' header values (`mcp.encryption_key`); none: headers are
     /// refused.
     pub mcp_key: Option<[u8; 32]>,
+    /// Seals webhook endpoints' signing secrets (`webhooks.encryption_key`); none: endpoints
+    /// cannot be registered nor their secrets rotated.
+    pub webhook_key: Option<[u8; 32]>,
+    /// Failed admin authentications per source (`api.admin_max_failures`).
+    pub admin_failures: Arc<crate::routes::admin::attempts::FailedAttempts>,
     /// Event streams open per tenant (`api.max_streams_per_tenant`).
     pub streams: Arc<crate::stream::slots::StreamSlots>,
     /// Requests whose tool schemas (with patterns) are being checked and compiled at once

@@ -74,11 +74,13 @@ SECRET_SETTINGS = {
     "amqp.url",
     "api.stream_token_secret",
     "api.admin_token",
+    "webhooks.encryption_key",
     "mcp.encryption_key",
 }
 # Where values.yaml deliberately differs from the code's default (values.yaml says why).
 CHART_DEFAULTS = {
     "api.listen": "0.0.0.0:8080",
+    "api.admin_listen": "0.0.0.0:8081",
     "api.metrics_listen": "0.0.0.0:9091",
     "worker.metrics_listen": "0.0.0.0:9090",
     "telemetry.log_format": "json",
@@ -342,6 +344,23 @@ def check_components(docs: list[dict]) -> None:
         problem("API: container port http differs from api.listen")
     if data["AGENTFLEET__API__METRICS_LISTEN"] and ports.get("metrics") != listen_port(data["AGENTFLEET__API__METRICS_LISTEN"]):
         problem("API: container port metrics differs from api.metrics_listen")
+    admin_listen = data["AGENTFLEET__API__ADMIN_LISTEN"]
+    if admin_listen and ports.get("admin") != listen_port(admin_listen):
+        problem("API: container port admin differs from api.admin_listen")
+    # The admin API has a Service of its own, with nothing else; the public one never has it.
+    public = one(docs, "Service", "-api")
+    if public and "admin" in {p.get("targetPort") for p in public["spec"]["ports"]}:
+        problem("Service/-api: the public Service exposes the admin port")
+    admin = [d for d in docs if d["kind"] == "Service"
+             and d["metadata"]["labels"].get("agentfleet.dev/admin") == "true"]
+    if admin_listen:
+        if len(admin) != 1:
+            problem(f"API: expected one admin Service, found {len(admin)}")
+        for s in admin:
+            if [p["targetPort"] for p in s["spec"]["ports"]] != ["admin"] or s["spec"]["type"] != "ClusterIP":
+                problem(f"Service/{s['metadata']['name']}: an admin Service is ClusterIP and exposes only the admin port")
+    elif admin:
+        problem("API: an admin Service without api.admin_listen")
     wspec = worker["spec"]["template"]["spec"]
     wports = {p["name"]: p["containerPort"] for p in wspec["containers"][0]["ports"]}
     if wports.get("metrics") != listen_port(data["AGENTFLEET__WORKER__METRICS_LISTEN"]):

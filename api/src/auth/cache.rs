@@ -3,7 +3,8 @@
 //!
 //! Entries live `api.auth_cache_ttl_ms` (0 disables the cache), so a revoked key stops working
 //! within that time on every replica (usually sooner: `crate::auth::invalidation` drops entries
-//! an admin change names). Unknown keys are never cached (a flood of bad keys cannot
+//! an admin change names). Entries are found by key hash (requests) or by key id (stream
+//! tokens, `crate::auth::caller`); an invalidation drops both. Unknown keys are never cached (a flood of bad keys cannot
 //! fill it), and the cache holds at most `api.auth_cache_max_keys` keys.
 //!
 //! Misses of one key are looked up once: when a thousand clients reconnect at the same moment
@@ -57,7 +58,7 @@ impl AuthCache {
         let _stripe = if self.ttl.is_zero() {
             None
         } else {
-            let stripe = key_hash.first().copied().unwrap_or(0) as usize % MISS_STRIPES;
+            let stripe = key_hash.last().copied().unwrap_or(0) as usize % MISS_STRIPES;
             let guard = self.misses[stripe].lock().await;
             if let Some(p) = self.get(key_hash) {
                 return Ok(Some(p));

@@ -67,10 +67,27 @@ pub async fn require_key_or_stream_token(
             let Some(run) = run else {
                 return Err(unauthorized(&TokenError::WrongRun.to_string()));
             };
-            state
+            let now = chrono::Utc::now();
+            let claims = state
                 .tokens
-                .verify(&token, run, chrono::Utc::now().timestamp())
-                .map_err(|e| unauthorized(&e.to_string()))?
+                .verify(&token, run, now.timestamp())
+                .map_err(|e| unauthorized(&e.to_string()))?;
+            // The key that asked for the token must still be live: from the auth cache, so a
+            // revocation reaches tokens as it reaches the key (announced, or within the TTL).
+            let live = state
+                .auth_cache
+                .get_or_lookup(&cache_id(claims.key), || {
+                    tenants::principal_of_key(&state.pool, claims.key)
+                })
+                .await
+                .map_err(ApiError::unexpected)?
+                .filter(|p| p.tenant_id == claims.tenant && !p.expired_at(now));
+            if live.is_none() {
+                return Err(unauthorized(
+                    "the API key that issued this stream token is revoked or expired",
+                ));
+            }
+            claims.tenant
         }
         None => {
             let principal = principal_from(req.headers(), &state).await?;
@@ -81,6 +98,14 @@ pub async fn require_key_or_stream_token(
     };
     req.extensions_mut().insert(StreamTenant(tenant));
     Ok(next.run(req).await)
+}
+
+/// A key's entry in the auth cache by id (a stream token names its key by id, not by its
+/// secret): 19 bytes, never the 32 of a key hash, so the two kinds of entry cannot collide.
+fn cache_id(key: uuid::Uuid) -> Vec<u8> {
+    let mut id = b"id:".to_vec();
+    id.extend_from_slice(key.as_bytes());
+    id
 }
 
 #[derive(serde::Deserialize)]

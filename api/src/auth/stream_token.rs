@@ -1,6 +1,8 @@
 //! Short-lived tokens that let a browser's `EventSource` (which cannot send an
 //! `Authorization` header) read one run's events without putting an API key in a URL.
-//! A token names its run, its tenant and its expiry, signed with HMAC-SHA256.
+//! A token names its run, its tenant, the API key that asked for it and its expiry, signed
+//! with HMAC-SHA256. The key is checked on every use (`crate::auth::caller`), so a token
+//! stops working when its key is revoked or expires.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -23,6 +25,14 @@ pub enum TokenError {
     Expired,
     #[error("the stream token is for another run")]
     WrongRun,
+}
+
+/// Who a valid token speaks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenClaims {
+    pub tenant: Uuid,
+    /// The API key that asked for the token.
+    pub key: Uuid,
 }
 
 impl TokenSigner {
@@ -49,17 +59,24 @@ impl TokenSigner {
         mac
     }
 
-    /// `<run>.<tenant>.<expires unix secs>.<hex signature>`
-    pub fn issue(&self, run: Uuid, tenant: Uuid, expires: i64) -> String {
-        let payload = format!("{}.{}.{expires}", run.simple(), tenant.simple());
+    /// `<run>.<tenant>.<key>.<expires unix secs>.<hex signature>`
+    pub fn issue(&self, run: Uuid, claims: TokenClaims, expires: i64) -> String {
+        let payload = format!(
+            "{}.{}.{}.{expires}",
+            run.simple(),
+            claims.tenant.simple(),
+            claims.key.simple()
+        );
         let sig = hex::encode(self.mac(&payload).finalize().into_bytes());
         format!("{payload}.{sig}")
     }
 
-    /// The tenant the token speaks for, if it is valid for `run` at `now`.
-    pub fn verify(&self, token: &str, run: Uuid, now: i64) -> Result<Uuid, TokenError> {
+    /// Who the token speaks for, if it is valid for `run` at `now` (its key is the caller's to
+    /// check).
+    pub fn verify(&self, token: &str, run: Uuid, now: i64) -> Result<TokenClaims, TokenError> {
         let mut parts = token.split('.');
-        let (Some(r), Some(t), Some(exp), Some(sig), None) = (
+        let (Some(r), Some(t), Some(k), Some(exp), Some(sig), None) = (
+            parts.next(),
             parts.next(),
             parts.next(),
             parts.next(),
@@ -69,7 +86,7 @@ impl TokenSigner {
             return Err(TokenError::Malformed);
         };
         let sig = hex::decode(sig).map_err(|_| TokenError::Malformed)?;
-        self.mac(&format!("{r}.{t}.{exp}"))
+        self.mac(&format!("{r}.{t}.{k}.{exp}"))
             .verify_slice(&sig)
             .map_err(|_| TokenError::BadSignature)?;
         let exp: i64 = exp.parse().map_err(|_| TokenError::Malformed)?;
@@ -80,7 +97,10 @@ impl TokenSigner {
         if token_run != run {
             return Err(TokenError::WrongRun);
         }
-        Uuid::parse_str(t).map_err(|_| TokenError::Malformed)
+        Ok(TokenClaims {
+            tenant: Uuid::parse_str(t).map_err(|_| TokenError::Malformed)?,
+            key: Uuid::parse_str(k).map_err(|_| TokenError::Malformed)?,
+        })
     }
 }
 
@@ -92,8 +112,12 @@ mod tests {
     fn a_token_works_for_its_run_only_and_expires() {
         let signer = TokenSigner::new("s3cret");
         let (run, tenant) = (Uuid::new_v4(), Uuid::new_v4());
-        let token = signer.issue(run, tenant, 1_000);
-        assert_eq!(signer.verify(&token, run, 999), Ok(tenant));
+        let claims = TokenClaims {
+            tenant,
+            key: Uuid::new_v4(),
+        };
+        let token = signer.issue(run, claims, 1_000);
+        assert_eq!(signer.verify(&token, run, 999), Ok(claims));
         assert_eq!(signer.verify(&token, run, 1_000), Err(TokenError::Expired));
         assert_eq!(
             signer.verify(&token, Uuid::new_v4(), 999),
@@ -106,6 +130,14 @@ mod tests {
         );
         let tampered = token.replace(
             &tenant.simple().to_string(),
+            &Uuid::new_v4().simple().to_string(),
+        );
+        assert_eq!(
+            signer.verify(&tampered, run, 999),
+            Err(TokenError::BadSignature)
+        );
+        let tampered = token.replace(
+            &claims.key.simple().to_string(),
             &Uuid::new_v4().simple().to_string(),
         );
         assert_eq!(

@@ -298,7 +298,7 @@ fn secure(doc: &mut Value) {
             "stream_token": {"type": "apiKey", "in": "query", "name": "token",
                              "description": "From `POST /v1/runs/{id}/stream-token`, for that run's events only"},
             "admin": {"type": "http", "scheme": "bearer",
-                      "description": "`Authorization: Bearer <api.admin_token>`; the admin API answers 404 when that is empty"},
+                      "description": "`Authorization: Bearer <api.admin_token>`, on the admin listener (`api.admin_listen`); the admin API answers 404 when the token is empty"},
         }),
     );
     for_each_operation(doc, |path, method, op| {
@@ -375,6 +375,13 @@ fn add_error_responses(doc: &mut Value) {
             "401",
             "`unauthorized`: no, or no valid, credentials (checked before anything else)",
         );
+        if admin {
+            add(
+                "429",
+                "`too_many_attempts`: this address failed `api.admin_max_failures` times within \
+                 `api.admin_failure_window_ms`; `Retry-After` says when to try again",
+            );
+        }
         if has_id {
             add("404", "Not found");
         } else if admin {

@@ -25,7 +25,7 @@ use agentfleet_shared::config::{Settings, WebhookSettings};
 use agentfleet_shared::egress::EgressPolicy;
 use agentfleet_shared::failpoint;
 use agentfleet_shared::store::webhook_deliveries::{self, Backoff, Claimed, Outcome};
-use agentfleet_shared::store::webhooks::secret_key;
+use agentfleet_shared::store::webhooks::{secret_key, stored_secret};
 
 use crate::webhooks::signing::signature;
 
@@ -43,6 +43,8 @@ struct Deliverer {
     policy: Arc<EgressPolicy>,
     settings: WebhookSettings,
     backoff: Backoff,
+    /// Opens endpoints' sealed secrets (`webhooks.encryption_key`).
+    key: Option<[u8; 32]>,
 }
 
 /// Starts the deliverer (when `webhooks.enabled`); it stops with `shutdown`.
@@ -64,7 +66,9 @@ pub fn spawn(pool: PgPool, settings: &Settings, shutdown: CancellationToken) -> 
         retry_for: Duration::from_millis(hooks.retry_for_ms.get()),
         max_attempts: hooks.max_attempts,
     };
+    let key = hooks.key()?;
     let deliverer = Arc::new(Deliverer {
+        key,
         pool: pool.clone(),
         http,
         policy,
@@ -234,7 +238,17 @@ impl Deliverer {
             retry_in: self.backoff.delay(delivery.attempts, age),
             give_up: self.backoff.gives_up(delivery.attempts, age),
         };
-        let key = match secret_key(&delivery.secret) {
+        let secret = stored_secret(
+            delivery.endpoint_id,
+            delivery.secret.as_deref(),
+            delivery.secret_sealed.as_deref(),
+            self.key.as_ref(),
+        );
+        let key = match secret
+            .as_deref()
+            .map_err(|e| e.to_string())
+            .and_then(secret_key)
+        {
             Ok(key) => key,
             Err(e) => return failed(None, format!("invalid secret: {e}")),
         };

@@ -6,12 +6,20 @@ use serde::Deserialize;
 
 use super::{ConfigError, invalid};
 
+/// The shortest operator token (`api.admin_token`): 32 random characters are out of reach of
+/// guessing even without the failed-attempt limit.
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 32;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApiSettings {
-    /// Address of the public HTTP API (`/v1`, `/admin/v1`, `/openapi.json`, the console), e.g.
-    /// `0.0.0.0:8080`.
+    /// Address of the public HTTP API (`/v1`, `/openapi.json`, the console), e.g. `0.0.0.0:8080`.
     pub listen: String,
+    /// Address of the admin API (`/admin/v1/…`), a listener of its own so that the public port and
+    /// its ingress never expose it; bound only when `api.admin_token` is set. Empty: the admin API
+    /// is served on `api.listen` instead (its failed-attempt limit then counts every client behind
+    /// a proxy as one source).
+    pub admin_listen: String,
     /// Largest request body; a larger one is 413 `payload_too_large` (`POST /v1/batches` has
     /// `api.max_batch_body_bytes` instead).
     pub max_body_bytes: usize,
@@ -81,9 +89,18 @@ pub struct ApiSettings {
     /// Most API keys that cache holds.
     pub auth_cache_max_keys: NonZeroUsize,
     /// Operator token of the admin API (`/admin/v1/…`: tenants and keys), sent as `Authorization:
-    /// Bearer <token>` and compared in constant time; empty, or at least 16 characters. Empty
+    /// Bearer <token>` and compared in constant time; empty, or at least 32 characters. Empty
     /// disables the admin API (every admin path answers 404). A secret.
     pub admin_token: String,
+    /// Failed admin authentications one source address (an IPv6 /64) may make within
+    /// `api.admin_failure_window_ms`; past them it is answered 429 `too_many_attempts`, with
+    /// `Retry-After`, until that window ends. At least 1.
+    pub admin_max_failures: u32,
+    /// The window of `api.admin_max_failures`, starting at a source's first failure.
+    pub admin_failure_window_ms: NonZeroU64,
+    /// Source addresses whose failures are tracked at once (~50 bytes each); when all are within
+    /// their window, new sources share one window. 1–1000000.
+    pub admin_max_sources: usize,
     /// How often each API replica writes the `last_used_at` of the keys it saw, all in one
     /// statement: the column is that precise, and requests never write to Postgres for it.
     pub key_last_used_flush_ms: NonZeroU64,
@@ -133,10 +150,22 @@ impl ApiSettings {
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if !self.admin_token.is_empty() && self.admin_token.len() < 16 {
+        if !self.admin_token.is_empty() && self.admin_token.chars().count() < MIN_ADMIN_TOKEN_CHARS
+        {
             return Err(invalid(
                 "api.admin_token",
-                "must be empty (admin API disabled) or at least 16 characters",
+                format!(
+                    "must be empty (admin API disabled) or at least {MIN_ADMIN_TOKEN_CHARS} characters"
+                ),
+            ));
+        }
+        if self.admin_max_failures < 1 {
+            return Err(invalid("api.admin_max_failures", "must be at least 1"));
+        }
+        if !(1..=1_000_000).contains(&self.admin_max_sources) {
+            return Err(invalid(
+                "api.admin_max_sources",
+                "must be within 1..=1000000",
             ));
         }
         if self.max_tokens_total < 1 {

@@ -54,17 +54,7 @@ impl McpSettings {
 
     /// The sealing key, when one is configured.
     pub fn key(&self) -> Result<Option<[u8; 32]>, ConfigError> {
-        use base64::Engine;
-        if self.encryption_key.is_empty() {
-            return Ok(None);
-        }
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(self.encryption_key.trim())
-            .map_err(|_| invalid("mcp.encryption_key", "is not base64"))?;
-        let key: [u8; 32] = bytes
-            .try_into()
-            .map_err(|_| invalid("mcp.encryption_key", "must be base64 of exactly 32 bytes"))?;
-        Ok(Some(key))
+        super::sealing_key("mcp.encryption_key", &self.encryption_key)
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {

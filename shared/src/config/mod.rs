@@ -62,6 +62,22 @@ fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
+/// A sealing key (`crate::seal`) as configured under `name`: base64 of 32 bytes, or empty for
+/// none. Errors name the key and never echo its value.
+fn sealing_key(name: &str, value: &str) -> Result<Option<[u8; 32]>, ConfigError> {
+    use base64::Engine;
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(value.trim())
+        .map_err(|_| invalid(name, "is not base64"))?;
+    let key: [u8; 32] = bytes
+        .try_into()
+        .map_err(|_| invalid(name, "must be base64 of exactly 32 bytes"))?;
+    Ok(Some(key))
+}
+
 /// A Redis or RabbitMQ name prefix: non-empty `[A-Za-z0-9._-]`.
 fn is_name(s: &str) -> bool {
     !s.is_empty()

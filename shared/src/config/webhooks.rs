@@ -14,6 +14,15 @@ pub struct WebhookSettings {
     /// Whether this API replica sends webhook deliveries (any number of replicas may; each claims
     /// its own rows). Registration works either way.
     pub enabled: bool,
+    /// Base64 of 32 bytes: seals endpoints' signing secrets (ChaCha20-Poly1305) in Postgres. Empty:
+    /// endpoints cannot be registered nor their secrets rotated (422 naming `url` or `secret`), and
+    /// only endpoints written before sealing existed still deliver. Every API replica needs the
+    /// same key; at start-up each seals the secrets still stored plain (docs/operations.md,
+    /// "Upgrade"). A secret (docs/operations.md, "Rotate secrets").
+    pub encryption_key: String,
+    /// Endpoints sealed per transaction by the start-up step that seals secrets still plain.
+    /// 1–10000.
+    pub seal_batch: u32,
     /// How often the deliverer looks for due deliveries when nothing wakes it sooner (a change that
     /// wrote deliveries notifies it on commit, LISTEN/NOTIFY).
     pub poll_interval_ms: NonZeroU64,
@@ -49,7 +58,16 @@ pub struct WebhookSettings {
 }
 
 impl WebhookSettings {
+    /// The sealing key of endpoints' secrets, when one is configured.
+    pub fn key(&self) -> Result<Option<[u8; 32]>, ConfigError> {
+        super::sealing_key("webhooks.encryption_key", &self.encryption_key)
+    }
+
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        self.key()?;
+        if !(1..=10_000).contains(&self.seal_batch) {
+            return Err(invalid("webhooks.seal_batch", "must be within 1..=10000"));
+        }
         if self.claim_lease_ms <= self.timeout_ms.get() {
             return Err(invalid(
                 "webhooks.claim_lease_ms",

@@ -67,31 +67,51 @@ pub async fn authenticate_hash(
     pool: &PgPool,
     key_hash: &[u8],
 ) -> Result<Option<Principal>, StoreError> {
-    type Row = (
-        Uuid,
-        Uuid,
-        sqlx::types::Json<LimitOverrides>,
-        bool,
-        Option<DateTime<Utc>>,
-    );
-    let row: Option<Row> = sqlx::query_as(
-        "SELECT k.tenant_id, k.id, t.limits, t.suspended_at IS NOT NULL, k.expires_at \
-         FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
-         WHERE k.key_hash = $1 AND k.revoked_at IS NULL \
-           AND (k.expires_at IS NULL OR k.expires_at > now())",
-    )
+    let row: Option<PrincipalRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{PRINCIPAL_SELECT} AND k.key_hash = $1"
+    )))
     .bind(key_hash)
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(
-        |(tenant_id, key_id, limits, suspended, expires_at)| Principal {
-            tenant_id,
-            key_id,
-            limits: limits.0,
-            suspended,
-            expires_at,
-        },
-    ))
+    Ok(row.map(principal))
+}
+
+/// The principal of a key given its id (a stream token names the key that issued it): none
+/// for an unknown, revoked or expired key.
+pub async fn principal_of_key(
+    pool: &PgPool,
+    key_id: Uuid,
+) -> Result<Option<Principal>, StoreError> {
+    let row: Option<PrincipalRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{PRINCIPAL_SELECT} AND k.id = $1"
+    )))
+    .bind(key_id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(principal))
+}
+
+/// A live key and its tenant; the caller adds which key.
+const PRINCIPAL_SELECT: &str = "SELECT k.tenant_id, k.id, t.limits, t.suspended_at IS NOT NULL, k.expires_at \
+     FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
+     WHERE k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())";
+
+type PrincipalRow = (
+    Uuid,
+    Uuid,
+    sqlx::types::Json<LimitOverrides>,
+    bool,
+    Option<DateTime<Utc>>,
+);
+
+fn principal((tenant_id, key_id, limits, suspended, expires_at): PrincipalRow) -> Principal {
+    Principal {
+        tenant_id,
+        key_id,
+        limits: limits.0,
+        suspended,
+        expires_at,
+    }
 }
 
 /// One tenant as operators see it.

@@ -22,7 +22,10 @@ pub struct Claimed {
     pub id: Uuid,
     pub endpoint_id: Uuid,
     pub url: String,
-    pub secret: String,
+    /// The endpoint's secret if still plain (written before sealing), else none.
+    pub secret: Option<String>,
+    /// The endpoint's sealed secret (`webhooks::stored_secret` opens either form).
+    pub secret_sealed: Option<Vec<u8>>,
     /// The body exactly as it is sent (and signed).
     pub body: String,
     /// This attempt's number (1 for the first).
@@ -49,8 +52,8 @@ pub async fn claim_due(
                 last_attempt_at = now()
            FROM due, webhook_endpoints e
           WHERE d.id = due.id AND e.id = d.endpoint_id
-         RETURNING d.id, d.endpoint_id, e.url, e.secret, d.body::text AS body, d.attempts,
-                   d.created_at",
+         RETURNING d.id, d.endpoint_id, e.url, e.secret, e.secret_sealed,
+                   d.body::text AS body, d.attempts, d.created_at",
     )
     .bind(limit as i64)
     .bind(lease.as_secs_f64())
@@ -317,6 +320,7 @@ mod tests {
                 secret: webhooks::generate_secret(),
                 description: String::new(),
             },
+            &[9u8; 32],
             5,
         )
         .await

@@ -5,6 +5,10 @@
 //! call [`enqueue`] inside the transaction that records them. Either way a delivery exists
 //! exactly when its change committed. The API's deliverer claims due rows
 //! ([`super::webhook_deliveries`]), sends them and records each attempt.
+//!
+//! Secrets are kept sealed (`crate::seal`, migration 0029) under `webhooks.encryption_key`,
+//! the endpoint's id as associated data. Rows written before sealing existed keep their secret
+//! in the plain column until [`seal_plain`] (run by every API replica with the key) seals them.
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -15,6 +19,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::StoreError;
+use crate::seal;
 
 /// Every event an endpoint may subscribe to. The `run.*` names are `run.<status>`, written by
 /// the trigger; `batch.completed` by [`enqueue`].
@@ -73,6 +78,7 @@ pub struct NewEndpoint {
     pub tenant_id: Uuid,
     pub url: String,
     pub events: Vec<String>,
+    /// The secret as issued (`whsec_…`); stored sealed only.
     pub secret: String,
     pub description: String,
 }
@@ -91,11 +97,37 @@ impl From<sqlx::Error> for CreateEndpointError {
     }
 }
 
-/// Registers an endpoint unless its tenant has `max` already. The tenant row is locked so
-/// that two registrations at once count one after the other.
+/// The stored form of an endpoint's secret: sealed under `key`, bound to the endpoint `id`.
+pub fn seal_secret(key: &[u8; 32], id: Uuid, secret: &str) -> Vec<u8> {
+    seal::seal(key, id.as_bytes(), secret.as_bytes())
+}
+
+/// The secret of endpoint `id` as stored: sealed (opened with `key`), or plain (a row written
+/// before sealing, not yet sealed).
+pub fn stored_secret(
+    id: Uuid,
+    plain: Option<&str>,
+    sealed: Option<&[u8]>,
+    key: Option<&[u8; 32]>,
+) -> Result<String, &'static str> {
+    match (plain, sealed) {
+        (Some(plain), _) => Ok(plain.to_owned()),
+        (None, Some(sealed)) => {
+            let key = key.ok_or("the secret is sealed and webhooks.encryption_key is not set")?;
+            let opened = seal::open(key, id.as_bytes(), sealed)
+                .map_err(|_| "the sealed secret does not open with webhooks.encryption_key")?;
+            String::from_utf8(opened).map_err(|_| "the sealed secret is not text")
+        }
+        (None, None) => Err("the endpoint has no secret"),
+    }
+}
+
+/// Registers an endpoint unless its tenant has `max` already, its secret sealed under `key`.
+/// The tenant row is locked so that two registrations at once count one after the other.
 pub async fn create_endpoint(
     pool: &PgPool,
     new: NewEndpoint,
+    key: &[u8; 32],
     max: u32,
 ) -> Result<Endpoint, CreateEndpointError> {
     let mut tx = pool.begin().await?;
@@ -112,15 +144,16 @@ pub async fn create_endpoint(
     if n >= i64::from(max) {
         return Err(CreateEndpointError::TooMany(max));
     }
+    let id = Uuid::now_v7();
     let endpoint = sqlx::query_as::<_, Endpoint>(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO webhook_endpoints (id, tenant_id, url, events, secret, description)
+        "INSERT INTO webhook_endpoints (id, tenant_id, url, events, secret_sealed, description)
          VALUES ($1, $2, $3, $4, $5, $6) RETURNING {ENDPOINT_COLUMNS}"
     )))
-    .bind(Uuid::now_v7())
+    .bind(id)
     .bind(new.tenant_id)
     .bind(&new.url)
     .bind(&new.events)
-    .bind(&new.secret)
+    .bind(seal_secret(key, id, &new.secret))
     .bind(&new.description)
     .fetch_one(&mut *tx)
     .await?;
@@ -151,21 +184,23 @@ pub async fn get_endpoint(pool: &PgPool, tenant: Uuid, id: Uuid) -> Result<Endpo
     .ok_or(StoreError::NotFound)
 }
 
-/// Replaces an endpoint's secret; every attempt from now on (retries of earlier deliveries
-/// included) is signed with the new one.
+/// Replaces an endpoint's secret, sealed under `key` (a plain one is cleared); every attempt
+/// from now on (retries of earlier deliveries included) is signed with the new one.
 pub async fn set_secret(
     pool: &PgPool,
     tenant: Uuid,
     id: Uuid,
     secret: &str,
+    key: &[u8; 32],
 ) -> Result<Endpoint, StoreError> {
     sqlx::query_as::<_, Endpoint>(sqlx::AssertSqlSafe(format!(
-        "UPDATE webhook_endpoints SET secret = $3 WHERE id = $1 AND tenant_id = $2
+        "UPDATE webhook_endpoints SET secret = NULL, secret_sealed = $3
+         WHERE id = $1 AND tenant_id = $2
          RETURNING {ENDPOINT_COLUMNS}"
     )))
     .bind(id)
     .bind(tenant)
-    .bind(secret)
+    .bind(seal_secret(key, id, secret))
     .fetch_optional(pool)
     .await?
     .ok_or(StoreError::NotFound)
@@ -187,6 +222,48 @@ pub async fn delete_endpoint(
     .fetch_optional(pool)
     .await?
     .ok_or(StoreError::NotFound)
+}
+
+/// Seals up to `batch` endpoints whose secret is still plain and clears their plain column,
+/// in one transaction; returns how many. Rows are taken `FOR UPDATE SKIP LOCKED` and written
+/// only while still plain, so replicas running it at once seal each row once, and running it
+/// again after the last plain row is gone does nothing.
+pub async fn seal_plain(pool: &PgPool, key: &[u8; 32], batch: u32) -> Result<u64, StoreError> {
+    let mut tx = pool.begin().await?;
+    let rows: Vec<(Uuid, String)> = sqlx::query_as(
+        "SELECT id, secret FROM webhook_endpoints WHERE secret IS NOT NULL
+         ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(i64::from(batch))
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut sealed = Vec::with_capacity(rows.len());
+    for (id, secret) in &rows {
+        ids.push(*id);
+        sealed.push(seal_secret(key, *id, secret));
+    }
+    let done = sqlx::query(
+        "UPDATE webhook_endpoints e SET secret = NULL, secret_sealed = s.sealed
+           FROM unnest($1::uuid[], $2::bytea[]) AS s(id, sealed)
+          WHERE e.id = s.id AND e.secret IS NOT NULL",
+    )
+    .bind(&ids)
+    .bind(&sealed)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(done)
+}
+
+/// How many endpoints still keep their secret plain (written before sealing, not sealed yet).
+pub async fn count_plain(pool: &PgPool) -> Result<i64, StoreError> {
+    let (n,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM webhook_endpoints WHERE secret IS NOT NULL")
+            .fetch_one(pool)
+            .await?;
+    Ok(n)
 }
 
 /// Writes one delivery of `event` per endpoint of `tenant` subscribed to it, on `conn`: call
@@ -239,5 +316,24 @@ mod tests {
             secret_key(&format!("whsec_{}", STANDARD.encode([7u8; 24]))).unwrap(),
             [7u8; 24]
         );
+    }
+
+    #[test]
+    fn a_sealed_secret_opens_for_its_endpoint_only() {
+        let (key, id, secret) = ([3u8; 32], Uuid::now_v7(), generate_secret());
+        let sealed = seal_secret(&key, id, &secret);
+        assert!(
+            !sealed
+                .windows(8)
+                .any(|w| secret.as_bytes().windows(8).any(|s| s == w))
+        );
+        assert_eq!(
+            stored_secret(id, None, Some(&sealed), Some(&key)),
+            Ok(secret.clone())
+        );
+        assert!(stored_secret(Uuid::now_v7(), None, Some(&sealed), Some(&key)).is_err());
+        assert!(stored_secret(id, None, Some(&sealed), None).is_err());
+        assert!(stored_secret(id, None, Some(&sealed), Some(&[4u8; 32])).is_err());
+        assert_eq!(stored_secret(id, Some(&secret), None, None), Ok(secret));
     }
 }

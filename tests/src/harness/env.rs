@@ -14,6 +14,9 @@ use crate::tool_server::ToolServer;
 
 /// A fragment of the grouped turn write's text within its first kilobyte (what
 /// `pg_stat_activity` keeps), for [`TestEnv::wait_for_lock_waiter`].
+/// The webhook sealing key of every test environment (`webhooks.encryption_key`).
+pub const WEBHOOK_KEY: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
 pub const TURN_WRITE_SQL: &str = "prompt_tokens = r.prompt_tokens + t.prompt_tokens";
 
 pub fn admin_database_url() -> String {
@@ -158,6 +161,9 @@ impl TestEnv {
             ("amqp.url", self.amqp_url.clone()),
             ("amqp.prefix", self.prefix.clone()),
             ("api.listen", "127.0.0.1:0".into()),
+            // The admin API on the public listener, where the tests (and API processes, whose
+            // ports they choose) reach it; `admin.rs` tests the listener of its own.
+            ("api.admin_listen", String::new()),
             ("models.mock.base_url", self.llm.base_url()),
             ("models.mock.model", "mock-1".into()),
             // The tool server is on loopback, which the egress policy refuses unless listed:
@@ -174,6 +180,8 @@ impl TestEnv {
             ("worker.model_retry_max_ms", "200".into()),
             ("events.keepalive_secs", "1".into()),
             ("api.stream_token_secret", "test-secret".into()),
+            // Webhook secrets are stored sealed; a deployment without the key registers none.
+            ("webhooks.encryption_key", WEBHOOK_KEY.into()),
             ("telemetry.log_format", "pretty".into()),
         ]
         .into_iter()

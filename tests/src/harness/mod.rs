@@ -21,8 +21,8 @@ mod watch;
 pub use app::TestApp;
 pub use bodies::{agent, assert_gap_free, http_tool, scripted_run, types};
 pub use env::{
-    TURN_WRITE_SQL, TestEnv, admin_database_url, amqp_cluster_urls, amqp_url, redis_cluster_nodes,
-    redis_connection, redis_url, skipped_on_a_redis_cluster,
+    TURN_WRITE_SQL, TestEnv, WEBHOOK_KEY, admin_database_url, amqp_cluster_urls, amqp_url,
+    redis_cluster_nodes, redis_connection, redis_url, skipped_on_a_redis_cluster,
 };
 pub use process::{ChildProcess, InProcessWorker, api_cli, binary, free_address, scrape_metrics};
 pub use wait::wait_for;

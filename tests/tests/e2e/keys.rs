@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use agentfleet_tests::harness::*;
 
-const ADMIN: &str = "test-admin-token-0123456789";
+const ADMIN: &str = "test-admin-token-0123456789abcdefghij";
 
 /// An admin call: `method path` with the operator token and an optional JSON body.
 async fn admin(

@@ -24,6 +24,7 @@ mod redis_cluster;
 mod resilience;
 mod retention;
 mod scaling;
+mod secrets;
 mod startup;
 mod streams;
 mod tenancy;

@@ -1,11 +1,14 @@
-//! The admin API (`/admin/v1/…`): tenants and their keys, for operators. Behind one operator
+//! The admin API (`/admin/v1/…`): tenants and their keys, for operators. Served on its own
+//! listener (`api.admin_listen`), or on the public one when that is empty. Behind one operator
 //! token, `api.admin_token`, compared in constant time; when the token is empty the admin API
 //! does not exist (every path answers 404, as an unknown path does). Tenant API keys never
-//! open it, and the operator token opens nothing under `/v1`.
+//! open it, and the operator token opens nothing under `/v1`. A source address that fails
+//! too often is answered 429 for a while (`attempts`).
 //!
 //! This module holds the admin router and its token check; `tenants/` and `keys/` the
 //! endpoints, one file each, and `errors.rs` their store errors as answers.
 
+pub mod attempts;
 pub mod errors;
 pub mod keys;
 pub mod tenants;
@@ -13,7 +16,7 @@ pub mod tenants;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::Response;
@@ -63,8 +66,9 @@ pub fn router(state: &AppState) -> Router<AppState> {
         ))
 }
 
-/// Middleware of every admin route: 404 when the admin API is disabled, 401 without the
-/// operator token. Runs before the path, query or body is looked at.
+/// Middleware of every admin route: 404 when the admin API is disabled, 429 for a source past
+/// its failed attempts, 401 without the operator token. Runs before the path, query or body
+/// is looked at.
 pub async fn require_admin(
     State(state): State<AppState>,
     req: Request,
@@ -74,7 +78,26 @@ pub async fn require_admin(
     if expected.is_empty() {
         return Err(crate::error::no_route().await);
     }
+    // Served without connection info (a router driven directly): one shared source.
+    let source = req
+        .extensions()
+        .get::<ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip())
+        .unwrap_or(std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED));
+    let now = std::time::Instant::now();
+    if let Some(wait) = state.admin_failures.locked_out(source, now) {
+        return Err(ApiError {
+            retry_after_secs: Some(wait.as_secs_f64().ceil().max(1.0) as u64),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_attempts",
+                "too many failed admin authentications from this address; try again later \
+                 (api.admin_max_failures)",
+            )
+        });
+    }
     if !token_matches(req.headers(), expected) {
+        state.admin_failures.fail(source, now);
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",

@@ -2,7 +2,9 @@
 //! (`{"kind": "mcp", "server": "<name>"}`). Header values (auth tokens) are write-only: sealed
 //! at rest under `mcp.encryption_key`, never answered; only their names are. The URL is held
 //! to the egress policy as tool URLs are: an address the policy refuses is refused here when
-//! written literally, and host names are judged again when the worker resolves them.
+//! written literally, and host names are judged again when the worker resolves them. A server
+//! with headers must be `https://` unless its address is one `egress.allow` lists: the headers
+//! are credentials, and plain `http://` would carry them in clear across networks.
 
 use axum::Json;
 use axum::extract::State;
@@ -151,8 +153,9 @@ pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> McpServe
 pub fn check(state: &AppState, body: &CreateMcpServer) -> Result<(), McpServerError> {
     let mcp = &state.settings.mcp;
     check_mcp_server_name(&body.name).map_err(|m| invalid("name", m))?;
-    check_tool_url(&body.url).map_err(|m| invalid("url", m))?;
-    if state.settings.egress_policy().refuses_literal(&body.url) {
+    let url = check_tool_url(&body.url).map_err(|m| invalid("url", m))?;
+    let policy = state.settings.egress_policy();
+    if policy.refuses_literal(&body.url) {
         return Err(invalid(
             "url",
             "this address is not allowed by the deployment's egress policy",
@@ -174,6 +177,13 @@ pub fn check(state: &AppState, body: &CreateMcpServer) -> Result<(), McpServerEr
         return Err(invalid(
             "headers",
             "this deployment stores no MCP server headers (mcp.encryption_key is not configured)",
+        ));
+    }
+    if url.scheme() != "https" && !policy.lists(&url) {
+        return Err(invalid(
+            "url",
+            "a server with headers must be https:// (plain http:// only to an address \
+             egress.allow lists): the headers would cross the network in clear text",
         ));
     }
     if headers.len() > mcp.max_headers {

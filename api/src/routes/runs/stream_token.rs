@@ -1,5 +1,6 @@
 //! `POST /v1/runs/{id}/stream-token`: a short-lived token for one run's event stream, for
-//! browsers (`new EventSource(url)` cannot send an `Authorization` header).
+//! browsers (`new EventSource(url)` cannot send an `Authorization` header). The token is
+//! bound to the key that asked for it: it is refused once that key is revoked or expires.
 
 use axum::Json;
 use axum::extract::State;
@@ -7,6 +8,7 @@ use axum::extract::State;
 use agentfleet_shared::store::{StoreError, runs};
 
 use crate::auth::caller::Caller;
+use crate::auth::stream_token::TokenClaims;
 use crate::error::ApiError;
 use crate::extract::PathId;
 use crate::routes::view;
@@ -27,8 +29,16 @@ pub async fn issue_stream_token(
         Err(e) => return Err(ApiError::unexpected(e)),
     }
     let ttl = state.settings.api.stream_token_ttl_secs as i64;
-    let expires = chrono::Utc::now().timestamp().saturating_add(ttl);
-    let token = state.tokens.issue(run_id, caller.tenant_id, expires);
+    let mut expires = chrono::Utc::now().timestamp().saturating_add(ttl);
+    // Never past the key's own expiry (the key is checked on each use too).
+    if let Some(key_expires) = caller.expires_at {
+        expires = expires.min(key_expires.timestamp());
+    }
+    let claims = TokenClaims {
+        tenant: caller.tenant_id,
+        key: caller.key_id,
+    };
+    let token = state.tokens.issue(run_id, claims, expires);
     Ok(Json(view::StreamToken {
         url: format!("/v1/runs/{run_id}/events?token={token}"),
         token,

@@ -1,6 +1,7 @@
 //! `POST /v1/webhooks`: registers an endpoint for some events. The answer carries the
-//! endpoint's signing secret, the only time the API shows it (it is stored so deliveries can
-//! be signed). The URL is held to the egress policy of tools: an address the policy refuses
+//! endpoint's signing secret, the only time the API shows it (it is stored sealed under
+//! `webhooks.encryption_key` so deliveries can be signed; without that key nothing is
+//! registered). The URL is held to the egress policy of tools: an address the policy refuses
 //! is refused here when written literally (host names are judged when a delivery resolves
 //! them), and plain `http://` is accepted only for an address the policy lists
 //! (`egress.allow`): anywhere else a delivery would cross networks unencrypted.
@@ -130,8 +131,15 @@ fn invalid(field: impl Into<String>, message: impl Into<String>) -> CreateWebhoo
     }
 }
 
+/// Why a deployment without `webhooks.encryption_key` refuses to store a secret.
+pub const NO_KEY: &str =
+    "this deployment stores no webhook secrets (webhooks.encryption_key is not configured)";
+
 /// Every rule of a registration; errors name the field.
 pub fn check(state: &AppState, body: &CreateWebhook) -> Result<(), CreateWebhookError> {
+    if state.webhook_key.is_none() {
+        return Err(invalid("url", NO_KEY));
+    }
     let max = state.settings.webhooks.max_url_bytes;
     if body.url.len() > max {
         return Err(invalid(
@@ -185,13 +193,16 @@ pub fn check(state: &AppState, body: &CreateWebhook) -> Result<(), CreateWebhook
     request_body = CreateWebhook,
     responses((status = 201, description = "Registered; `secret` is shown only here", body = WebhookCreated),
               (status = 409, description = "`too_many_webhooks`: the tenant has `webhooks.max_endpoints_per_tenant` endpoints; delete one first", body = crate::routes::view::ErrorBody),
-              (status = 422, description = "`invalid_request` naming the field (`url`, `events[i]`, `secret`)", body = crate::routes::view::ErrorBody)))]
+              (status = 422, description = "`invalid_request` naming the field (`url`, `events[i]`, `secret`); `url` also when the deployment has no `webhooks.encryption_key`", body = crate::routes::view::ErrorBody)))]
 pub async fn create_webhook(
     State(state): State<AppState>,
     Caller(caller): Caller,
     JsonBody(body): JsonBody<CreateWebhook>,
 ) -> Result<(StatusCode, Json<WebhookCreated>), ApiError> {
     check(&state, &body)?;
+    let Some(key) = state.webhook_key else {
+        return Err(invalid("url", NO_KEY).into());
+    };
     let secret = body.secret.unwrap_or_else(webhooks::generate_secret);
     let new = NewEndpoint {
         tenant_id: caller.tenant_id,
@@ -207,7 +218,7 @@ pub async fn create_webhook(
         events,
         description,
         created_at,
-    } = match webhooks::create_endpoint(&state.pool, new, max).await {
+    } = match webhooks::create_endpoint(&state.pool, new, &key, max).await {
         Ok(e) => e,
         Err(CreateEndpointError::TooMany(n)) => return Err(CreateWebhookError::TooMany(n).into()),
         Err(CreateEndpointError::Store(e)) => {

@@ -14,7 +14,7 @@ use crate::auth::caller::Caller;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::extract::PathId;
-use crate::routes::webhooks::create::WebhookCreated;
+use crate::routes::webhooks::create::{NO_KEY, WebhookCreated};
 use crate::state::AppState;
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -50,22 +50,27 @@ impl From<RotateSecretError> for ApiError {
     params(("id" = uuid::Uuid, Path, description = "The endpoint")),
     request_body = RotateSecret,
     responses((status = 200, description = "The endpoint with its new secret, shown only here", body = WebhookCreated),
-              (status = 404, description = "No endpoint of this tenant has that id", body = crate::routes::view::ErrorBody)))]
+              (status = 404, description = "No endpoint of this tenant has that id", body = crate::routes::view::ErrorBody),
+              (status = 422, description = "`invalid_request` naming `secret` (malformed, or the deployment has no `webhooks.encryption_key`)", body = crate::routes::view::ErrorBody)))]
 pub async fn rotate_secret(
     State(state): State<AppState>,
     Caller(caller): Caller,
     PathId(id): PathId,
     JsonBody(body): JsonBody<RotateSecret>,
 ) -> Result<Json<WebhookCreated>, ApiError> {
+    let Some(key) = state.webhook_key else {
+        return Err(RotateSecretError::InvalidSecret(NO_KEY.into()).into());
+    };
     if let Some(secret) = &body.secret {
         secret_key(secret).map_err(RotateSecretError::InvalidSecret)?;
     }
     let secret = body.secret.unwrap_or_else(webhooks::generate_secret);
-    let endpoint = match webhooks::set_secret(&state.pool, caller.tenant_id, id, &secret).await {
-        Ok(e) => e,
-        Err(StoreError::NotFound) => return Err(RotateSecretError::NotFound.into()),
-        Err(e) => return Err(RotateSecretError::Unexpected(e.into()).into()),
-    };
+    let endpoint =
+        match webhooks::set_secret(&state.pool, caller.tenant_id, id, &secret, &key).await {
+            Ok(e) => e,
+            Err(StoreError::NotFound) => return Err(RotateSecretError::NotFound.into()),
+            Err(e) => return Err(RotateSecretError::Unexpected(e.into()).into()),
+        };
     Ok(Json(WebhookCreated {
         id: endpoint.id,
         url: endpoint.url,
