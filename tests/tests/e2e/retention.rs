@@ -464,11 +464,20 @@ async fn waiting_runs_go_by_their_own_window_and_a_tenants_windows_win() {
     let b_behind = uuid(&start_as(&app, &b.api_key, &behind).await["id"]);
     wait_db_status(&env, b_behind, "waiting_for_thread").await;
     let b_wait_young = run_to(&app, &env, &b.api_key, &ask(), "waiting_for_input").await;
+    // One waiting 6 days with a run queued behind it yesterday: kept, both, until that one too
+    // is past the window (removing the waiting run alone would strand it).
+    let b_wait_held = run_to(&app, &env, &b.api_key, &ask(), "waiting_for_input").await;
+    let mut fresh = done();
+    fresh["thread_id"] = json!(thread_of(&env, b_wait_held).await);
+    fresh["if_busy"] = json!("enqueue");
+    let b_fresh = uuid(&start_as(&app, &b.api_key, &fresh).await["id"]);
+    wait_db_status(&env, b_fresh, "waiting_for_thread").await;
+    backdate(&env, &[b_fresh], 1).await;
     // Tenant a (the configured 30 and 0): a run finished 3 days ago, one waiting 400 days.
     let a_done = run_to(&app, &env, &a_key, &done(), "completed").await;
     let a_wait = run_to(&app, &env, &a_key, &ask(), "waiting_for_input").await;
     backdate(&env, &[b_done, a_done], 3).await;
-    backdate(&env, &[b_wait, b_behind], 6).await;
+    backdate(&env, &[b_wait, b_behind, b_wait_held], 6).await;
     backdate(&env, &[b_wait_young], 4).await;
     backdate(&env, &[a_wait], 400).await;
 
@@ -483,6 +492,8 @@ async fn waiting_runs_go_by_their_own_window_and_a_tenants_windows_win() {
     );
     for (run, status) in [
         (b_wait_young, "waiting_for_input"),
+        (b_wait_held, "waiting_for_input"),
+        (b_fresh, "waiting_for_thread"),
         (a_done, "completed"),
         (a_wait, "waiting_for_input"),
     ] {
