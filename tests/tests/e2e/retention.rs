@@ -738,3 +738,58 @@ async fn removal_flat_out_never_makes_a_turn_commit_wait() {
     .unwrap();
     assert_eq!(per_thread, vec![2; RUNS]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_remove_in_the_background_and_say_so_in_their_metrics() {
+    // Passes every 200 ms, so that a run made old is removed within the test's wait.
+    let env = TestEnv::with(&[("retention.interval_ms", "200")]).await;
+    let app = env.spawn_api().await;
+    let listen = free_address();
+    let _worker = env.spawn_worker_process(&[("worker.metrics_listen", listen.as_str())]);
+    let _second = env.spawn_worker_process(&[]);
+    let old = uuid(
+        &app.start_run(&scripted_run(json!([{"content": "done"}]), json!([])))
+            .await["id"],
+    );
+    wait_db_status(&env, old, "completed").await;
+    let young = uuid(
+        &app.start_run(&scripted_run(json!([{"content": "done"}]), json!([])))
+            .await["id"],
+    );
+    wait_db_status(&env, young, "completed").await;
+    backdate(&env, &[old], 31).await;
+    wait_for("the workers to remove the old run", T, || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE id = $1")
+            .bind(old)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+        (n == 0).then_some(())
+    })
+    .await;
+    assert_eq!(rows_of_runs(&env, &[young]).await["runs"], 1);
+    // Whichever of the two workers removed it, each exports the fleet's schedule; the removal
+    // counters are at 0 from the start in each.
+    let metrics = wait_for("the worker's retention metrics", T, || async {
+        let text = scrape_metrics(&listen).await?;
+        (text.contains("agentfleet_retention_last_pass_timestamp")
+            && text.contains("agentfleet_retention_backlog")
+            && text.contains("agentfleet_retention_removed_total{what=\"runs\"}"))
+        .then_some(text)
+    })
+    .await;
+    let last_pass: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("agentfleet_retention_last_pass_timestamp "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .expect("the last pass's time");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        (now - last_pass).abs() < 120.0,
+        "a pass completed just now: {last_pass} against {now}"
+    );
+}
