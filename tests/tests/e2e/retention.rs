@@ -464,11 +464,20 @@ async fn waiting_runs_go_by_their_own_window_and_a_tenants_windows_win() {
     let b_behind = uuid(&start_as(&app, &b.api_key, &behind).await["id"]);
     wait_db_status(&env, b_behind, "waiting_for_thread").await;
     let b_wait_young = run_to(&app, &env, &b.api_key, &ask(), "waiting_for_input").await;
+    // One waiting 6 days with a run queued behind it yesterday: kept, both, until that one too
+    // is past the window (removing the waiting run alone would strand it).
+    let b_wait_held = run_to(&app, &env, &b.api_key, &ask(), "waiting_for_input").await;
+    let mut fresh = done();
+    fresh["thread_id"] = json!(thread_of(&env, b_wait_held).await);
+    fresh["if_busy"] = json!("enqueue");
+    let b_fresh = uuid(&start_as(&app, &b.api_key, &fresh).await["id"]);
+    wait_db_status(&env, b_fresh, "waiting_for_thread").await;
+    backdate(&env, &[b_fresh], 1).await;
     // Tenant a (the configured 30 and 0): a run finished 3 days ago, one waiting 400 days.
     let a_done = run_to(&app, &env, &a_key, &done(), "completed").await;
     let a_wait = run_to(&app, &env, &a_key, &ask(), "waiting_for_input").await;
     backdate(&env, &[b_done, a_done], 3).await;
-    backdate(&env, &[b_wait, b_behind], 6).await;
+    backdate(&env, &[b_wait, b_behind, b_wait_held], 6).await;
     backdate(&env, &[b_wait_young], 4).await;
     backdate(&env, &[a_wait], 400).await;
 
@@ -483,6 +492,8 @@ async fn waiting_runs_go_by_their_own_window_and_a_tenants_windows_win() {
     );
     for (run, status) in [
         (b_wait_young, "waiting_for_input"),
+        (b_wait_held, "waiting_for_input"),
+        (b_fresh, "waiting_for_thread"),
         (a_done, "completed"),
         (a_wait, "waiting_for_input"),
     ] {
@@ -726,4 +737,59 @@ async fn removal_flat_out_never_makes_a_turn_commit_wait() {
     .await
     .unwrap();
     assert_eq!(per_thread, vec![2; RUNS]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_remove_in_the_background_and_say_so_in_their_metrics() {
+    // Passes every 200 ms, so that a run made old is removed within the test's wait.
+    let env = TestEnv::with(&[("retention.interval_ms", "200")]).await;
+    let app = env.spawn_api().await;
+    let listen = free_address();
+    let _worker = env.spawn_worker_process(&[("worker.metrics_listen", listen.as_str())]);
+    let _second = env.spawn_worker_process(&[]);
+    let old = uuid(
+        &app.start_run(&scripted_run(json!([{"content": "done"}]), json!([])))
+            .await["id"],
+    );
+    wait_db_status(&env, old, "completed").await;
+    let young = uuid(
+        &app.start_run(&scripted_run(json!([{"content": "done"}]), json!([])))
+            .await["id"],
+    );
+    wait_db_status(&env, young, "completed").await;
+    backdate(&env, &[old], 31).await;
+    wait_for("the workers to remove the old run", T, || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE id = $1")
+            .bind(old)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+        (n == 0).then_some(())
+    })
+    .await;
+    assert_eq!(rows_of_runs(&env, &[young]).await["runs"], 1);
+    // Whichever of the two workers removed it, each exports the fleet's schedule; the removal
+    // counters are at 0 from the start in each.
+    let metrics = wait_for("the worker's retention metrics", T, || async {
+        let text = scrape_metrics(&listen).await?;
+        (text.contains("agentfleet_retention_last_pass_timestamp")
+            && text.contains("agentfleet_retention_backlog")
+            && text.contains("agentfleet_retention_removed_total{what=\"runs\"}"))
+        .then_some(text)
+    })
+    .await;
+    let last_pass: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("agentfleet_retention_last_pass_timestamp "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .expect("the last pass's time");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        (now - last_pass).abs() < 120.0,
+        "a pass completed just now: {last_pass} against {now}"
+    );
 }
