@@ -259,6 +259,40 @@ fn members_of(members: &Members, all: &HashMap<u32, ProcStat>, this: u32) -> Has
         .collect()
 }
 
+/// Context switches of these processes so far, all their threads together: (voluntary,
+/// involuntary). A voluntary switch is a thread going to sleep (a park, a blocking read), so
+/// per unit of work it counts the wake-ups the work cost.
+pub fn context_switches(pids: &[u32]) -> (u64, u64) {
+    let mut total = (0, 0);
+    for pid in pids {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.filter_map(Result::ok) {
+            let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+                continue;
+            };
+            let (v, n) = switches_of(&status);
+            total.0 += v;
+            total.1 += n;
+        }
+    }
+    total
+}
+
+fn switches_of(status: &str) -> (u64, u64) {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (
+        field("voluntary_ctxt_switches:"),
+        field("nonvoluntary_ctxt_switches:"),
+    )
+}
+
 /// The postmaster of the server `pool` uses: the parent of one of its backends.
 pub async fn postmaster(pool: &sqlx::PgPool) -> Option<u32> {
     let backend: Option<(i32,)> = sqlx::query_as("SELECT pg_backend_pid()")
@@ -278,6 +312,16 @@ pub fn parent_of(pid: u32) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn context_switches_are_read_from_a_threads_status() {
+        let status =
+            "Name:\tapi\nvoluntary_ctxt_switches:\t1234\nnonvoluntary_ctxt_switches:\t56\n";
+        assert_eq!(switches_of(status), (1234, 56));
+        assert_eq!(switches_of("Name:\tapi\n"), (0, 0));
+        let (v, _) = context_switches(&[std::process::id()]);
+        assert!(v > 0, "this process has slept at least once");
+    }
 
     #[test]
     fn stat_fields_count_from_the_last_parenthesis() {

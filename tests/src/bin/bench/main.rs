@@ -26,6 +26,7 @@ mod recovery;
 mod redis;
 mod report;
 mod resume;
+mod storage;
 
 use std::collections::HashMap;
 
@@ -101,11 +102,16 @@ struct Args {
     /// reported (default 1,2,4; with --smoke 1,2 and 20 streams).
     #[arg(long, value_delimiter = ',')]
     api_replicas: Vec<usize>,
+    /// The fan-out with the load per API process fixed instead of the total: each round serves
+    /// this many runs' streams (20 clients each) per API process, so N processes serve N times
+    /// as many.
+    #[arg(long)]
+    fan_out_runs_per_api: Option<usize>,
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench.json")]
     out: String,
     /// Run only these sections (limits, enqueue, batch, framework, e2e, fairness, faults,
-    /// events, resume, recovery, memory, redis, load).
+    /// events, resume, recovery, memory, redis, storage, load).
     #[arg(long)]
     only: Vec<String>,
     #[command(flatten)]
@@ -314,6 +320,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     if ctx.wants("redis") {
         redis::redis_bytes(&ctx, &mut report).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("storage") {
+        storage::storage(&ctx, &mut report).await?;
         ctx.settle().await;
     }
     if ctx.wants("load") {

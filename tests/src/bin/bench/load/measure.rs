@@ -134,40 +134,6 @@ pub(super) async fn run_keys(
     Ok((items.iter().map(Vec::len).sum(), usage))
 }
 
-/// The database's tables: heap (with free space and visibility maps), TOAST (with its
-/// indexes) and indexes, in bytes; and the server's WAL position.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct PgBytes {
-    pub(super) heap: i64,
-    pub(super) toast: i64,
-    pub(super) indexes: i64,
-    pub(super) wal: i64,
-}
-
-pub(super) async fn pg_bytes(pool: &sqlx::PgPool) -> anyhow::Result<PgBytes> {
-    let (heap, toast, indexes, wal): (i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT coalesce(sum(pg_table_size(c.oid)), 0)::int8
-                  - coalesce(sum(CASE WHEN c.reltoastrelid <> 0
-                                      THEN pg_total_relation_size(c.reltoastrelid) END), 0)::int8,
-                coalesce(sum(CASE WHEN c.reltoastrelid <> 0
-                                  THEN pg_total_relation_size(c.reltoastrelid) END), 0)::int8,
-                coalesce(sum(pg_indexes_size(c.oid)), 0)::int8,
-                (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8
-           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-          WHERE c.relkind IN ('r', 'm', 'p')
-            AND n.nspname NOT IN ('pg_catalog', 'information_schema')
-            AND n.nspname NOT LIKE 'pg_toast%'",
-    )
-    .fetch_one(pool)
-    .await?;
-    Ok(PgBytes {
-        heap,
-        toast,
-        indexes,
-        wal,
-    })
-}
-
 /// Reads the in-flight count, the held runs, the workers' memory and the model's connections
 /// every `every`, until `stop`.
 pub(super) fn sample(

@@ -21,6 +21,7 @@ use agentfleet_tests::mock_llm::script;
 use crate::Report;
 use crate::common::{Ctx, percentile, sorted};
 use crate::cpu::{CpuSampler, Group};
+use crate::storage::{PgBytes, pg_bytes};
 
 /// The load section's knobs (`bench --only load --help`); unset ones take the issue's
 /// defaults, or tiny ones with `--smoke`.
