@@ -20,7 +20,7 @@ use agentfleet_tests::harness::*;
 use agentfleet_tests::mock_llm::script;
 
 const T: Duration = Duration::from_secs(60);
-const ADMIN: &str = "retention-admin-token";
+const ADMIN: &str = "retention-admin-token-0123456789abcdef";
 
 fn uuid(v: &Value) -> Uuid {
     Uuid::parse_str(v.as_str().expect("an id")).expect("a uuid")
