@@ -77,7 +77,7 @@ pub async fn authenticate_hash(
     let row: Option<Row> = sqlx::query_as(
         "SELECT k.tenant_id, k.id, t.limits, t.suspended_at IS NOT NULL, k.expires_at \
          FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
-         WHERE k.key_hash = $1 AND k.revoked_at IS NULL \
+         WHERE k.key_hash = $1 AND k.revoked_at IS NULL AND t.erased_at IS NULL \
            AND (k.expires_at IS NULL OR k.expires_at > now())",
     )
     .bind(key_hash)
@@ -105,6 +105,10 @@ pub struct TenantInfo {
     /// Only the limits set for this tenant; absent ones are the configured `[limits]`.
     #[schema(value_type = Object)]
     pub limits: LimitOverrides,
+    /// Set when its erasure was requested (`DELETE /admin/v1/tenants/{id}`): its keys are
+    /// refused, its data is being (or has been) removed, and the row stays as a tombstone
+    /// (`GET /admin/v1/tenants/{id}/erasure`).
+    pub erased_at: Option<DateTime<Utc>>,
 }
 
 type TenantRow = (
@@ -113,17 +117,19 @@ type TenantRow = (
     DateTime<Utc>,
     Option<DateTime<Utc>>,
     sqlx::types::Json<LimitOverrides>,
+    Option<DateTime<Utc>>,
 );
 
-const TENANT_COLUMNS: &str = "id, name, created_at, suspended_at, limits";
+const TENANT_COLUMNS: &str = "id, name, created_at, suspended_at, limits, erased_at";
 
-fn tenant((id, name, created_at, suspended_at, limits): TenantRow) -> TenantInfo {
+fn tenant((id, name, created_at, suspended_at, limits, erased_at): TenantRow) -> TenantInfo {
     TenantInfo {
         id,
         name,
         created_at,
         suspended_at,
         limits: limits.0,
+        erased_at,
     }
 }
 
@@ -164,7 +170,7 @@ pub async fn set_suspended(
     let mut tx = pool.begin().await?;
     let row: Option<TenantRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE tenants SET suspended_at = CASE WHEN $2 THEN COALESCE(suspended_at, now()) END \
-         WHERE id = $1 RETURNING {TENANT_COLUMNS}"
+         WHERE id = $1 AND erased_at IS NULL RETURNING {TENANT_COLUMNS}"
     )))
     .bind(id)
     .bind(suspended)
@@ -216,7 +222,7 @@ pub async fn update_limits(
 ) -> Result<TenantInfo, StoreError> {
     let row: Option<TenantRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE tenants SET limits = (limits - $2::text[]) || $3::jsonb \
-         WHERE id = $1 RETURNING {TENANT_COLUMNS}"
+         WHERE id = $1 AND erased_at IS NULL RETURNING {TENANT_COLUMNS}"
     )))
     .bind(id)
     .bind(clear)
