@@ -82,11 +82,12 @@ pub struct Erasure {
     /// Rows deleted so far, per table.
     #[schema(value_type = Object)]
     pub deleted: Json<Counts>,
-    /// Rows per table found by the last verification: every table at 0 once `done` (the
-    /// proof); null before the first verification.
+    /// Rows per table left: counted when deletion began, less what was deleted since, and
+    /// counted again by each verification; every table at 0 once `done` (the proof). Null
+    /// before deletion begins.
     #[schema(value_type = Option<Object>)]
     pub remaining: Option<Json<Counts>>,
-    /// When `remaining` was counted.
+    /// When `remaining` was last counted by a verification (the proof's time once `done`).
     pub verified_at: Option<DateTime<Utc>>,
     /// The last failure of a step (retried by the next holder of the erasure).
     pub last_error: Option<String>,
@@ -254,7 +255,7 @@ pub struct Progress<'a> {
     pub phase: Option<&'static str>,
     /// Sets `quiet_since` to now.
     pub quiet: bool,
-    /// Sets `counted`.
+    /// Sets `counted` (and `remaining` to it).
     pub counted: Option<&'a Counts>,
     /// Sets `remaining` and `verified_at`.
     pub remaining: Option<&'a Counts>,
@@ -285,7 +286,16 @@ pub async fn record(
                 phase = COALESCE($6, phase),
                 quiet_since = CASE WHEN $7 THEN now() ELSE quiet_since END,
                 counted = COALESCE($8, counted),
-                remaining = COALESCE($9, remaining),
+                -- Exact when counted (a verification, or deletion beginning); in between, what
+                -- was counted less what was deleted since.
+                remaining = CASE
+                    WHEN $9::jsonb IS NOT NULL THEN $9
+                    WHEN $8::jsonb IS NOT NULL THEN $8
+                    WHEN e.remaining IS NULL THEN NULL
+                    ELSE (SELECT jsonb_object_agg(r.key, GREATEST(0,
+                              r.value::bigint - COALESCE(($3::jsonb ->> r.key)::bigint, 0)))
+                            FROM jsonb_each_text(e.remaining) r)
+                END,
                 verified_at = CASE WHEN $9::jsonb IS NULL THEN verified_at ELSE now() END,
                 last_error = NULL,
                 updated_at = now()
@@ -782,6 +792,22 @@ mod tests {
         let e = get(&pool, tenant).await.unwrap().unwrap();
         assert_eq!(e.deleted.0.get("runs"), Some(&10));
         assert_eq!(e.deleted.0.get("threads"), Some(&2));
+        assert_eq!(e.remaining, None, "nothing counted yet");
+        let counted: Counts = [("runs".to_owned(), 12), ("threads".to_owned(), 1)].into();
+        let start = Progress {
+            counted: Some(&counted),
+            ..Default::default()
+        };
+        assert!(record(&mut conn, tenant, "a", &start).await.unwrap());
+        assert!(record(&mut conn, tenant, "a", &progress).await.unwrap());
+        let e = get(&pool, tenant).await.unwrap().unwrap();
+        let left: Counts = [("runs".to_owned(), 7), ("threads".to_owned(), 0)].into();
+        assert_eq!(
+            e.remaining.map(|r| r.0),
+            Some(left),
+            "counted less deleted, never below 0"
+        );
+        assert_eq!(e.verified_at, None);
         release(&pool, tenant, "a").await.unwrap();
         assert!(take(&pool, tenant, "b", 60_000).await.unwrap());
         let zero = counts(&pool, tenant).await.unwrap();

@@ -703,3 +703,104 @@ async fn the_cli_erases_and_any_api_replica_takes_an_erasure_up() {
     .await;
     assert!(err.contains("no such tenant"), "{err}");
 }
+
+/// An API process killed in the middle of an erasure's deletion: another replica takes the
+/// erasure over once the dead one's lease runs out, continues where it stopped, and the counts
+/// come out exact (each step's deletion and its count commit together).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_erasure_whose_replica_dies_midway_is_finished_by_another_with_exact_counts() {
+    let env = TestEnv::with(&settings(&[("erasure.grace_ms", "0")])).await;
+    let tenant = agentfleet_shared::store::tenants::create(&env.pool, "big")
+        .await
+        .unwrap()
+        .tenant_id;
+    // 1,500 finished runs on 500 threads, each with two messages and a tool call.
+    sqlx::query(
+        "WITH t AS (
+            INSERT INTO threads (id, tenant_id) SELECT gen_random_uuid(), $1
+              FROM generate_series(1, 500) RETURNING id),
+         r AS (
+            INSERT INTO runs (id, tenant_id, thread_id, status, agent, max_iterations, finished_at)
+            SELECT gen_random_uuid(), $1, t.id, 'completed', '{\"model\": \"mock\"}', 3, now()
+              FROM t, generate_series(1, 3) RETURNING id, thread_id),
+         m AS (
+            INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
+            SELECT thread_id, id, 'user', true, '{\"role\": \"user\", \"content\": \"hi\"}'
+              FROM r, generate_series(1, 2))
+         INSERT INTO tool_calls (id, run_id, tool_call_id, iteration, position, name, raw_arguments, status)
+         SELECT gen_random_uuid(), id, 'call_1', 1, 0, 'add', '{}', 'pending' FROM r",
+    )
+    .bind(tenant)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+
+    let (mut doomed, base) = env.spawn_api_process(&[]).await;
+    let http = reqwest::Client::new();
+    let erasure = format!("{base}/admin/v1/tenants/{tenant}/erasure");
+    let resp = http
+        .delete(format!("{base}/admin/v1/tenants/{tenant}"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    wait_for(
+        "the erasure to be deleting runs",
+        Duration::from_secs(30),
+        || async {
+            let e: Value = http
+                .get(&erasure)
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            (e["deleted"]["runs"].as_i64().unwrap_or(0) > 0).then_some(())
+        },
+    )
+    .await;
+    doomed.kill();
+    let midway = agentfleet_shared::store::erasure::get(&env.pool, tenant)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        midway.status, "erasing",
+        "killed before the end: {midway:?}"
+    );
+    let runs_left: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE tenant_id = $1")
+        .bind(tenant)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert!(runs_left > 0 && runs_left < 1500, "{runs_left} runs left");
+
+    let app = env.spawn_api().await;
+    let done = wait_for(
+        "another replica to finish the erasure",
+        Duration::from_secs(60),
+        || async {
+            let (_, e) = admin(
+                &app,
+                reqwest::Method::GET,
+                &format!("/admin/v1/tenants/{tenant}/erasure"),
+                None,
+            )
+            .await;
+            (e["status"] == "done").then_some(e)
+        },
+    )
+    .await;
+    for (table, counted) in done["counted"].as_object().unwrap() {
+        let deleted = done["deleted"][table].as_i64().unwrap_or(0);
+        assert_eq!(counted.as_i64(), Some(deleted), "{table}: {done}");
+        assert_eq!(done["remaining"][table], 0, "{table}: {done}");
+    }
+    assert_eq!(done["counted"]["runs"], 1500);
+    assert_eq!(done["counted"]["messages"], 3000);
+    assert_eq!(done["counted"]["tool_calls"], 1500);
+    assert_eq!(done["counted"]["threads"], 500);
+}

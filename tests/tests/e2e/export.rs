@@ -252,6 +252,10 @@ async fn an_export_of_ten_thousand_runs_is_whole_the_tenants_own_and_streamed_in
     // Bounded memory: the body is ~45 MB; the API's peak resident memory while it streamed it
     // grew by a small fraction of that (a page of 200 rows is ~1 MB), not by the export.
     let grown_kib = hwm_after.max(peak_seen).saturating_sub(rss_before);
+    eprintln!(
+        "export: {size} bytes; API resident {rss_before} KiB before, peak {} KiB",
+        hwm_after.max(peak_seen)
+    );
     assert!(size > 40 << 20, "the export is large: {size} bytes");
     assert!(
         grown_kib * 1024 < (size as u64) / 3,
