@@ -274,7 +274,7 @@ fn show_erasure(json: bool, e: &Erasure) {
     match (&e.verified_at, &e.last_error) {
         (_, Some(error)) => println!("last error: {error}"),
         (Some(at), None) if e.status == "done" => {
-            println!("verified {}: no row of the tenant is left", when(Some(*at)))
+            println!("verified {}: no row of the tenant is left", when(Some(*at)));
         }
         _ => {}
     }

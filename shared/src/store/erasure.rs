@@ -667,22 +667,8 @@ pub async fn counts(pool: &PgPool, tenant: Uuid) -> Result<Counts, StoreError> {
     sqlx::query("SET LOCAL statement_timeout = 0")
         .execute(&mut *tx)
         .await?;
-    let row: (
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-    ) = sqlx::query_as(
-        "SELECT
+    let (values,): (Vec<i64>,) = sqlx::query_as(
+        "SELECT ARRAY[
             (SELECT count(*) FROM api_keys WHERE tenant_id = $1),
             (SELECT count(*) FROM threads WHERE tenant_id = $1),
             (SELECT count(*) FROM runs WHERE tenant_id = $1),
@@ -701,16 +687,12 @@ pub async fn counts(pool: &PgPool, tenant: Uuid) -> Result<Counts, StoreError> {
             (SELECT count(*) FROM webhook_endpoints WHERE tenant_id = $1),
             (SELECT count(*) FROM webhook_deliveries WHERE endpoint_id IN (
                 SELECT id FROM webhook_endpoints WHERE tenant_id = $1)),
-            (SELECT count(*) FROM mcp_servers WHERE tenant_id = $1)",
+            (SELECT count(*) FROM mcp_servers WHERE tenant_id = $1)]",
     )
     .bind(tenant)
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
-    let values = [
-        row.0, row.1, row.2, row.3, row.4, row.5, row.6, row.7, row.8, row.9, row.10, row.11,
-        row.12,
-    ];
     Ok(TABLES
         .iter()
         .zip(values)
