@@ -27,6 +27,7 @@ use agentfleet_shared::store::tool_calls::ToolCallRow;
 
 use crate::auth::caller::Caller;
 use crate::error::ApiError;
+use crate::extract::QueryParams;
 use crate::routes::view;
 use crate::state::AppState;
 
@@ -35,6 +36,7 @@ use crate::state::AppState;
 pub async fn export(
     State(state): State<AppState>,
     Caller(caller): Caller,
+    QueryParams(_): QueryParams<ExportQuery>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant_id;
     let limit = i64::from(state.settings.export.page_size);
@@ -68,6 +70,11 @@ pub async fn export(
     )
         .into_response())
 }
+
+/// No parameter: an unknown one is refused (422 naming it), as everywhere.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportQuery {}
 
 /// Where an export is.
 struct Export {

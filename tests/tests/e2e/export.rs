@@ -262,9 +262,17 @@ async fn an_export_of_ten_thousand_runs_is_whole_the_tenants_own_and_streamed_in
         "the API grew by {grown_kib} KiB while streaming {size} bytes (resident before: {rss_before} KiB)"
     );
 
-    // Another tenant's key sees only its own; without a key, nothing.
+    // Without a key, nothing; an unknown parameter is named.
     let resp = reqwest::get(format!("{base}/v1/export")).await.unwrap();
     assert_eq!(resp.status(), 401);
+    let resp = reqwest::Client::new()
+        .get(format!("{base}/v1/export?tenant={}", other.tenant_id))
+        .bearer_auth(&app.api_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 422);
+    assert!(resp.text().await.unwrap().contains("`tenant`"));
 }
 
 /// An empty tenant's export is its end line; a tenant's runs waiting for their thread carry
