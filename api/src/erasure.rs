@@ -144,6 +144,13 @@ impl Eraser {
                         self.record(tenant, owner, &phase("waiting", true)).await?
                     } else {
                         let n = self.cancel(tenant, &ids).await;
+                        if n == 0 {
+                            // None went through (each failure is logged): no tight loop.
+                            self.nap(Duration::from_millis(
+                                self.settings.erasure.interval_ms.get(),
+                            ))
+                            .await;
+                        }
                         let progress = Progress {
                             runs_cancelled: n,
                             ..Default::default()
@@ -181,10 +188,7 @@ impl Eraser {
                                 .to_std()
                                 .unwrap_or_default()
                                 .min(Duration::from_millis(self.lease_ms() / 3));
-                            tokio::select! {
-                                _ = tokio::time::sleep(nap) => {}
-                                _ = self.shutdown.cancelled() => {}
-                            }
+                            self.nap(nap).await;
                             true
                         }
                     }
@@ -245,6 +249,14 @@ impl Eraser {
             if !recorded {
                 return Ok(Outcome::LostLease);
             }
+        }
+    }
+
+    /// Sleeps `for_`, or less if the process stops.
+    async fn nap(&self, for_: Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(for_) => {}
+            _ = self.shutdown.cancelled() => {}
         }
     }
 
