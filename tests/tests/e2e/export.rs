@@ -193,7 +193,7 @@ async fn an_export_of_ten_thousand_runs_is_whole_the_tenants_own_and_streamed_in
     let other = agentfleet_shared::store::tenants::create(&env.pool, "other")
         .await
         .unwrap();
-    // 2,500 threads of 4 runs: 10,000 runs, each with 4 KB of metadata (~45 MB of export).
+    // 2,500 threads of 4 runs: 10,000 runs, each with 4 KB of metadata (~55 MB of export).
     seed(&env, app.tenant_id, 2_500, 4_000).await;
     seed(&env, other.tenant_id, 3, 10).await;
     // A run of the tenant through the API too: real rows beside the seeded ones.
@@ -249,7 +249,7 @@ async fn an_export_of_ten_thousand_runs_is_whole_the_tenants_own_and_streamed_in
         );
     }
 
-    // Bounded memory: the body is ~45 MB; the API's peak resident memory while it streamed it
+    // Bounded memory: the body is ~55 MB; the API's peak resident memory while it streamed it
     // grew by a small fraction of that (a page of 200 rows is ~1 MB), not by the export.
     let grown_kib = hwm_after.max(peak_seen).saturating_sub(rss_before);
     eprintln!(
