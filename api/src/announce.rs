@@ -67,6 +67,29 @@ pub async fn cancelled(
     error: Option<&Value>,
     last_event_id: i64,
 ) {
+    cancelled_on(
+        &state.pool,
+        &state.bus,
+        id,
+        thread_id,
+        previous,
+        error,
+        last_event_id,
+    )
+    .await;
+}
+
+/// [`cancelled`] on a pool and a bus of the caller's (an erasure driven by the CLI has no
+/// `AppState`).
+pub async fn cancelled_on(
+    pool: &sqlx::PgPool,
+    bus: &agentfleet_shared::events::EventBus,
+    id: Uuid,
+    thread_id: Uuid,
+    previous: RunStatus,
+    error: Option<&Value>,
+    last_event_id: i64,
+) {
     metrics::counter!("agentfleet_runs_total", "status" => "cancelled").increment(1);
     // The final fence shuts the stream to the worker: nothing follows run_cancelled.
     let data = agentfleet_shared::events::cancelled_data(Some(previous), error);
@@ -78,21 +101,17 @@ pub async fn cancelled(
     };
     // Ids continue past every one handed out, whether or not Redis still has the list;
     // the id of `run_cancelled` is recorded so a stream rebuilt later ends with it.
-    let listed = state.bus.len(id).await.unwrap_or(0);
+    let listed = bus.len(id).await.unwrap_or(0);
     let floor = Floor::Recorded((last_event_id as u64).max(listed));
-    match state
-        .bus
-        .append(event, FINAL_FENCE, floor, Expiry::Expire)
-        .await
-    {
+    match bus.append(event, FINAL_FENCE, floor, Expiry::Expire).await {
         Ok(appended) => {
-            if let Err(e) = runs::record_last_event_id(&state.pool, id, appended.id).await {
+            if let Err(e) = runs::record_last_event_id(pool, id, appended.id).await {
                 tracing::warn!(run_id = %id, error = %e, "could not record run_cancelled's id");
             }
         }
         Err(e) => tracing::warn!(run_id = %id, error = %e, "could not append run_cancelled"),
     }
-    if let Err(e) = state.bus.send_control(id, "cancel").await {
+    if let Err(e) = bus.send_control(id, "cancel").await {
         tracing::warn!(run_id = %id, error = %e, "could not hint the worker; its lease renewal will see the cancel");
     }
 }

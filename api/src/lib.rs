@@ -5,6 +5,7 @@ pub mod announce;
 pub mod auth;
 pub mod batch_driver;
 pub mod console;
+pub mod erasure;
 pub mod error;
 pub mod extract;
 pub mod fair_dispatch;

@@ -194,6 +194,12 @@ pub struct RateLimiter {
     started: Instant,
 }
 
+/// The Redis key of `tenant`'s shared bucket (the only key of a tenant's own in Redis besides
+/// its runs': a tenant's erasure deletes it, `crate::erasure`).
+pub fn bucket_key(prefix: &str, tenant: Uuid) -> String {
+    format!("{prefix}:ratelimit:{tenant}")
+}
+
 impl RateLimiter {
     pub fn new(conn: RedisConnection, prefix: &str, settings: RateLimitSettings) -> Self {
         RateLimiter {
@@ -209,7 +215,7 @@ impl RateLimiter {
     }
 
     pub fn key(&self, tenant: Uuid) -> String {
-        format!("{}:ratelimit:{tenant}", self.prefix)
+        bucket_key(&self.prefix, tenant)
     }
 
     /// Decides one request of `tenant` under `bucket`.

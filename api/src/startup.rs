@@ -162,6 +162,7 @@ impl Application {
         } else {
             None
         };
+        let eraser = crate::erasure::Eraser::of(&state);
         let router = build_router(state);
         let listener = TcpListener::bind(&settings.api.listen)
             .await
@@ -195,6 +196,7 @@ impl Application {
         crate::webhooks::deliverer::spawn(state_pool, &settings, shutdown.clone())
             .context("starting the webhook deliverer")?;
         crate::batch_driver::spawn_sweeper(sweeper_state);
+        crate::erasure::spawn_sweeper(eraser);
         flusher.0.spawn_flusher(
             flusher.1,
             Duration::from_millis(settings.api.key_last_used_flush_ms.get()),

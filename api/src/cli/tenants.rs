@@ -1,4 +1,4 @@
-//! `agentfleet-api tenants create|list|get|suspend|resume|limits|retention`.
+//! `agentfleet-api tenants create|list|get|suspend|resume|limits|retention|erase|erasure`.
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -7,10 +7,13 @@ use uuid::Uuid;
 
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::domain::{LimitOverrides, RetentionOverrides};
+use agentfleet_shared::events::EventBus;
+use agentfleet_shared::store::erasure::{self, Erasure};
 use agentfleet_shared::store::keys;
 use agentfleet_shared::store::tenants::{self, TenantInfo};
 
 use agentfleet_api::auth::invalidation::{Announcer, Invalidation};
+use agentfleet_api::erasure::Eraser;
 
 use super::{announce, print, when};
 
@@ -49,6 +52,24 @@ pub enum TenantsCommand {
     /// Set or clear the tenant's own retention windows in days (absent ones are the configured
     /// `[retention]`; 0 keeps for ever). With no option, shows them.
     Retention(RetentionArgs),
+    /// Erase a tenant: its keys are refused at once (every API replica within
+    /// `api.auth_cache_ttl_ms`), its runs cancelled, then every row and Redis key of it removed
+    /// by the API replicas in the background (or by this command with `--wait`). Its row stays
+    /// as a tombstone. Cannot be undone.
+    Erase {
+        #[arg(long)]
+        tenant: Uuid,
+        /// Drive the erasure here until it is done (API replicas may share the work), then
+        /// print its proof.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Show a tenant's erasure: status, phase, what it deleted, and what its last verification
+    /// found left (every table at 0 once done).
+    Erasure {
+        #[arg(long)]
+        tenant: Uuid,
+    },
 }
 
 #[derive(Args)]
@@ -193,8 +214,113 @@ pub async fn run(
             };
             show_one(json, t, settings);
         }
+        TenantsCommand::Erase { tenant, wait } => {
+            let requested = match erasure::request(pool, tenant).await {
+                Err(agentfleet_shared::store::StoreError::NotFound) => {
+                    anyhow::bail!("--tenant {tenant}: no such tenant")
+                }
+                other => other.context("requesting the erasure")?,
+            };
+            announce(announcer, Invalidation::Tenant(tenant)).await;
+            let mut current = requested.erasure;
+            if wait && current.status != "done" {
+                let redis = agentfleet_shared::events::redis_connection(&settings.redis)
+                    .context("redis.url")?;
+                let bus = EventBus::new(
+                    redis,
+                    &settings.redis.prefix,
+                    settings.events.retention_secs,
+                )
+                .with_lost_id_margin(settings.events.lost_id_margin)
+                .with_timeout(settings.redis.timeout());
+                let stop = tokio_util::sync::CancellationToken::new();
+                let eraser = Eraser::new(
+                    pool.clone(),
+                    bus,
+                    std::sync::Arc::new(settings.clone()),
+                    stop.clone(),
+                );
+                let poll = std::time::Duration::from_millis(settings.erasure.interval_ms.get());
+                tokio::select! {
+                    done = eraser.until_done(tenant, poll) => done?,
+                    _ = tokio::signal::ctrl_c() => {
+                        stop.cancel();
+                        anyhow::bail!("interrupted: the erasure goes on in the API replicas (`tenants erasure --tenant {tenant}`)");
+                    }
+                }
+                current = erasure::get(pool, tenant)
+                    .await?
+                    .context("the erasure vanished")?;
+            }
+            show_erasure(json, &current);
+        }
+        TenantsCommand::Erasure { tenant } => {
+            let current = erasure::get(pool, tenant).await?.with_context(|| {
+                format!("--tenant {tenant}: no erasure of this tenant was requested")
+            })?;
+            show_erasure(json, &current);
+        }
     }
     Ok(())
+}
+
+fn show_erasure(json: bool, e: &Erasure) {
+    if json {
+        println!("{}", serde_json::to_string_pretty(e).expect("serializes"));
+        return;
+    }
+    let rows = vec![vec![
+        e.tenant_id.to_string(),
+        e.status.clone(),
+        e.phase.clone(),
+        when(Some(e.requested_at)),
+        when(e.finished_at),
+        e.keys_revoked.to_string(),
+        e.runs_cancelled.to_string(),
+        e.redis_keys_deleted.to_string(),
+    ]];
+    print!(
+        "{}",
+        super::table(
+            &[
+                "TENANT",
+                "STATUS",
+                "PHASE",
+                "REQUESTED",
+                "FINISHED",
+                "KEYS",
+                "CANCELLED",
+                "REDIS_KEYS",
+            ],
+            &rows,
+        )
+    );
+    let mut tables = Vec::new();
+    for table in erasure::TABLES {
+        let of = |c: &Option<sqlx::types::Json<erasure::Counts>>| {
+            c.as_ref()
+                .and_then(|c| c.0.get(table).copied())
+                .map_or_else(|| "-".to_owned(), |n| n.to_string())
+        };
+        let deleted = e.deleted.0.get(table).copied().unwrap_or(0).to_string();
+        tables.push(vec![
+            table.to_owned(),
+            of(&e.counted),
+            deleted,
+            of(&e.remaining),
+        ]);
+    }
+    print!(
+        "{}",
+        super::table(&["TABLE", "COUNTED", "DELETED", "REMAINING"], &tables)
+    );
+    match (&e.verified_at, &e.last_error) {
+        (_, Some(error)) => println!("last error: {error}"),
+        (Some(at), None) if e.status == "done" => {
+            println!("verified {}: no row of the tenant is left", when(Some(*at)));
+        }
+        _ => {}
+    }
 }
 
 fn found(
@@ -203,7 +329,7 @@ fn found(
 ) -> anyhow::Result<TenantInfo> {
     match t {
         Err(agentfleet_shared::store::StoreError::NotFound) => {
-            anyhow::bail!("--tenant {id}: no such tenant")
+            anyhow::bail!("--tenant {id}: no such tenant (or it is erased)")
         }
         other => other.context("reading the tenant"),
     }
@@ -218,6 +344,7 @@ fn show(json: bool, all: &[TenantInfo], _settings: &Settings) {
                 t.name.clone(),
                 when(Some(t.created_at)),
                 when(t.suspended_at),
+                when(t.erased_at),
                 serde_json::to_string(&t.limits).unwrap_or_default(),
             ]
         })
@@ -225,7 +352,7 @@ fn show(json: bool, all: &[TenantInfo], _settings: &Settings) {
     print(
         json,
         &all,
-        &["ID", "NAME", "CREATED", "SUSPENDED", "LIMITS"],
+        &["ID", "NAME", "CREATED", "SUSPENDED", "ERASED", "LIMITS"],
         rows,
     );
 }

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod batches;
+pub mod export;
 pub mod health;
 pub mod mcp_servers;
 pub mod openapi;
@@ -48,6 +49,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
             get(threads::events::thread_events),
         )
         .route("/v1/usage", get(usage::get_usage))
+        .route("/v1/export", get(export::export))
         // A batch may be far larger than any other request: its own body limit.
         .route(
             "/v1/batches",

@@ -17,7 +17,9 @@ mod api;
 mod context;
 mod database;
 mod egress;
+mod erasure;
 mod events;
+mod export;
 mod mcp;
 mod models;
 mod rate_limit;
@@ -33,7 +35,9 @@ pub use api::ApiSettings;
 pub use context::ContextSettings;
 pub use database::DatabaseSettings;
 pub use egress::EgressSettings;
+pub use erasure::ErasureSettings;
 pub use events::{CompactHeader, EventSettings};
+pub use export::ExportSettings;
 pub use mcp::McpSettings;
 pub use models::{ModelSettings, Tokenizer, ToolCalling};
 pub use rate_limit::RateLimitSettings;
@@ -130,6 +134,11 @@ pub struct Settings {
     /// old messages, are cut to a head; then the oldest part is summarised by the model itself
     /// (docs/tools.md, "Context management").
     pub context: ContextSettings,
+    /// Tenant erasure (`DELETE /admin/v1/tenants/{id}`): how its data is removed in the background
+    /// (docs/operations.md, "Erasing a tenant").
+    pub erasure: ErasureSettings,
+    /// A tenant's export (`GET /v1/export`), JSON lines streamed page by page.
+    pub export: ExportSettings,
     /// The models an agent may name (`agent.model`), by the name clients use: a table per model,
     /// e.g. `[models.gpt]`, or `AGENTFLEET__MODELS__GPT__BASE_URL` and so on (a name given in the
     /// environment is lower-cased). None by default.
@@ -194,6 +203,8 @@ impl Settings {
         self.retention.validate()?;
         self.mcp.validate()?;
         self.context.validate()?;
+        self.erasure.validate()?;
+        self.export.validate()?;
         for (name, model) in &self.models {
             model.validate(name)?;
         }

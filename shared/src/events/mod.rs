@@ -12,6 +12,7 @@
 mod bus;
 mod connection;
 mod envelope;
+mod erasure;
 mod keys;
 mod pack;
 

@@ -71,6 +71,9 @@ pub enum KeyError {
     TenantNotFound,
     #[error("key not found")]
     KeyNotFound,
+    /// The tenant's erasure was requested: it gets no key any more.
+    #[error("tenant {0} is erased")]
+    TenantErased(Uuid),
     /// Rotating a revoked or expired key would bring a dead key's name back to life.
     #[error("key {0} is revoked or expired")]
     NotValid(Uuid),
@@ -120,12 +123,16 @@ pub async fn create(
     expires_at: Option<DateTime<Utc>>,
 ) -> Result<CreatedKey, KeyError> {
     let mut tx = pool.begin().await?;
-    let exists: Option<(Uuid,)> = sqlx::query_as("SELECT id FROM tenants WHERE id = $1")
-        .bind(tenant)
-        .fetch_optional(&mut *tx)
-        .await?;
-    if exists.is_none() {
-        return Err(KeyError::TenantNotFound);
+    // Locked against a concurrent erasure, which revokes every key it finds.
+    let exists: Option<(bool,)> =
+        sqlx::query_as("SELECT erased_at IS NOT NULL FROM tenants WHERE id = $1 FOR SHARE")
+            .bind(tenant)
+            .fetch_optional(&mut *tx)
+            .await?;
+    match exists {
+        None => return Err(KeyError::TenantNotFound),
+        Some((true,)) => return Err(KeyError::TenantErased(tenant)),
+        Some((false,)) => {}
     }
     let created = insert(&mut tx, tenant, name, expires_at).await?;
     tx.commit().await?;

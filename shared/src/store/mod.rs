@@ -53,6 +53,8 @@ pub(crate) const RUNNING: &str = "running";
 pub mod create_many;
 pub mod dead_letters;
 pub mod double_text;
+pub mod erasure;
+pub mod export;
 pub mod fair_dispatch;
 pub mod keys;
 pub mod mcp_servers;

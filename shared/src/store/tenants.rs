@@ -91,10 +91,11 @@ pub async fn principal_of_key(
     Ok(row.map(principal))
 }
 
-/// A live key and its tenant; the caller adds which key.
+/// A live key and its tenant (not erased); the caller adds which key.
 const PRINCIPAL_SELECT: &str = "SELECT k.tenant_id, k.id, t.limits, t.suspended_at IS NOT NULL, k.expires_at \
      FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
-     WHERE k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())";
+     WHERE k.revoked_at IS NULL AND t.erased_at IS NULL \
+       AND (k.expires_at IS NULL OR k.expires_at > now())";
 
 type PrincipalRow = (
     Uuid,
@@ -129,6 +130,10 @@ pub struct TenantInfo {
     /// `[retention]`.
     #[schema(value_type = Object)]
     pub retention: RetentionOverrides,
+    /// Set when its erasure was requested (`DELETE /admin/v1/tenants/{id}`): its keys are
+    /// refused, its data is being (or has been) removed, and the row stays as a tombstone
+    /// (`GET /admin/v1/tenants/{id}/erasure`).
+    pub erased_at: Option<DateTime<Utc>>,
 }
 
 type TenantRow = (
@@ -138,11 +143,14 @@ type TenantRow = (
     Option<DateTime<Utc>>,
     sqlx::types::Json<LimitOverrides>,
     sqlx::types::Json<RetentionOverrides>,
+    Option<DateTime<Utc>>,
 );
 
-const TENANT_COLUMNS: &str = "id, name, created_at, suspended_at, limits, retention";
+const TENANT_COLUMNS: &str = "id, name, created_at, suspended_at, limits, retention, erased_at";
 
-fn tenant((id, name, created_at, suspended_at, limits, retention): TenantRow) -> TenantInfo {
+fn tenant(
+    (id, name, created_at, suspended_at, limits, retention, erased_at): TenantRow,
+) -> TenantInfo {
     TenantInfo {
         id,
         name,
@@ -150,6 +158,7 @@ fn tenant((id, name, created_at, suspended_at, limits, retention): TenantRow) ->
         suspended_at,
         limits: limits.0,
         retention: retention.0,
+        erased_at,
     }
 }
 
@@ -190,7 +199,7 @@ pub async fn set_suspended(
     let mut tx = pool.begin().await?;
     let row: Option<TenantRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE tenants SET suspended_at = CASE WHEN $2 THEN COALESCE(suspended_at, now()) END \
-         WHERE id = $1 RETURNING {TENANT_COLUMNS}"
+         WHERE id = $1 AND erased_at IS NULL RETURNING {TENANT_COLUMNS}"
     )))
     .bind(id)
     .bind(suspended)
@@ -242,7 +251,7 @@ pub async fn update_limits(
 ) -> Result<TenantInfo, StoreError> {
     let row: Option<TenantRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE tenants SET limits = (limits - $2::text[]) || $3::jsonb \
-         WHERE id = $1 RETURNING {TENANT_COLUMNS}"
+         WHERE id = $1 AND erased_at IS NULL RETURNING {TENANT_COLUMNS}"
     )))
     .bind(id)
     .bind(clear)

@@ -252,7 +252,10 @@ pub struct IterationTiming {
 pub async fn record_timing(pool: &PgPool, t: &IterationTiming) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO iterations (run_id, iteration, attempt, started_at, finished_at, model_us, tools_us, total_us)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8
+         -- Not for a run that no longer exists (its tenant erased).
+         WHERE EXISTS (SELECT 1 FROM runs WHERE id = $1)
+         ON CONFLICT DO NOTHING",
     )
     .bind(t.run_id)
     .bind(t.iteration)
@@ -268,7 +271,8 @@ pub async fn record_timing(pool: &PgPool, t: &IterationTiming) -> Result<(), Sto
 }
 
 /// Records timings that no statement carried (a worker with no turn to write them with), in
-/// one statement; an iteration already recorded keeps its first record.
+/// one statement; an iteration already recorded keeps its first record, and one of a run that
+/// no longer exists (its tenant erased) is dropped.
 pub async fn record_timings(pool: &PgPool, timings: &[IterationTiming]) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO iterations (run_id, iteration, attempt, started_at, finished_at, model_us,
@@ -278,6 +282,8 @@ pub async fn record_timings(pool: &PgPool, timings: &[IterationTiming]) -> Resul
          FROM jsonb_to_recordset($1) AS x(run_id uuid, iteration int, attempt int,
              started timestamptz, finished timestamptz, model_us bigint, tools_us bigint,
              total_us bigint)
+         -- Written late, after the run's end: its tenant may have been erased since.
+         WHERE EXISTS (SELECT 1 FROM runs r WHERE r.id = x.run_id)
          ON CONFLICT DO NOTHING",
     )
     .bind(Json(timings))

@@ -653,6 +653,7 @@ async fn the_openapi_document_describes_every_operation_of_this_deployment() {
             "GET /v1/batches/{id}",
             "GET /v1/batches/{id}/events",
             "GET /v1/batches/{id}/results",
+            "GET /v1/export",
             "GET /v1/mcp-servers",
             "GET /v1/mcp-servers/{name}",
             "GET /v1/runs",

@@ -9,6 +9,8 @@ mod context;
 mod ctl;
 mod dead_letters;
 mod double_texting;
+mod erasure;
+mod export;
 mod fairness;
 mod faults;
 mod foundation;

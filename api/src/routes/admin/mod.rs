@@ -34,7 +34,14 @@ pub fn router(state: &AppState) -> Router<AppState> {
             "/admin/v1/tenants",
             post(tenants::create::create_tenant).get(tenants::list::list_tenants),
         )
-        .route("/admin/v1/tenants/{id}", get(tenants::get::get_tenant))
+        .route(
+            "/admin/v1/tenants/{id}",
+            get(tenants::get::get_tenant).delete(tenants::erase::erase_tenant),
+        )
+        .route(
+            "/admin/v1/tenants/{id}/erasure",
+            get(tenants::erasure::get_erasure),
+        )
         .route(
             "/admin/v1/tenants/{id}/suspend",
             post(tenants::suspend::suspend_tenant),

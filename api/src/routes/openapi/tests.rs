@@ -68,7 +68,7 @@ fn the_document_builds_and_every_operation_is_complete() {
         }
     }
     assert_eq!(
-        operations, 32,
+        operations, 33,
         "the admin API is absent without api.admin_token"
     );
     let mut with_admin = settings();
@@ -81,7 +81,7 @@ fn the_document_builds_and_every_operation_is_complete() {
         .filter(|(p, _)| p.starts_with("/admin/"))
         .flat_map(|(_, item)| item.as_object().unwrap().values())
         .collect();
-    assert_eq!(admin.len(), 12);
+    assert_eq!(admin.len(), 14);
     for op in admin {
         assert_eq!(op["security"], json!([{"admin": []}]));
         for s in ["401", "404", "422", "500"] {

@@ -10,7 +10,7 @@ use agentfleet_shared::store::tenants;
 use crate::auth::invalidation::Invalidation;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, PathId};
-use crate::routes::admin::errors::tenant_error;
+use crate::routes::admin::errors::{tenant_change_error, tenant_error};
 use crate::routes::admin::tenants::view::{TenantView, view};
 use crate::state::AppState;
 
@@ -41,9 +41,13 @@ pub async fn update_limits(
         .over(&state.settings.limits)
         .check()
         .map_err(|e| ApiError::invalid(e.field, e.message))?;
-    let tenant = tenants::update_limits(&state.pool, id, &set, &clear)
-        .await
-        .map_err(tenant_error)?;
+    if current.erased_at.is_some() {
+        return Err(crate::routes::admin::errors::tenant_erased(id));
+    }
+    let tenant = match tenants::update_limits(&state.pool, id, &set, &clear).await {
+        Ok(t) => t,
+        Err(e) => return Err(tenant_change_error(&state.pool, id, e).await),
+    };
     state.announcer.announce(Invalidation::Tenant(id)).await;
     Ok(Json(view(&state, tenant)))
 }

@@ -1,6 +1,8 @@
 //! Admin API, tenants: one file per endpoint; `view.rs` is the tenant as they answer it.
 
 pub mod create;
+pub mod erase;
+pub mod erasure;
 pub mod get;
 pub mod limits;
 pub mod list;

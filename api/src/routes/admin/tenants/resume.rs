@@ -8,7 +8,7 @@ use agentfleet_shared::store::tenants;
 use crate::auth::invalidation::Invalidation;
 use crate::error::ApiError;
 use crate::extract::PathId;
-use crate::routes::admin::errors::tenant_error;
+use crate::routes::admin::errors::tenant_change_error;
 use crate::routes::admin::tenants::view::{TenantView, view};
 use crate::state::AppState;
 
@@ -19,9 +19,11 @@ pub async fn resume_tenant(
     State(state): State<AppState>,
     PathId(id): PathId,
 ) -> Result<Json<TenantView>, ApiError> {
-    let tenant = tenants::set_suspended(&state.pool, id, false)
-        .await
-        .map_err(tenant_error)?;
+    let tenant = tenants::set_suspended(&state.pool, id, false).await;
+    let tenant = match tenant {
+        Ok(t) => t,
+        Err(e) => return Err(tenant_change_error(&state.pool, id, e).await),
+    };
     state.announcer.announce(Invalidation::Tenant(id)).await;
     // Its held runs go now rather than at the next sweep.
     crate::fair_dispatch::dispatch_and_publish(&state, id).await;
