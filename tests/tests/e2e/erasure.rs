@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use agentfleet_tests::harness::*;
 
-const ADMIN: &str = "erasure-admin-token-0123456789";
+const ADMIN: &str = "erasure-admin-token-0123456789abcdef";
 
 /// What each test's fleet runs with: erasure quick to start and in small batches (so that
 /// every table takes several steps), nothing sent to webhook endpoints (their deliveries stay
