@@ -47,7 +47,8 @@ def map_case(ctx, case):
     """Makes a request generated as valid valid as meant, where the document can only say so in
     words: JSON Schema has no "distinct by this property" (`uniqueItems` compares whole items),
     so an agent's tools with one name, a batch's items with one `custom_id` and an MCP server's
-    headers named alike in another case are renamed. Invalid requests are left as generated,
+    headers named alike in another case are renamed; and an MCP server with headers is given an
+    https URL (the allowlist that would open plain http is the operator's). Invalid requests are left as generated,
     and each refusal is tested end to end. Everything else a schema can say, the document says
     (what a tool's `kind` implies, `if_busy` of `POST /v1/runs/batch`, https webhook URLs,
     secrets, reserved header names, and, with `egress.allow` empty, public literal IPv4 hosts).
@@ -68,6 +69,11 @@ def map_case(ctx, case):
     headers = body.get("headers") if case.operation.path == "/v1/mcp-servers" else None
     if isinstance(headers, list):
         distinct([h for h in headers if isinstance(h, dict)], "name", "X-Header-{}", str.lower)
+        # Headers go to an MCP server only over https unless `egress.allow` lists its address,
+        # which the fuzz's empty allowlist never does.
+        url = body.get("url")
+        if headers and isinstance(url, str) and url[:7].lower() == "http://":
+            body["url"] = "https://" + url[7:]
     return case
 
 
