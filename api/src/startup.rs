@@ -314,6 +314,12 @@ pub fn build_router(state: AppState) -> Router {
     if telemetry::exporting() {
         routes = routes.route_layer(from_fn(crate::layers::name_span));
     }
+    with_common_layers(routes).layer(cors).with_state(state)
+}
+
+/// What every listener's router ends with: its answers to unknown paths and methods, panics
+/// caught, and a span per request.
+fn with_common_layers(routes: Router<AppState>) -> Router<AppState> {
     routes
         .fallback(crate::error::no_route)
         .method_not_allowed_fallback(crate::error::method_not_allowed)
@@ -323,8 +329,6 @@ pub fn build_router(state: AppState) -> Router {
                 .make_span_with(crate::layers::request_span)
                 .on_response(crate::layers::record_status),
         )
-        .layer(cors)
-        .with_state(state)
 }
 
 /// Whether the admin API has a listener of its own: `api.admin_listen` is set and the admin
@@ -336,18 +340,10 @@ fn separate_admin(settings: &Settings) -> bool {
 
 /// The admin listener's router: `/admin/v1/…` and the probes, nothing of `/v1`.
 pub fn admin_router(state: AppState) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/healthz", get(routes::health::healthz))
-        .merge(routes::admin::router(&state))
-        .fallback(crate::error::no_route)
-        .method_not_allowed_fallback(crate::error::method_not_allowed)
-        .layer(from_fn(crate::layers::catch_panic))
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(crate::layers::request_span)
-                .on_response(crate::layers::record_status),
-        )
-        .with_state(state)
+        .merge(routes::admin::router(&state));
+    with_common_layers(routes).with_state(state)
 }
 
 /// The metrics listener's router: Prometheus text at `/metrics`, nothing else.
