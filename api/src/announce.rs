@@ -47,13 +47,15 @@ pub async fn announce_all(state: &AppState, runs: &[RunRow]) {
             tracing::warn!(runs = runs.len(), error = %e, "could not append run_queued for a batch");
         }
     }
-    if let Some(held) = runs.iter().find(|r| r.held) {
-        // The tenant has a running limit: what fits its window is dispatched, oldest first.
-        crate::fair_dispatch::dispatch_and_publish(state, held.tenant_id).await;
-        return;
+    // The runs inside their tenant's window go out at once; past it, they wait held, and what
+    // fits the window is dispatched, oldest first.
+    let ids: Vec<Uuid> = runs.iter().filter(|r| !r.held).map(|r| r.id).collect();
+    if !ids.is_empty() {
+        publish_bounded(state, &ids).await;
     }
-    let ids: Vec<Uuid> = runs.iter().map(|r| r.id).collect();
-    publish_bounded(state, &ids).await;
+    if let Some(held) = runs.iter().find(|r| r.held) {
+        crate::fair_dispatch::dispatch_and_publish(state, held.tenant_id).await;
+    }
 }
 
 /// After `transitions::cancel` moved a run to `cancelled`: `run_cancelled` (with the final

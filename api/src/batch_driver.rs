@@ -113,7 +113,8 @@ async fn drive(state: &AppState, batch: Uuid, owner: &str) -> Result<(), StoreEr
                     return Ok(());
                 }
                 let failed = cancel_runs(state, held.tenant_id, &ids).await;
-                if held.fair {
+                if held.fair || state.settings.fair_share.share().is_some() {
+                    // The cancelled runs' places in the tenant's window are free.
                     crate::fair_dispatch::dispatch_and_publish(state, held.tenant_id).await;
                 }
                 if failed == ids.len() {
@@ -207,6 +208,7 @@ async fn create_chunk(
                     input: run.input,
                     agent: run.agent,
                     fair: held.fair,
+                    share: state.settings.fair_share.share(),
                     traceparent: held.traceparent.clone(),
                 };
                 if new.thread_id.is_some() {

@@ -1,5 +1,6 @@
-//! Fair dispatch from the API (`store::fair_dispatch`): a run of a tenant with a running limit is
-//! created held; then the tenant's held runs that fit its window are dispatched and published.
+//! Fair dispatch from the API (`store::fair_dispatch`): a run is created held when its tenant
+//! has a running limit, or is past its fair-share window; then the tenant's held runs that fit
+//! its window are dispatched and published.
 
 use uuid::Uuid;
 

@@ -113,6 +113,7 @@ impl Application {
         let dispatches = fair_dispatch::grouped(
             pool.clone(),
             settings.limits.max_running_runs,
+            settings.fair_share.share(),
             settings.database.write_timeout(),
         );
         let key_usage = Arc::new(crate::auth::key_usage::KeyUsage::default());

@@ -114,6 +114,7 @@ impl Writes {
             dispatches: fair_dispatch::grouped(
                 pool.clone(),
                 settings.limits.max_running_runs,
+                settings.fair_share.share(),
                 timeout,
             ),
         }

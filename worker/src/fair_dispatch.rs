@@ -53,11 +53,33 @@ pub async fn heal(deps: &Deps) -> anyhow::Result<usize> {
         &deps.pool,
         &tenants,
         deps.settings.limits.max_running_runs,
+        deps.settings.fair_share.share(),
         fair_dispatch::MAX_PER_TENANT,
     )
     .await?;
     publish(deps, &done.ids()).await;
     Ok(done.runs.len())
+}
+
+/// Registers this worker's slots for the fair share's windows (at start and every sweep tick, so
+/// the registration stays younger than `fair_share.worker_ttl_ms`), and exports the window.
+pub async fn register(deps: &Deps) -> anyhow::Result<()> {
+    fair_dispatch::register_worker(
+        &deps.pool,
+        &deps.worker_id,
+        deps.settings.worker.concurrency.get(),
+    )
+    .await?;
+    let window = fair_dispatch::window(&deps.pool, deps.settings.fair_share.share()).await?;
+    metrics::gauge!("agentfleet_fair_share_window_runs").set(window as f64);
+    Ok(())
+}
+
+/// This worker's goodbye as it stops taking runs: its slots leave the windows at once.
+pub async fn unregister(deps: &Deps) {
+    if let Err(e) = fair_dispatch::forget_worker(&deps.pool, &deps.worker_id).await {
+        tracing::warn!(error = %e, "could not remove this worker's slots; they expire with fair_share.worker_ttl_ms");
+    }
 }
 
 /// Exports the backlog (every worker, each sweep tick, so no worker shows a stale figure):

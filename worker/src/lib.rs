@@ -261,6 +261,7 @@ impl Worker {
             },
         )
         .await;
+        crate::fair_dispatch::unregister(&deps).await;
         let grace = Duration::from_millis(deps.settings.worker.drain_grace_ms);
         crate::drain::drain(&tracker, &draining, &deps.active, grace).await;
         crate::iteration::write_late_timings(&deps).await;

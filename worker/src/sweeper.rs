@@ -26,6 +26,9 @@ pub fn spawn(deps: Arc<Deps>, shutdown: CancellationToken) {
                 _ = ticker.tick() => {}
                 _ = shutdown.cancelled() => return,
             }
+            if let Err(e) = crate::fair_dispatch::register(&deps).await {
+                tracing::warn!(error = %agentfleet_shared::report::one_line(&e), "could not refresh this worker's slots");
+            }
             if let Err(e) = sweep_if_elected(&deps).await {
                 tracing::warn!(error = %agentfleet_shared::report::one_line(&e), "sweep failed");
             }
@@ -45,6 +48,7 @@ async fn sweep_if_elected(deps: &Deps) -> anyhow::Result<()> {
         return Ok(());
     };
     publish(deps, &ids).await?;
+    agentfleet_shared::store::fair_dispatch::prune_workers(&deps.pool).await?;
     crate::fair_dispatch::heal(deps).await?;
     Ok(())
 }

@@ -152,7 +152,7 @@ async fn replay(
     let mut back = Vec::new();
     let mut refused = Vec::new();
     for &id in ids {
-        match dead_letters::replay(pool, id).await {
+        match dead_letters::replay(pool, id, settings.fair_share.share().is_some()).await {
             Ok(run) => back.push(run),
             Err(
                 e @ (ReplayError::NotFound(_)
@@ -179,6 +179,7 @@ async fn replay(
             pool,
             &fair,
             settings.limits.max_running_runs,
+            settings.fair_share.share(),
             fair_dispatch::MAX_PER_TENANT,
         )
         .await?;

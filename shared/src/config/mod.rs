@@ -20,6 +20,7 @@ mod egress;
 mod erasure;
 mod events;
 mod export;
+mod fair_share;
 mod mcp;
 mod models;
 mod rate_limit;
@@ -38,6 +39,7 @@ pub use egress::EgressSettings;
 pub use erasure::ErasureSettings;
 pub use events::{CompactHeader, EventSettings};
 pub use export::ExportSettings;
+pub use fair_share::FairShareSettings;
 pub use mcp::McpSettings;
 pub use models::{ModelSettings, Tokenizer, ToolCalling};
 pub use rate_limit::RateLimitSettings;
@@ -119,6 +121,9 @@ pub struct Settings {
     /// API or `agentfleet-api tenants limits`) override them field by field. In all, 0 means no
     /// limit.
     pub limits: crate::domain::Limits,
+    /// How the fleet's slots are shared between tenants with no per-tenant configuration: every
+    /// tenant's dispatch window (docs/architecture.md, "Fair dispatch").
+    pub fair_share: FairShareSettings,
     /// How the API enforces `limits.requests_per_second` across replicas: a token bucket per tenant
     /// in Redis, and a local limiter in each replica beside it.
     pub rate_limit: RateLimitSettings,
@@ -199,6 +204,7 @@ impl Settings {
         if let Err(e) = self.limits.check() {
             return Err(invalid(&format!("limits.{}", e.field), e.message));
         }
+        self.fair_share.validate(self.worker.sweep_interval_ms)?;
         self.webhooks.validate()?;
         self.retention.validate()?;
         self.mcp.validate()?;

@@ -25,6 +25,7 @@ const SOURCES: &[&str] = &[
     include_str!("erasure.rs"),
     include_str!("events.rs"),
     include_str!("export.rs"),
+    include_str!("fair_share.rs"),
     include_str!("mcp.rs"),
     include_str!("models.rs"),
     include_str!("rate_limit.rs"),

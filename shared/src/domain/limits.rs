@@ -33,6 +33,17 @@ pub struct Limits {
     pub tokens_per_day: u64,
 }
 
+/// The fleet's fair share (`[fair_share]`): each tenant's dispatch window is `window_per_slot`
+/// runs per slot of the live workers, at least `min_window`. Postgres computes it
+/// (`fair_share_window`, migration 0031), from the workers' registrations younger than
+/// `worker_ttl_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FairShare {
+    pub window_per_slot: u32,
+    pub min_window: u32,
+    pub worker_ttl_ms: u64,
+}
+
 /// Highest `requests_per_second` accepted: the shared bucket counts in microseconds, and a
 /// higher rate is no limit in practice (set 0).
 pub const MAX_REQUESTS_PER_SECOND: u32 = 1_000_000;

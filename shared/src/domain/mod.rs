@@ -11,7 +11,7 @@ pub use agent::{
     AgentSpec, AgentSpecError, BUILTIN_TOOLS, MAX_MCP_SERVER_NAME, MAX_MCP_TOOL_PICKS,
     MAX_TOOL_URL_BYTES, Risk, ToolKind, ToolSpec, check_mcp_server_name, check_tool_url,
 };
-pub use limits::{LimitError, LimitOverrides, Limits, MAX_REQUESTS_PER_SECOND};
+pub use limits::{FairShare, LimitError, LimitOverrides, Limits, MAX_REQUESTS_PER_SECOND};
 pub use retention::{MAX_RETENTION_DAYS, RetentionError, RetentionOverrides, RetentionWindows};
 pub use run_status::RunStatus;
 pub use tool_call_status::ToolCallStatus;

@@ -19,22 +19,37 @@ use super::transitions::NewRun;
 /// statement's end, when all rows exist. `EXPLAIN (ANALYZE, BUFFERS)` of 1,000 rows found it
 /// no more expensive than `jsonb_to_recordset` over one document (which also needs the
 /// hashes hex-encoded) or three statements.
+///
+/// A run is held when its tenant has a running limit (`fair`), or when it is under the fair
+/// share (`windowed`) and past what is left of its tenant's window: `fair_share_room` once per
+/// tenant ($13..$15: `fair_share_window`'s arguments), the first that many runs of the tenant
+/// in the statement published, the rest held.
 const RUNS_ON_NEW_THREADS: &str = "
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::jsonb[], $5::jsonb[],
                          $6::text[], $7::bytea[], $8::int4[], $9::jsonb[], $10::bool[],
-                         $12::text[])
+                         $12::text[], $16::bool[]) WITH ORDINALITY
         AS t(id, tenant_id, thread_id, agent, metadata, idempotency_key, request_hash,
-             max_iterations, body, fair, traceparent)),
+             max_iterations, body, fair, traceparent, windowed, ord)),
+ room AS (
+    SELECT t.tenant_id, fair_share_room(t.tenant_id, w.n) AS free
+    FROM (SELECT DISTINCT tenant_id FROM input WHERE windowed AND NOT fair) t,
+         (SELECT fair_share_window($13, $14, $15) AS n) w),
+ placed AS (
+    SELECT i.*, row_number() OVER (PARTITION BY i.tenant_id, i.windowed AND NOT i.fair
+                                   ORDER BY i.ord) AS pos
+    FROM input i),
  thread AS (
     INSERT INTO threads (id, tenant_id) SELECT thread_id, tenant_id FROM input),
  run AS (
     INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata,
                       idempotency_key, request_hash, max_iterations, held, fair, batch_id,
                       traceparent)
-    SELECT id, tenant_id, thread_id, 'queued', agent, metadata,
-           idempotency_key, request_hash, max_iterations, fair, fair, $11::uuid, traceparent
-    FROM input
+    SELECT p.id, p.tenant_id, p.thread_id, 'queued', p.agent, p.metadata,
+           p.idempotency_key, p.request_hash, p.max_iterations,
+           p.fair OR (p.windowed AND p.pos > COALESCE(r.free, 0)), p.fair OR p.windowed,
+           $11::uuid, p.traceparent
+    FROM placed p LEFT JOIN room r ON r.tenant_id = p.tenant_id
     RETURNING *),
  message AS (
     INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
@@ -75,6 +90,9 @@ pub async fn create_on_new_threads_in<'e>(
     let mut bodies = Vec::with_capacity(n);
     let mut fair = Vec::with_capacity(n);
     let mut traceparents = Vec::with_capacity(n);
+    let mut windowed = Vec::with_capacity(n);
+    // One configuration per process: the first run under the fair share gives its arguments.
+    let share = super::fair_dispatch::share_args(runs.iter().find_map(|r| r.share));
     for run in runs {
         ids.push(run.id);
         tenants.push(run.tenant_id);
@@ -87,6 +105,7 @@ pub async fn create_on_new_threads_in<'e>(
         bodies.push(Json(messages::user_body(&run.input)));
         fair.push(run.fair);
         traceparents.push(run.traceparent.as_deref());
+        windowed.push(run.share.is_some());
     }
     let rows = sqlx::query_as::<_, RunRow>(RUNS_ON_NEW_THREADS)
         .bind(&ids)
@@ -101,6 +120,10 @@ pub async fn create_on_new_threads_in<'e>(
         .bind(&fair)
         .bind(batch)
         .bind(&traceparents)
+        .bind(share.0)
+        .bind(share.1)
+        .bind(share.2)
+        .bind(&windowed)
         .fetch_all(executor)
         .await?;
     in_order(&ids, rows)
@@ -149,6 +172,7 @@ mod tests {
             request_hash: Some(vec![i as u8; 32]),
             input: format!("hello {i}"),
             fair: false,
+            share: None,
             traceparent: None,
         }
     }

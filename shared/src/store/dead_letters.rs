@@ -75,8 +75,9 @@ pub enum ReplayError {
 pub struct Replayed {
     pub run_id: Uuid,
     pub tenant_id: Uuid,
-    /// Counted against its tenant's running limit: put back `held`, so it waits for a free
-    /// slot of that limit like any new run of the tenant, instead of being published past it.
+    /// Counted against its tenant's running limit or the fair share: put back `held`, so it
+    /// waits for a free place of its tenant's window like any new run of the tenant, instead of
+    /// being published past it.
     pub fair: bool,
 }
 
@@ -85,8 +86,14 @@ pub struct Replayed {
 /// `replays` is incremented. The next claim is a new,
 /// counted attempt. A run of a batch that had completed reopens the batch (`in_progress`: it
 /// completes again, with a second `batch.completed`, once the run ends); a run of a cancelled
-/// batch is refused, as its batch would cancel it again.
-pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<Replayed, ReplayError> {
+/// batch is refused, as its batch would cancel it again. Under the fair share (`fair_share`)
+/// every replayed run goes back `held` and `fair`, dispatched in turn like any run of its
+/// tenant, also one created before the fair share was on.
+pub async fn replay(
+    pool: &PgPool,
+    run_id: Uuid,
+    fair_share: bool,
+) -> Result<Replayed, ReplayError> {
     let mut tx = pool.begin().await.map_err(StoreError::from)?;
     // The run's batch first, as a creation chunk takes its batch before the runs it writes
     // (and `finish` before it reads them): taking the run first deadlocked with a chunk that
@@ -106,7 +113,7 @@ pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<Replayed, ReplayError
         "UPDATE runs SET status = 'queued', error = NULL, finished_at = NULL, recoveries = 0,
                          quarantined_at = NULL, quarantine_attempt = NULL,
                          interrupted = false, lease_owner = NULL, lease_expires_at = NULL,
-                         held = fair, enqueued_at = now(),
+                         held = fair OR $2, fair = fair OR $2, enqueued_at = now(),
                          replays = replays + 1, replayed_at = now(), updated_at = now()
          WHERE id = $1 AND status = 'failed' AND (error ->> 'code') = 'poison_run'
            AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = runs.batch_id
@@ -114,6 +121,7 @@ pub async fn replay(pool: &PgPool, run_id: Uuid) -> Result<Replayed, ReplayError
          RETURNING tenant_id, fair, batch_id",
     )
     .bind(run_id)
+    .bind(fair_share)
     .fetch_optional(&mut *tx)
     .await;
     match updated {
@@ -360,7 +368,7 @@ mod tests {
     ) -> tokio::task::JoinHandle<Result<Replayed, ReplayError>> {
         let replaying = tokio::spawn({
             let pool = pool.clone();
-            async move { replay(&pool, run).await }
+            async move { replay(&pool, run, false).await }
         });
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while !replaying.is_finished() && !waits_on_the_batch(pool).await {

@@ -159,8 +159,8 @@ async fn insert_waiting(
     const WAITING: &str = "INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata,
                            idempotency_key, request_hash, max_iterations, fair, queued_input,
                            enqueued_at, traceparent)
-         VALUES ($1, $2, $3, 'waiting_for_thread', $4, $5, $6, $7, $8, $10, $9, clock_timestamp(),
-                 $11)
+         VALUES ($1, $2, $3, 'waiting_for_thread', $4, $5, $6, $7, $8, $10 OR $12 > 0, $9,
+                 clock_timestamp(), $11)
          RETURNING *";
     let run = super::transitions::insert_run(&mut *conn, WAITING, new, thread_id).await?;
     Ok(run)
@@ -254,6 +254,7 @@ mod tests {
             request_hash: None,
             input: input.into(),
             fair: false,
+            share: None,
             traceparent: None,
         }
     }

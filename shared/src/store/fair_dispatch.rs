@@ -1,20 +1,26 @@
-//! Fair dispatch: a tenant with a running limit (`max_running_runs` > 0) has at most that many
-//! runs in flight — published and waiting for a worker, or running. Its other queued runs are
-//! `held` in Postgres, unpublished, and dispatched oldest first as its runs end or pause.
+//! Fair dispatch: every tenant has a dispatch window, and at most that many of its runs are in
+//! flight — published and waiting for a worker, or running. Its other queued runs are `held` in
+//! Postgres, unpublished, and dispatched oldest first as its runs end or pause.
 //!
-//! The RabbitMQ queue so holds at most a limit's worth of each limited tenant's runs, so a
-//! tenant with a backlog of thousands delays another tenant's first run by at most its own
-//! window, not by its backlog. (The window is per tenant: within the queue, tenants take
-//! turns by arrival.) The queue then also holds only runnable work, which is what an
-//! autoscaler should look at; the held backlog is a metric of its own.
+//! The window is the fair share's (`[fair_share]`, migration 0031): `window_per_slot` runs per
+//! slot of the live workers, so a tenant alone fills the fleet and keeps as many queued, and a
+//! tenant arriving later finds at most the others' windows ahead of it in the RabbitMQ queue,
+//! not their backlogs: work-conserving, with equal windows for every busy tenant. A tenant's
+//! `max_running_runs` is a hard cap below that (exact: counted under the tenant row's lock).
+//! The queue so holds only runnable work, which is what an autoscaler should look at; the held
+//! backlog is a metric of its own.
 //!
-//! Who dispatches: the creator of a fair run (the API, after the create commits), whoever
-//! ends, pauses or cancels a fair run (the worker or the API, right after that commit), a
-//! resume, and the sweeper, which heals whatever was missed (a process that died between the
-//! two commits, a raised limit, a tenant no longer suspended). Dispatching is one call of its
-//! own (`dispatch_held`, one statement's transaction): the tenant rows are locked first, so
-//! two dispatchers of one tenant count one after the other and never both fill the same free
-//! slot.
+//! Who dispatches: the creator of a held run (the API, after the create commits), whoever ends,
+//! pauses or cancels a run (the worker or the API, right after that commit), a resume, and the
+//! sweeper, which heals whatever was missed (a process that died between the two commits, a
+//! raised limit, a tenant no longer suspended, workers that joined). Dispatching is one call of
+//! its own (`dispatch_held`, one statement's transaction): the rows of the tenants with held
+//! runs are locked first, so two dispatchers of one tenant count one after the other and never
+//! both fill the same free place.
+//!
+//! A single run's create decides in its insert whether it waits (`fair_share_full`: the tenant
+//! has held runs, or its window is full), without the lock: the common case, a tenant within
+//! its window, costs no dispatch at all, and the window is soft by the creates in flight.
 
 use std::sync::Arc;
 
@@ -23,6 +29,7 @@ use uuid::Uuid;
 
 use super::StoreError;
 use super::group_commit::Batcher;
+use crate::domain::FairShare;
 
 /// Runs one dispatch may hand out for one tenant; the next dispatch or the sweeper takes the
 /// rest (only a tenant without a limit whose runs were held by a suspension has more).
@@ -50,20 +57,23 @@ impl Dispatched {
     }
 }
 
-/// Dispatches the held runs of `tenants` that fit their limits (`default_limit` for a tenant
-/// without its own `max_running_runs`), at most `max_per_tenant` each. The caller publishes
-/// what it returns; if it dies first, the sweeper re-publishes them (they are queued, not
-/// held, and their `enqueued_at` ages).
+/// Dispatches the held runs of `tenants` that fit their windows: the fair share's (`share`;
+/// none when it is off) capped by the running limit (`default_limit` for a tenant without its
+/// own `max_running_runs`), at most `max_per_tenant` each. The caller publishes what it
+/// returns; if it dies first, the sweeper re-publishes them (they are queued, not held, and
+/// their `enqueued_at` ages).
 ///
-/// One call of `dispatch_held` (migration 0016): it locks the tenant rows in id order, then,
-/// in a statement of its own (so its snapshot sees every dispatch that committed before the
-/// lock was granted), gives each tenant not suspended its oldest held runs up to its free
-/// slots (or up to `max_per_tenant` when it has no limit). Outside a transaction the call
-/// commits in the same round trip, so the tenant rows stay locked for one statement only.
+/// One call of `dispatch_held` (migration 0031): it finds which of the tenants have held runs,
+/// locks those rows in id order, then, in a statement of its own (so its snapshot sees every
+/// dispatch that committed before the lock was granted), gives each tenant not suspended its
+/// oldest held runs up to its free places (or up to `max_per_tenant` when it has no window).
+/// Outside a transaction the call commits in the same round trip, so the tenant rows stay
+/// locked for one statement only.
 pub async fn next<'e>(
     db: impl sqlx::PgExecutor<'e>,
     tenants: &[Uuid],
     default_limit: u32,
+    share: Option<FairShare>,
     max_per_tenant: u32,
 ) -> Result<Dispatched, StoreError> {
     if tenants.is_empty() {
@@ -72,13 +82,19 @@ pub async fn next<'e>(
     let mut tenants = tenants.to_vec();
     tenants.sort_unstable();
     tenants.dedup();
-    let mut runs: Vec<(Uuid, Uuid)> =
-        sqlx::query_as("SELECT tenant_id, run_id FROM dispatch_held($1, $2, $3)")
-            .bind(&tenants)
-            .bind(i64::from(default_limit))
-            .bind(i64::from(max_per_tenant))
-            .fetch_all(db)
-            .await?;
+    let (per_slot, min_window, ttl_ms) = share_args(share);
+    let mut runs: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "SELECT tenant_id, run_id
+         FROM dispatch_held($1, $2, $3, fair_share_window($4, $5, $6))",
+    )
+    .bind(&tenants)
+    .bind(i64::from(default_limit))
+    .bind(i64::from(max_per_tenant))
+    .bind(per_slot)
+    .bind(min_window)
+    .bind(ttl_ms)
+    .fetch_all(db)
+    .await?;
     runs.sort_unstable();
     Ok(Dispatched { runs })
 }
@@ -90,6 +106,7 @@ pub async fn next<'e>(
 pub fn grouped(
     pool: PgPool,
     default_limit: u32,
+    share: Option<FairShare>,
     timeout: Option<std::time::Duration>,
 ) -> Batcher<Uuid, Vec<Uuid>> {
     Batcher::spawn(
@@ -99,7 +116,7 @@ pub fn grouped(
         timeout,
         super::group_commit::write_fn(move |conn, tenants: Arc<Vec<Uuid>>| {
             Box::pin(async move {
-                let done = next(&mut *conn, &tenants, default_limit, MAX_PER_TENANT).await?;
+                let done = next(&mut *conn, &tenants, default_limit, share, MAX_PER_TENANT).await?;
                 let mut seen = std::collections::HashSet::new();
                 Ok(tenants
                     .iter()
@@ -114,6 +131,62 @@ pub fn grouped(
             })
         }),
     )
+}
+
+/// `fair_share_window`'s arguments: per slot (0: off), the smallest window, the registrations'
+/// time to live in ms.
+pub fn share_args(share: Option<FairShare>) -> (i64, i64, i64) {
+    match share {
+        Some(s) => (
+            i64::from(s.window_per_slot),
+            i64::from(s.min_window),
+            i64::try_from(s.worker_ttl_ms).unwrap_or(i64::MAX),
+        ),
+        None => (0, 1, 0),
+    }
+}
+
+/// The window every tenant has now (0: fair share is off), as dispatch computes it.
+pub async fn window(pool: &PgPool, share: Option<FairShare>) -> Result<i64, StoreError> {
+    let (per_slot, min_window, ttl_ms) = share_args(share);
+    let (n,): (i64,) = sqlx::query_as("SELECT fair_share_window($1, $2, $3)")
+        .bind(per_slot)
+        .bind(min_window)
+        .bind(ttl_ms)
+        .fetch_one(pool)
+        .await?;
+    Ok(n)
+}
+
+/// Registers (or refreshes) a worker's slots, which the windows count while the row is younger
+/// than `fair_share.worker_ttl_ms`.
+pub async fn register_worker(pool: &PgPool, worker_id: &str, slots: u16) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO fleet_workers (worker_id, slots, seen_at) VALUES ($1, $2, now())
+         ON CONFLICT (worker_id) DO UPDATE SET slots = EXCLUDED.slots, seen_at = now()",
+    )
+    .bind(worker_id)
+    .bind(i32::from(slots))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// A worker's goodbye: its slots stop counting at once (a drain, a scale-in).
+pub async fn forget_worker(pool: &PgPool, worker_id: &str) -> Result<(), StoreError> {
+    sqlx::query("DELETE FROM fleet_workers WHERE worker_id = $1")
+        .bind(worker_id)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Deletes registrations of workers gone for an hour (killed without a goodbye).
+pub async fn prune_workers(pool: &PgPool) -> Result<u64, StoreError> {
+    let done = sqlx::query("DELETE FROM fleet_workers WHERE seen_at < now() - interval '1 hour'")
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
 }
 
 /// Tenants with held runs, for the sweeper to dispatch (at most `limit`, those waiting
@@ -200,6 +273,7 @@ mod tests {
                 request_hash: None,
                 input: format!("run {i}"),
                 fair,
+                share: None,
                 traceparent: None,
             })
             .collect();
@@ -234,10 +308,14 @@ mod tests {
             .unwrap();
         assert!(held_claim.is_none(), "a held run is never claimed");
 
-        let first = next(&pool, &[t], 0, 1000).await.unwrap();
+        let first = next(&pool, &[t], 0, None, 1000).await.unwrap();
         assert_eq!(first.ids(), ids[..3].to_vec(), "the three oldest");
         assert!(
-            next(&pool, &[t], 0, 1000).await.unwrap().runs.is_empty(),
+            next(&pool, &[t], 0, None, 1000)
+                .await
+                .unwrap()
+                .runs
+                .is_empty(),
             "window full"
         );
 
@@ -246,7 +324,11 @@ mod tests {
             .unwrap()
             .expect("dispatched runs are claimable");
         assert!(
-            next(&pool, &[t], 0, 1000).await.unwrap().runs.is_empty(),
+            next(&pool, &[t], 0, None, 1000)
+                .await
+                .unwrap()
+                .runs
+                .is_empty(),
             "running counts"
         );
         transitions::complete(
@@ -260,7 +342,7 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(
-            next(&pool, &[t], 0, 1000).await.unwrap().ids(),
+            next(&pool, &[t], 0, None, 1000).await.unwrap().ids(),
             vec![ids[3]]
         );
         assert_eq!(in_flight(&pool, t).await, 3);
@@ -271,8 +353,14 @@ mod tests {
     async fn the_default_limit_and_no_limit(pool: PgPool) {
         let t = tenant(&pool, json!({})).await;
         create(&pool, t, 5, true).await;
-        assert_eq!(next(&pool, &[t], 2, 1000).await.unwrap().runs.len(), 2);
-        assert_eq!(next(&pool, &[t], 0, 1000).await.unwrap().runs.len(), 3);
+        assert_eq!(
+            next(&pool, &[t], 2, None, 1000).await.unwrap().runs.len(),
+            2
+        );
+        assert_eq!(
+            next(&pool, &[t], 0, None, 1000).await.unwrap().runs.len(),
+            3
+        );
     }
 
     /// Dispatchers of one tenant running at once never overshoot its limit.
@@ -283,9 +371,9 @@ mod tests {
         let mut tasks = Vec::new();
         for _ in 0..8 {
             let pool = pool.clone();
-            tasks.push(tokio::spawn(
-                async move { next(&pool, &[t], 0, 1000).await },
-            ));
+            tasks.push(tokio::spawn(async move {
+                next(&pool, &[t], 0, None, 1000).await
+            }));
         }
         let mut total = 0;
         for task in tasks {
@@ -316,7 +404,7 @@ mod tests {
             .unwrap();
         let waiter = {
             let pool = pool.clone();
-            tokio::spawn(async move { next(&pool, &[t], 0, 1000).await })
+            tokio::spawn(async move { next(&pool, &[t], 0, None, 1000).await })
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
@@ -361,7 +449,13 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
-        assert!(next(&pool, &[t], 0, 1000).await.unwrap().runs.is_empty());
+        assert!(
+            next(&pool, &[t], 0, None, 1000)
+                .await
+                .unwrap()
+                .runs
+                .is_empty()
+        );
         assert_eq!(tenants_with_held(&pool, 10).await.unwrap(), vec![t]);
         assert_eq!(
             backlog(&pool, 10).await.unwrap(),
@@ -373,9 +467,136 @@ mod tests {
             }
         );
         tenants::set_suspended(&pool, t, false).await.unwrap();
-        assert_eq!(next(&pool, &[t], 0, 1000).await.unwrap().ids(), ids);
+        assert_eq!(next(&pool, &[t], 0, None, 1000).await.unwrap().ids(), ids);
         assert!(tenants_with_held(&pool, 10).await.unwrap().is_empty());
         let run = runs::get(&pool, ids[0]).await.unwrap();
         assert!(!run.held);
+    }
+
+    const SHARE: FairShare = FairShare {
+        window_per_slot: 2,
+        min_window: 5,
+        worker_ttl_ms: 10_000,
+    };
+
+    /// Runs of `tenants` (one per entry, in that order) created by one grouped statement under
+    /// the fair share; their `held` flags in the same order.
+    async fn create_shared(pool: &PgPool, tenants: &[Uuid]) -> Vec<bool> {
+        let runs: Vec<NewRun> = tenants
+            .iter()
+            .map(|t| NewRun {
+                share: Some(SHARE),
+                ..NewRun::for_test(*t)
+            })
+            .collect();
+        let rows = create_on_new_threads(pool, &runs).await.unwrap();
+        assert!(rows.iter().all(|r| r.fair), "every run's end dispatches");
+        rows.into_iter().map(|r| r.held).collect()
+    }
+
+    /// The window is `window_per_slot` runs per slot of the workers seen within the TTL, at
+    /// least `min_window`; a worker's goodbye and its silence both take its slots away.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn the_window_counts_the_slots_of_live_workers(pool: PgPool) {
+        assert_eq!(
+            window(&pool, Some(SHARE)).await.unwrap(),
+            5,
+            "no worker yet"
+        );
+        register_worker(&pool, "w1", 8).await.unwrap();
+        register_worker(&pool, "w2", 4).await.unwrap();
+        register_worker(&pool, "w2", 4).await.unwrap();
+        assert_eq!(window(&pool, Some(SHARE)).await.unwrap(), 24);
+        sqlx::query(
+            "UPDATE fleet_workers SET seen_at = now() - interval '11 seconds'
+             WHERE worker_id = 'w2'",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            window(&pool, Some(SHARE)).await.unwrap(),
+            16,
+            "w2 is silent"
+        );
+        forget_worker(&pool, "w1").await.unwrap();
+        assert_eq!(window(&pool, Some(SHARE)).await.unwrap(), 5);
+        assert_eq!(window(&pool, None).await.unwrap(), 0, "fair share off");
+        sqlx::query("UPDATE fleet_workers SET seen_at = now() - interval '2 hours'")
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert_eq!(prune_workers(&pool).await.unwrap(), 1);
+    }
+
+    /// Creates publish what is left of each tenant's window and hold the rest; once a tenant
+    /// has held runs, a new run waits behind them; dispatch fills the window again as runs end.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn creates_publish_up_to_the_window_and_hold_the_rest(pool: PgPool) {
+        let (a, b) = (
+            tenant(&pool, json!({})).await,
+            tenant(&pool, json!({})).await,
+        );
+        assert_eq!(create_shared(&pool, &[a, a, a]).await, [false; 3]);
+        assert_eq!(
+            create_shared(&pool, &[a, b, a, a, b, a]).await,
+            [false, false, false, true, false, true],
+            "a has 2 places left of 5; b has all 5"
+        );
+        assert_eq!(in_flight(&pool, a).await, 5);
+        assert_eq!(
+            create_shared(&pool, &[a]).await,
+            [true],
+            "a new run waits behind the held ones"
+        );
+        assert!(
+            next(&pool, &[a, b], 0, Some(SHARE), 1000)
+                .await
+                .unwrap()
+                .runs
+                .is_empty(),
+            "a's window is full"
+        );
+        sqlx::query(
+            "UPDATE runs SET status = 'completed', finished_at = now()
+             WHERE id IN (SELECT id FROM runs WHERE tenant_id = $1 AND NOT held LIMIT 2)",
+        )
+        .bind(a)
+        .execute(&pool)
+        .await
+        .unwrap();
+        let held_before: Vec<(Uuid,)> = sqlx::query_as(
+            "SELECT id FROM runs WHERE tenant_id = $1 AND held ORDER BY enqueued_at, id",
+        )
+        .bind(a)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let dispatched = next(&pool, &[a, b], 0, Some(SHARE), 1000).await.unwrap();
+        assert_eq!(
+            dispatched.of(a),
+            held_before[..2].iter().map(|(id,)| *id).collect::<Vec<_>>(),
+            "the two oldest held runs fill the two free places"
+        );
+        assert_eq!(in_flight(&pool, a).await, 5);
+        // A running limit below the window caps it.
+        sqlx::query("UPDATE tenants SET limits = '{\"max_running_runs\": 1}' WHERE id = $1")
+            .bind(a)
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query("UPDATE runs SET status = 'completed', finished_at = now() WHERE tenant_id = $1 AND NOT held")
+            .bind(a)
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            next(&pool, &[a], 0, Some(SHARE), 1000)
+                .await
+                .unwrap()
+                .runs
+                .len(),
+            1
+        );
     }
 }

@@ -34,9 +34,14 @@ pub struct NewRun {
     pub idempotency_key: Option<String>,
     pub request_hash: Option<Vec<u8>>,
     pub input: String,
-    /// Its tenant has a running limit: the run is created held, for [`super::fair_dispatch`] to
-    /// dispatch in turn (and not published by its creator).
+    /// Its tenant has a running limit (or the run is one of a batch under the fair share): the
+    /// run is created held, for [`super::fair_dispatch`] to dispatch in turn (and not published
+    /// by its creator).
     pub fair: bool,
+    /// The fair share, when on: the run is created held only if its tenant's window is full or
+    /// the tenant has held runs already (`fair_share_full`, migration 0031), and whoever ends it
+    /// dispatches its tenant's next.
+    pub share: Option<crate::domain::FairShare>,
     /// W3C `traceparent` of the creating request (`runs.traceparent`); every attempt joins it.
     pub traceparent: Option<String>,
 }
@@ -56,6 +61,7 @@ impl NewRun {
             request_hash: None,
             input: "hi".into(),
             fair: false,
+            share: None,
             traceparent: None,
         }
     }
@@ -115,14 +121,20 @@ pub async fn create(conn: &mut PgConnection, new: NewRun) -> Result<RunRow, Stor
     Ok(run)
 }
 
-/// The run and its user message, as CTEs of one statement (parameters $1..$11).
+/// The run and its user message, as CTEs of one statement (parameters $1..$14). Held: by a
+/// running limit ($10), or by the fair share ($12..$14, `fair_share_window`'s arguments) when
+/// its tenant's window is full.
 macro_rules! run_and_message {
     () => {
         "run AS (
             INSERT INTO runs (id, tenant_id, thread_id, status, agent, metadata,
                               idempotency_key, request_hash, max_iterations, held, fair,
                               traceparent)
-            VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $10, $10, $11)
+            VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8,
+                    $10 OR CASE WHEN $12 > 0
+                                THEN fair_share_room($2, fair_share_window($12, $13, $14)) = 0
+                                ELSE false END,
+                    $10 OR $12 > 0, $11)
             RETURNING *),
          message AS (
             INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
@@ -140,14 +152,15 @@ const RUN_ON_NEW_THREAD: &str = concat!(
     run_and_message!()
 );
 
-/// Runs one of the statements above; both take the same parameters (so does the waiting run's
-/// insert of `store::double_text`).
+/// Runs one of the statements above; both take the same parameters $1..$14 (so does the
+/// waiting run's insert of `store::double_text`).
 pub(crate) async fn insert_run<'e>(
     executor: impl sqlx::PgExecutor<'e>,
     sql: &'static str,
     new: &NewRun,
     thread_id: Uuid,
 ) -> Result<RunRow, sqlx::Error> {
+    let share = super::fair_dispatch::share_args(new.share);
     sqlx::query_as::<_, RunRow>(sql)
         .bind(new.id)
         .bind(new.tenant_id)
@@ -160,6 +173,9 @@ pub(crate) async fn insert_run<'e>(
         .bind(Json(messages::user_body(&new.input)))
         .bind(new.fair)
         .bind(&new.traceparent)
+        .bind(share.0)
+        .bind(share.1)
+        .bind(share.2)
         .fetch_one(executor)
         .await
 }

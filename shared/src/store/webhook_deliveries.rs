@@ -342,6 +342,7 @@ mod tests {
                 request_hash: None,
                 input: "hi".into(),
                 fair: false,
+                share: None,
                 traceparent: None,
             },
         )

@@ -11,6 +11,7 @@ mod dead_letters;
 mod double_texting;
 mod erasure;
 mod export;
+mod fair_share;
 mod fairness;
 mod faults;
 mod foundation;

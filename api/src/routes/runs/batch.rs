@@ -109,6 +109,7 @@ pub async fn create_batch(
             input: run.input,
             agent: run.agent,
             fair,
+            share: state.settings.fair_share.share(),
             traceparent: traceparent.clone(),
         };
         if new.thread_id.is_some() {

@@ -321,6 +321,7 @@ pub async fn submit(
         input: body.input,
         agent: body.agent,
         fair,
+        share: state.settings.fair_share.share(),
         traceparent: agentfleet_shared::telemetry::current_traceparent(),
     };
     let created = if new.thread_id.is_none() {

@@ -409,6 +409,7 @@ async fn the_schema_refuses_impossible_states(pool: PgPool) {
             request_hash: None,
             input: "again".into(),
             fair: false,
+            share: None,
             traceparent: None,
         },
     )
