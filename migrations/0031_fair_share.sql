@@ -16,6 +16,9 @@ CREATE TABLE fleet_workers (
     slots     integer NOT NULL CONSTRAINT fleet_workers_slots_positive CHECK (slots > 0),
     seen_at   timestamptz NOT NULL DEFAULT now()
 );
+-- The live workers' slots as an index-only scan: the grouped writers' connections refuse
+-- sequential scans (store::group_commit), and a statement that needs the window is one of them.
+CREATE INDEX fleet_workers_seen ON fleet_workers (seen_at) INCLUDE (slots);
 
 -- A tenant's window: 0 when fair share is off (`per_slot` 0).
 CREATE FUNCTION fair_share_window(per_slot bigint, min_window bigint, ttl_ms bigint)

@@ -54,8 +54,12 @@ const KEPT_CONNECTION_LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// (`database.generic_plans`) then keeps that scan for the connection's life, reading every
 /// row version of the table in each group. Measured (`bench --only e2e`, three runs each):
 /// Postgres 0.88 → 0.76 ms per run (medians). Where a table has no index for a statement,
-/// Postgres still scans it: this setting only makes a scan the last resort.
-const NO_SEQUENTIAL_SCANS: &str = "SET enable_seqscan = off";
+/// Postgres still scans it: this setting only makes a scan the last resort. JIT is off on the
+/// same connections: such a last-resort scan is costed at 10^10, far past `jit_above_cost`, and
+/// compiling the statement then took 0.6 s for a table of four rows (a grouped statement
+/// touches a few rows; JIT never pays for itself there).
+const NO_SEQUENTIAL_SCANS: &str =
+    "SELECT set_config('enable_seqscan', 'off', false), set_config('jit', 'off', false)";
 
 /// How long the check of a connection after a database error may take.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);

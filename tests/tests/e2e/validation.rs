@@ -253,9 +253,14 @@ async fn a_batch_is_all_or_nothing_and_its_runs_complete() {
 /// The largest batch: every run is queued with its own thread and user message, has exactly
 /// one event (`run_queued`, id 1, the shape a single run's has), and its message is on the
 /// queue when the answer comes (the sweeper is held off, so completing proves the publish).
+/// Without the fair share, which would hold what is past the tenant's window (`fair_share::`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_1000_is_committed_announced_and_published_and_completes() {
-    let env = TestEnv::with(&[("worker.requeue_after_ms", "600000")]).await;
+    let env = TestEnv::with(&[
+        ("worker.requeue_after_ms", "600000"),
+        ("fair_share.window_per_slot", "0"),
+    ])
+    .await;
     let app = env.spawn_api().await;
     let single = app
         .start_run(&json!({"input": "single", "agent": {"model": "mock"}}))
