@@ -1,0 +1,164 @@
+"""The asyncio client: ``AsyncClient(api_key=..., base_url=...)``; every call is awaited,
+``runs.stream``, ``runs.iter``, ``threads.iter_messages`` and ``batches.results`` are async
+iterators."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Optional, Sequence
+
+import httpx
+
+from . import _common as c
+from ._batches import BatchSubmission, chunks
+from ._generated.api.batches import submit_batch
+from ._generated.api.runs import resume_run
+from ._generated.client import AuthenticatedClient
+from ._resources import BatchesBase, RunsBase, ThreadsBase, UsageBase, WebhooksBase
+from ._retry import AsyncRetryTransport, RetryPolicy
+from ._sse import SSEDecoder
+from ._streams import RunEvent, RunStream
+
+
+class AsyncClient:
+    """As :class:`Client`, for asyncio."""
+
+    def __init__(self, api_key: Optional[str] = None, base_url: Optional[str] = None, *,
+                 timeout: float = 30.0, max_retries: int = 2, webhook_secret: Optional[str] = None,
+                 stream_idle_timeout: float = c.DEFAULT_STREAM_IDLE_TIMEOUT):
+        key, url = c.settings(api_key, base_url)
+        self.base_url = url
+        self.stream_idle_timeout = stream_idle_timeout
+        self._http = httpx.AsyncClient(
+            **c.http_options(key, url, timeout),
+            transport=AsyncRetryTransport(httpx.AsyncHTTPTransport(), RetryPolicy(retries=max_retries)),
+            event_hooks={"response": [c.araise_for_status]},
+        )
+        self._gen = AuthenticatedClient(base_url=url, token=key).set_async_httpx_client(self._http)
+        self.runs = AsyncRuns(self)
+        self.batches = AsyncBatches(self)
+        self.threads = AsyncThreads(self)
+        self.webhooks = WebhooksBase(self, webhook_secret)
+        self.usage = UsageBase(self)
+
+    async def _call(self, operation: Any, *args: Any, **kwargs: Any) -> Any:
+        return (await self._detailed(operation, *args, **kwargs)).parsed
+
+    async def _detailed(self, operation: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await operation.asyncio_detailed(*args, client=self._gen, **kwargs)
+        except httpx.TransportError as e:
+            raise c.connection_error(e) from e
+
+    async def _lines(self, path: str, params: Mapping) -> AsyncIterator[Any]:
+        try:
+            async with self._http.stream("GET", path, params=params, timeout=c.streaming_timeout(self._http)) as r:
+                async for line in r.aiter_lines():
+                    if line.strip():
+                        yield json.loads(line)
+        except httpx.TransportError as e:
+            raise c.connection_error(e) from e
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+
+class AsyncRuns(RunsBase):
+    async def iter(self, *, status: Optional[str] = None, thread_id: Optional[str] = None,
+                   batch_id: Optional[str] = None, page_size: Optional[int] = None) -> AsyncIterator[Any]:
+        """Every matching run, newest first, page after page."""
+        cursor = None
+        while True:
+            page = await self.list(status=status, thread_id=thread_id, batch_id=batch_id, limit=page_size, cursor=cursor)
+            for run in page.data:
+                yield run
+            cursor = c.next_cursor(page)
+            if cursor is None:
+                return
+
+    async def approve(self, run_id: str, tool_call_ids: Optional[Sequence[str]] = None, *,
+                      reason: Optional[str] = None) -> Any:
+        """Approves the given tool calls, or every call the run waits for -> ``Run``."""
+        return await self.decide(run_id, True, tool_call_ids, reason)
+
+    async def reject(self, run_id: str, tool_call_ids: Optional[Sequence[str]] = None, *,
+                     reason: Optional[str] = None) -> Any:
+        """Rejects the given tool calls, or every call the run waits for; the model is told ``reason``."""
+        return await self.decide(run_id, False, tool_call_ids, reason)
+
+    async def decide(self, run_id: str, approve: bool, tool_call_ids: Optional[Sequence[str]] = None,
+                     reason: Optional[str] = None) -> Any:
+        ids = list(tool_call_ids) if tool_call_ids is not None else c.pending_call_ids(await self.get(run_id))
+        return await self._c._call(resume_run, run_id, body=c.decisions_body(ids, approve, reason))
+
+    async def stream(self, run_id: str, *, after: int = 0, stop_at_pause: bool = False,
+                     max_reconnects: int = 10) -> AsyncIterator[RunEvent]:
+        """As :meth:`Client.runs.stream`: every event exactly once, in order, across reconnections."""
+        state = RunStream(str(run_id), after, stop_at_pause, max_reconnects)
+        http = self._c._http
+        timeout = c.streaming_timeout(http, self._c.stream_idle_timeout)
+        while not state.done:
+            try:
+                async with http.stream("GET", state.path, headers=state.headers(), timeout=timeout) as response:
+                    decoder = SSEDecoder()
+                    async for line in response.aiter_lines():
+                        message = decoder.feed(line)
+                        state.retry_hint(decoder.retry_ms)
+                        event = state.accept(message) if message else None
+                        if event is not None:
+                            yield event
+                            if state.done:
+                                return
+                wait = state.after_end()
+            except httpx.TransportError as e:
+                wait = state.after_error(e)
+            await asyncio.sleep(wait)
+
+
+class AsyncBatches(BatchesBase):
+    async def create(self, items: Iterable[Any], *, chunk_size: int = 1000, metadata: Optional[Mapping] = None,
+                     label: Optional[str] = None, on_progress: Optional[Callable[[int], None]] = None) -> BatchSubmission:
+        """As :meth:`Client.batches.create`."""
+        out = BatchSubmission()
+        for chunk in chunks(items, chunk_size, c.mapping_or_none(metadata), label):
+            response = await self._c._detailed(submit_batch, body=c.submit_body(chunk.body), idempotency_key=chunk.key)
+            out.add(response, chunk.size)
+            if on_progress:
+                on_progress(out.total)
+        return out
+
+    async def wait(self, batch_ids: Iterable[str], *, poll_interval: float = 1.0, timeout: Optional[float] = None,
+                   on_progress: Optional[Callable[[list], None]] = None) -> list:
+        """As :meth:`Client.batches.wait`."""
+        ids = [str(b) for b in batch_ids]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            batches = [await self.get(i) for i in ids]
+            if on_progress:
+                on_progress(batches)
+            if all(c.batch_finished(b) for b in batches):
+                return batches
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"batches not finished within {timeout}s")
+            await asyncio.sleep(poll_interval)
+
+
+class AsyncThreads(ThreadsBase):
+    async def iter_messages(self, thread_id: str, *, page_size: Optional[int] = None) -> AsyncIterator[Any]:
+        """Every message of the thread, oldest first, page after page."""
+        after = None
+        while True:
+            page = await self.messages(thread_id, after=after, limit=page_size)
+            for message in page.data:
+                yield message
+            after = c.next_after(page)
+            if after is None:
+                return

@@ -1,0 +1,164 @@
+"""The blocking client: ``Client(api_key=..., base_url=...)``."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
+
+import httpx
+
+from . import _common as c
+from ._batches import BatchSubmission, chunks
+from ._generated.api.batches import submit_batch
+from ._generated.api.runs import resume_run
+from ._generated.client import AuthenticatedClient
+from ._resources import BatchesBase, RunsBase, ThreadsBase, UsageBase, WebhooksBase
+from ._retry import RetryPolicy, RetryTransport
+from ._sse import SSEDecoder
+from ._streams import RunEvent, RunStream
+
+
+class Client:
+    """A tenant's view of the API. Calls raise :class:`APIError` subclasses on refusals and
+    :class:`APIConnectionError` when no answer came; safe calls are retried (``max_retries``
+    times, honouring ``Retry-After``)."""
+
+    def __init__(self, api_key: Optional[str] = None, base_url: Optional[str] = None, *,
+                 timeout: float = 30.0, max_retries: int = 2, webhook_secret: Optional[str] = None,
+                 stream_idle_timeout: float = c.DEFAULT_STREAM_IDLE_TIMEOUT):
+        key, url = c.settings(api_key, base_url)
+        self.base_url = url
+        self.stream_idle_timeout = stream_idle_timeout
+        self._http = httpx.Client(
+            **c.http_options(key, url, timeout),
+            transport=RetryTransport(httpx.HTTPTransport(), RetryPolicy(retries=max_retries)),
+            event_hooks={"response": [c.raise_for_status]},
+        )
+        self._gen = AuthenticatedClient(base_url=url, token=key).set_httpx_client(self._http)
+        self.runs = Runs(self)
+        self.batches = Batches(self)
+        self.threads = Threads(self)
+        self.webhooks = WebhooksBase(self, webhook_secret)
+        self.usage = UsageBase(self)
+
+    def _call(self, operation: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._detailed(operation, *args, **kwargs).parsed
+
+    def _detailed(self, operation: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return operation.sync_detailed(*args, client=self._gen, **kwargs)
+        except httpx.TransportError as e:
+            raise c.connection_error(e) from e
+
+    def _lines(self, path: str, params: Mapping) -> Iterator[Any]:
+        try:
+            with self._http.stream("GET", path, params=params, timeout=c.streaming_timeout(self._http)) as r:
+                for line in r.iter_lines():
+                    if line.strip():
+                        yield json.loads(line)
+        except httpx.TransportError as e:
+            raise c.connection_error(e) from e
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Runs(RunsBase):
+    def iter(self, *, status: Optional[str] = None, thread_id: Optional[str] = None,
+             batch_id: Optional[str] = None, page_size: Optional[int] = None) -> Iterator[Any]:
+        """Every matching run, newest first, page after page."""
+        cursor = None
+        while True:
+            page = self.list(status=status, thread_id=thread_id, batch_id=batch_id, limit=page_size, cursor=cursor)
+            yield from page.data
+            cursor = c.next_cursor(page)
+            if cursor is None:
+                return
+
+    def approve(self, run_id: str, tool_call_ids: Optional[Sequence[str]] = None, *, reason: Optional[str] = None) -> Any:
+        """Approves the given tool calls, or every call the run waits for -> ``Run``."""
+        return self.decide(run_id, True, tool_call_ids, reason)
+
+    def reject(self, run_id: str, tool_call_ids: Optional[Sequence[str]] = None, *, reason: Optional[str] = None) -> Any:
+        """Rejects the given tool calls, or every call the run waits for; the model is told ``reason``."""
+        return self.decide(run_id, False, tool_call_ids, reason)
+
+    def decide(self, run_id: str, approve: bool, tool_call_ids: Optional[Sequence[str]] = None,
+               reason: Optional[str] = None) -> Any:
+        ids = list(tool_call_ids) if tool_call_ids is not None else c.pending_call_ids(self.get(run_id))
+        return self._c._call(resume_run, run_id, body=c.decisions_body(ids, approve, reason))
+
+    def stream(self, run_id: str, *, after: int = 0, stop_at_pause: bool = False,
+               max_reconnects: int = 10) -> Iterator[RunEvent]:
+        """Every event of the run after ``after``, exactly once and in order, until it ends (or,
+        with ``stop_at_pause``, pauses). A broken connection is resumed with ``Last-Event-ID``;
+        at a pause the iterator waits for the resume (answer or decide from the loop)."""
+        state = RunStream(str(run_id), after, stop_at_pause, max_reconnects)
+        http = self._c._http
+        timeout = c.streaming_timeout(http, self._c.stream_idle_timeout)
+        while not state.done:
+            try:
+                with http.stream("GET", state.path, headers=state.headers(), timeout=timeout) as response:
+                    decoder = SSEDecoder()
+                    for line in response.iter_lines():
+                        message = decoder.feed(line)
+                        state.retry_hint(decoder.retry_ms)
+                        event = state.accept(message) if message else None
+                        if event is not None:
+                            yield event
+                            if state.done:
+                                return
+                wait = state.after_end()
+            except httpx.TransportError as e:
+                wait = state.after_error(e)
+            time.sleep(wait)
+
+
+class Batches(BatchesBase):
+    def create(self, items: Iterable[Any], *, chunk_size: int = 1000, metadata: Optional[Mapping] = None,
+               label: Optional[str] = None, on_progress: Optional[Callable[[int], None]] = None) -> BatchSubmission:
+        """Submits the runs of ``items`` (each a run's body, with an optional ``custom_id``,
+        ``item-<n>`` by default), read lazily, as one batch per ``chunk_size`` items, each under
+        an idempotency key of its content: submitting the same items again creates nothing
+        twice. ``on_progress(submitted)`` is called after each chunk."""
+        out = BatchSubmission()
+        for chunk in chunks(items, chunk_size, c.mapping_or_none(metadata), label):
+            response = self._c._detailed(submit_batch, body=c.submit_body(chunk.body), idempotency_key=chunk.key)
+            out.add(response, chunk.size)
+            if on_progress:
+                on_progress(out.total)
+        return out
+
+    def wait(self, batch_ids: Iterable[str], *, poll_interval: float = 1.0, timeout: Optional[float] = None,
+             on_progress: Optional[Callable[[list], None]] = None) -> list:
+        """Polls the batches until each is completed or cancelled; ``on_progress(batches)`` after each look."""
+        ids = [str(b) for b in batch_ids]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            batches = [self.get(i) for i in ids]
+            if on_progress:
+                on_progress(batches)
+            if all(c.batch_finished(b) for b in batches):
+                return batches
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"batches not finished within {timeout}s")
+            time.sleep(poll_interval)
+
+
+class Threads(ThreadsBase):
+    def iter_messages(self, thread_id: str, *, page_size: Optional[int] = None) -> Iterator[Any]:
+        """Every message of the thread, oldest first, page after page."""
+        after = None
+        while True:
+            page = self.messages(thread_id, after=after, limit=page_size)
+            yield from page.data
+            after = c.next_after(page)
+            if after is None:
+                return

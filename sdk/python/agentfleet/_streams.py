@@ -1,0 +1,125 @@
+"""Following a run's events (``GET /v1/runs/{id}/events``) across reconnections.
+
+The API replays what comes after ``Last-Event-ID`` and then follows the run live, without gap
+or duplicate; it ends a response after a terminal event, and after a pause that is the run's
+newest event (then a reconnection waits, with keep-alives, for the resume). So this reconnects
+whenever a response ends before the run did, sending the id of the last event it yielded, and
+drops any event at or below it: a caller gets every event exactly once, in order, until
+``run_completed``, ``run_failed`` or ``run_cancelled``.
+
+The state machine is shared by the blocking and the asyncio clients.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from ._errors import StreamError
+from ._generated.models.event_envelope_type import EventEnvelopeType as EventType
+from ._sse import SSEMessage
+
+TERMINAL = frozenset({"run_completed", "run_failed", "run_cancelled"})
+PAUSES = frozenset({"input_required", "confirmation_required"})
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """One event of a run (docs/events.md): the envelope, ``data`` per ``type``."""
+
+    id: int
+    run_id: str
+    thread_id: str
+    #: An :class:`EventType` (a ``str`` enum), or the plain string of a type newer than this library.
+    type: Union[EventType, str]
+    at: datetime.datetime
+    data: Any
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.type in TERMINAL
+
+    @property
+    def is_pause(self) -> bool:
+        return self.type in PAUSES
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunEvent":
+        try:
+            doc = json.loads(text)
+            kind = doc["type"]
+            try:
+                kind = EventType(kind)
+            except ValueError:
+                pass
+            return cls(
+                id=int(doc["id"]),
+                run_id=str(doc["run_id"]),
+                thread_id=str(doc["thread_id"]),
+                type=kind,
+                at=datetime.datetime.fromisoformat(doc["at"].replace("Z", "+00:00")),
+                data=doc.get("data"),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise StreamError(f"a malformed event: {e}") from e
+
+
+class RunStream:
+    """What to send, what to yield and how long to wait: the reconnection rules."""
+
+    def __init__(self, run_id: str, after: int, stop_at_pause: bool, max_reconnects: int):
+        self.path = f"/v1/runs/{run_id}/events"
+        self.last_id = after
+        self.stop_at_pause = stop_at_pause
+        self.max_reconnects = max_reconnects
+        self.done = False
+        self._failures = 0
+        self._retry_ms = 2000
+        self._yielded_since_connect = False
+
+    def headers(self) -> dict:
+        self._yielded_since_connect = False
+        headers = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
+        if self.last_id:
+            headers["Last-Event-ID"] = str(self.last_id)
+        return headers
+
+    def retry_hint(self, retry_ms: Optional[int]) -> None:
+        if retry_ms is not None:
+            self._retry_ms = retry_ms
+
+    def accept(self, message: SSEMessage) -> Optional[RunEvent]:
+        """The event to yield, or None (a duplicate, or not an event)."""
+        if not message.data:
+            return None
+        event = RunEvent.from_json(message.data)
+        if event.id <= self.last_id:
+            return None
+        self.last_id = event.id
+        self._failures = 0
+        self._yielded_since_connect = True
+        if event.is_terminal or (self.stop_at_pause and event.is_pause):
+            self.done = True
+        return event
+
+    def after_end(self) -> float:
+        """Seconds to wait before reconnecting once a response ended before the run did."""
+        if self._yielded_since_connect:
+            # The run paused: the next response waits for its resume.
+            return 0.0
+        return self._failed(None)
+
+    def after_error(self, error: BaseException) -> float:
+        return self._failed(error)
+
+    def _failed(self, error: Optional[BaseException]) -> float:
+        self._failures += 1
+        if self._failures > self.max_reconnects:
+            why = f": {error}" if error else ": responses ended without events"
+            raise StreamError(f"{self.path}: gave up after {self.max_reconnects} reconnections{why}") from error
+        if self._failures == 1:
+            return 0.0  # a cut connection: at once
+        # Then the server's hint, approached by doubling.
+        return min(self._retry_ms / 1000.0, 0.25 * 2 ** (self._failures - 2))

@@ -1,0 +1,36 @@
+from conftest import script
+
+from agentfleet import Client, EventType
+
+# About 60 deltas 30 ms apart: the stream is cut twice while the run is still going.
+SLOW = {"content": "".join(f"w{i:02d} " for i in range(60)), "chunks": 60, "chunk_delay_ms": 30}
+
+
+def test_a_stream_cut_twice_yields_every_event_once_in_order(client, api_url, model, cut_proxy):
+    run = client.runs.create(script(SLOW), agent={"model": model})
+    cuts = {5: False, 25: False}
+    events = []
+    with Client(api_key=client._http.headers["authorization"].split()[1], base_url=cut_proxy.url) as through_proxy:
+        for event in through_proxy.runs.stream(run.id):
+            events.append(event)
+            if len(events) in cuts:
+                assert event.type != EventType.RUN_COMPLETED, "the run ended before the cut"
+                cuts[len(events)] = True
+                cut_proxy.cut()
+    assert all(cuts.values())
+    # Two cuts, two reconnections with Last-Event-ID.
+    assert cut_proxy.connections >= 3
+    assert [e.id for e in events] == list(range(1, len(events) + 1))
+    assert events[-1].type == EventType.RUN_COMPLETED
+    deltas = "".join(e.data["text"] for e in events if e.type == EventType.MESSAGE_DELTA)
+    assert deltas == SLOW["content"]
+    # What a reader that was never cut gets is the same, event for event.
+    replay = list(client.runs.stream(run.id))
+    assert [(e.id, e.type, e.data) for e in replay] == [(e.id, e.type, e.data) for e in events]
+
+
+def test_a_stream_resumes_after_a_given_id(client, model):
+    run = client.runs.create(script({"content": "one two three"}), agent={"model": model})
+    everything = list(client.runs.stream(run.id))
+    tail = list(client.runs.stream(run.id, after=3))
+    assert [e.id for e in tail] == [e.id for e in everything][3:]
