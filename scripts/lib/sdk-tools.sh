@@ -1,12 +1,18 @@
 # The client libraries' tools (sourced by scripts/sdk-generate and scripts/sdk-test): a Python
 # venv with sdk/python/requirements-dev.txt (the generator, pytest, build; pinned) and
 # sdk/typescript's node_modules from its package-lock.json (npm ci). Each is redone only when
-# its pins change. Node.js and npm come from Debian (scripts/browser-deps installs them).
+# its pins change. Node.js and npm come from Debian (installed with apt-get when missing).
 
 SDK_VENV="${AGENTFLEET_SDK_VENV:-${CARGO_TARGET_DIR:-target}/sdk-venv}"
 SDK_PY="$SDK_VENV/bin/python"
 
 sdk_tools() {
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    echo "sdk: installing nodejs and npm (apt-get)"
+    local asudo=""; [[ $(id -u) -ne 0 ]] && asudo=sudo
+    $asudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    $asudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+  fi
   local req=sdk/python/requirements-dev.txt stamp="$SDK_VENV/.installed-requirements"
   if ! cmp -s "$req" "$stamp" 2>/dev/null; then
     echo "sdk: python venv $SDK_VENV (pip, pinned)"
