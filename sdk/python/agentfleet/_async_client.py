@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Optional, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import httpx
 
@@ -16,32 +17,24 @@ from ._batches import BatchSubmission, chunks
 from ._generated.api.batches import submit_batch
 from ._generated.api.runs import resume_run
 from ._generated.client import AuthenticatedClient
-from ._resources import BatchesBase, RunsBase, ThreadsBase, UsageBase, WebhooksBase
+from ._resources import BatchesBase, ClientBase, RunsBase, ThreadsBase
 from ._retry import AsyncRetryTransport, RetryPolicy
 from ._sse import SSEDecoder
 from ._streams import RunEvent, RunStream
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """As :class:`Client`, for asyncio."""
 
-    def __init__(self, api_key: Optional[str] = None, base_url: Optional[str] = None, *,
-                 timeout: float = 30.0, max_retries: int = 2, webhook_secret: Optional[str] = None,
-                 stream_idle_timeout: float = c.DEFAULT_STREAM_IDLE_TIMEOUT):
-        key, url = c.settings(api_key, base_url)
-        self.base_url = url
-        self.stream_idle_timeout = stream_idle_timeout
-        self._http = httpx.AsyncClient(
-            **c.http_options(key, url, timeout),
-            transport=AsyncRetryTransport(httpx.AsyncHTTPTransport(), RetryPolicy(retries=max_retries)),
+    def _new_http(self, options: dict, policy: RetryPolicy) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            **options,
+            transport=AsyncRetryTransport(httpx.AsyncHTTPTransport(), policy),
             event_hooks={"response": [c.araise_for_status]},
         )
-        self._gen = AuthenticatedClient(base_url=url, token=key).set_async_httpx_client(self._http)
-        self.runs = AsyncRuns(self)
-        self.batches = AsyncBatches(self)
-        self.threads = AsyncThreads(self)
-        self.webhooks = WebhooksBase(self, webhook_secret)
-        self.usage = UsageBase(self)
+
+    def _attach(self, generated: AuthenticatedClient) -> AuthenticatedClient:
+        return generated.set_async_httpx_client(self._http)
 
     async def _call(self, operation: Any, *args: Any, **kwargs: Any) -> Any:
         return (await self._detailed(operation, *args, **kwargs)).parsed
@@ -64,7 +57,7 @@ class AsyncClient:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -72,35 +65,47 @@ class AsyncClient:
 
 
 class AsyncRuns(RunsBase):
-    async def iter(self, *, status: Optional[str] = None, thread_id: Optional[str] = None,
-                   batch_id: Optional[str] = None, page_size: Optional[int] = None) -> AsyncIterator[Any]:
+    async def iter(
+        self,
+        *,
+        status: str | None = None,
+        thread_id: str | None = None,
+        batch_id: str | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[Any]:
         """Every matching run, newest first, page after page."""
         cursor = None
         while True:
-            page = await self.list(status=status, thread_id=thread_id, batch_id=batch_id, limit=page_size, cursor=cursor)
+            page = await self.list(
+                status=status, thread_id=thread_id, batch_id=batch_id, limit=page_size, cursor=cursor
+            )
             for run in page.data:
                 yield run
             cursor = c.next_cursor(page)
             if cursor is None:
                 return
 
-    async def approve(self, run_id: str, tool_call_ids: Optional[Sequence[str]] = None, *,
-                      reason: Optional[str] = None) -> Any:
+    async def approve(
+        self, run_id: str, tool_call_ids: Sequence[str] | None = None, *, reason: str | None = None
+    ) -> Any:
         """Approves the given tool calls, or every call the run waits for -> ``Run``."""
         return await self.decide(run_id, True, tool_call_ids, reason)
 
-    async def reject(self, run_id: str, tool_call_ids: Optional[Sequence[str]] = None, *,
-                     reason: Optional[str] = None) -> Any:
+    async def reject(
+        self, run_id: str, tool_call_ids: Sequence[str] | None = None, *, reason: str | None = None
+    ) -> Any:
         """Rejects the given tool calls, or every call the run waits for; the model is told ``reason``."""
         return await self.decide(run_id, False, tool_call_ids, reason)
 
-    async def decide(self, run_id: str, approve: bool, tool_call_ids: Optional[Sequence[str]] = None,
-                     reason: Optional[str] = None) -> Any:
+    async def decide(
+        self, run_id: str, approve: bool, tool_call_ids: Sequence[str] | None = None, reason: str | None = None
+    ) -> Any:
         ids = list(tool_call_ids) if tool_call_ids is not None else c.pending_call_ids(await self.get(run_id))
         return await self._c._call(resume_run, run_id, body=c.decisions_body(ids, approve, reason))
 
-    async def stream(self, run_id: str, *, after: int = 0, stop_at_pause: bool = False,
-                     max_reconnects: int = 10) -> AsyncIterator[RunEvent]:
+    async def stream(
+        self, run_id: str, *, after: int = 0, stop_at_pause: bool = False, max_reconnects: int = 10
+    ) -> AsyncIterator[RunEvent]:
         """As :meth:`Client.runs.stream`: every event exactly once, in order, across reconnections."""
         state = RunStream(str(run_id), after, stop_at_pause, max_reconnects)
         http = self._c._http
@@ -124,8 +129,15 @@ class AsyncRuns(RunsBase):
 
 
 class AsyncBatches(BatchesBase):
-    async def create(self, items: Iterable[Any], *, chunk_size: int = 1000, metadata: Optional[Mapping] = None,
-                     label: Optional[str] = None, on_progress: Optional[Callable[[int], None]] = None) -> BatchSubmission:
+    async def create(
+        self,
+        items: Iterable[Any],
+        *,
+        chunk_size: int = 1000,
+        metadata: Mapping | None = None,
+        label: str | None = None,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> BatchSubmission:
         """As :meth:`Client.batches.create`."""
         out = BatchSubmission()
         for chunk in chunks(items, chunk_size, c.mapping_or_none(metadata), label):
@@ -135,8 +147,14 @@ class AsyncBatches(BatchesBase):
                 on_progress(out.total)
         return out
 
-    async def wait(self, batch_ids: Iterable[str], *, poll_interval: float = 1.0, timeout: Optional[float] = None,
-                   on_progress: Optional[Callable[[list], None]] = None) -> list:
+    async def wait(
+        self,
+        batch_ids: Iterable[str],
+        *,
+        poll_interval: float = 1.0,
+        timeout: float | None = None,
+        on_progress: Callable[[list], None] | None = None,
+    ) -> list:
         """As :meth:`Client.batches.wait`."""
         ids = [str(b) for b in batch_ids]
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -152,7 +170,7 @@ class AsyncBatches(BatchesBase):
 
 
 class AsyncThreads(ThreadsBase):
-    async def iter_messages(self, thread_id: str, *, page_size: Optional[int] = None) -> AsyncIterator[Any]:
+    async def iter_messages(self, thread_id: str, *, page_size: int | None = None) -> AsyncIterator[Any]:
         """Every message of the thread, oldest first, page after page."""
         after = None
         while True:
@@ -162,3 +180,6 @@ class AsyncThreads(ThreadsBase):
             after = c.next_after(page)
             if after is None:
                 return
+
+
+AsyncClient._runs, AsyncClient._batches, AsyncClient._threads = AsyncRuns, AsyncBatches, AsyncThreads

@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any
 
 # The API's `custom_id` bound.
 MAX_CUSTOM_ID_CHARS = 128
@@ -59,7 +60,7 @@ def _item(index: int, item: Any) -> dict:
     return run
 
 
-def idempotency_key(body: dict, label: Optional[str], first: int, last: int) -> str:
+def idempotency_key(body: dict, label: str | None, first: int, last: int) -> str:
     h = hashlib.sha256()
     if label is not None:
         h.update(label.encode())
@@ -68,7 +69,7 @@ def idempotency_key(body: dict, label: Optional[str], first: int, last: int) -> 
     return f"agentfleet-py-{h.hexdigest()[:40]}-{first + 1}-{last + 1}"
 
 
-def chunks(items: Iterable[Any], chunk_size: int, metadata: Optional[dict], label: Optional[str]) -> Iterator[Chunk]:
+def chunks(items: Iterable[Any], chunk_size: int, metadata: dict | None, label: str | None) -> Iterator[Chunk]:
     """The chunks of ``items``, read lazily: at most one chunk is held at a time."""
     if chunk_size < 1:
         raise ValueError("chunk_size must be at least 1")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import httpx
 
@@ -13,34 +14,30 @@ from ._batches import BatchSubmission, chunks
 from ._generated.api.batches import submit_batch
 from ._generated.api.runs import resume_run
 from ._generated.client import AuthenticatedClient
-from ._resources import BatchesBase, RunsBase, ThreadsBase, UsageBase, WebhooksBase
+from ._resources import BatchesBase, ClientBase, RunsBase, ThreadsBase
 from ._retry import RetryPolicy, RetryTransport
 from ._sse import SSEDecoder
 from ._streams import RunEvent, RunStream
 
 
-class Client:
+class Client(ClientBase):
     """A tenant's view of the API. Calls raise :class:`APIError` subclasses on refusals and
     :class:`APIConnectionError` when no answer came; safe calls are retried (``max_retries``
-    times, honouring ``Retry-After``)."""
+    times, honouring ``Retry-After``).
 
-    def __init__(self, api_key: Optional[str] = None, base_url: Optional[str] = None, *,
-                 timeout: float = 30.0, max_retries: int = 2, webhook_secret: Optional[str] = None,
-                 stream_idle_timeout: float = c.DEFAULT_STREAM_IDLE_TIMEOUT):
-        key, url = c.settings(api_key, base_url)
-        self.base_url = url
-        self.stream_idle_timeout = stream_idle_timeout
-        self._http = httpx.Client(
-            **c.http_options(key, url, timeout),
-            transport=RetryTransport(httpx.HTTPTransport(), RetryPolicy(retries=max_retries)),
+    ``Client(api_key=None, base_url=None, *, timeout=30.0, max_retries=2, webhook_secret=None,
+    stream_idle_timeout=60.0)``: the key and address default to ``AGENTFLEET_API_KEY`` and
+    ``AGENTFLEET_API_URL`` (else ``http://127.0.0.1:8080``)."""
+
+    def _new_http(self, options: dict, policy: RetryPolicy) -> httpx.Client:
+        return httpx.Client(
+            **options,
+            transport=RetryTransport(httpx.HTTPTransport(), policy),
             event_hooks={"response": [c.raise_for_status]},
         )
-        self._gen = AuthenticatedClient(base_url=url, token=key).set_httpx_client(self._http)
-        self.runs = Runs(self)
-        self.batches = Batches(self)
-        self.threads = Threads(self)
-        self.webhooks = WebhooksBase(self, webhook_secret)
-        self.usage = UsageBase(self)
+
+    def _attach(self, generated: AuthenticatedClient) -> AuthenticatedClient:
+        return generated.set_httpx_client(self._http)
 
     def _call(self, operation: Any, *args: Any, **kwargs: Any) -> Any:
         return self._detailed(operation, *args, **kwargs).parsed
@@ -63,7 +60,7 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -71,8 +68,14 @@ class Client:
 
 
 class Runs(RunsBase):
-    def iter(self, *, status: Optional[str] = None, thread_id: Optional[str] = None,
-             batch_id: Optional[str] = None, page_size: Optional[int] = None) -> Iterator[Any]:
+    def iter(
+        self,
+        *,
+        status: str | None = None,
+        thread_id: str | None = None,
+        batch_id: str | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[Any]:
         """Every matching run, newest first, page after page."""
         cursor = None
         while True:
@@ -82,21 +85,23 @@ class Runs(RunsBase):
             if cursor is None:
                 return
 
-    def approve(self, run_id: str, tool_call_ids: Optional[Sequence[str]] = None, *, reason: Optional[str] = None) -> Any:
+    def approve(self, run_id: str, tool_call_ids: Sequence[str] | None = None, *, reason: str | None = None) -> Any:
         """Approves the given tool calls, or every call the run waits for -> ``Run``."""
         return self.decide(run_id, True, tool_call_ids, reason)
 
-    def reject(self, run_id: str, tool_call_ids: Optional[Sequence[str]] = None, *, reason: Optional[str] = None) -> Any:
+    def reject(self, run_id: str, tool_call_ids: Sequence[str] | None = None, *, reason: str | None = None) -> Any:
         """Rejects the given tool calls, or every call the run waits for; the model is told ``reason``."""
         return self.decide(run_id, False, tool_call_ids, reason)
 
-    def decide(self, run_id: str, approve: bool, tool_call_ids: Optional[Sequence[str]] = None,
-               reason: Optional[str] = None) -> Any:
+    def decide(
+        self, run_id: str, approve: bool, tool_call_ids: Sequence[str] | None = None, reason: str | None = None
+    ) -> Any:
         ids = list(tool_call_ids) if tool_call_ids is not None else c.pending_call_ids(self.get(run_id))
         return self._c._call(resume_run, run_id, body=c.decisions_body(ids, approve, reason))
 
-    def stream(self, run_id: str, *, after: int = 0, stop_at_pause: bool = False,
-               max_reconnects: int = 10) -> Iterator[RunEvent]:
+    def stream(
+        self, run_id: str, *, after: int = 0, stop_at_pause: bool = False, max_reconnects: int = 10
+    ) -> Iterator[RunEvent]:
         """Every event of the run after ``after``, exactly once and in order, until it ends (or,
         with ``stop_at_pause``, pauses). A broken connection is resumed with ``Last-Event-ID``;
         at a pause the iterator waits for the resume (answer or decide from the loop)."""
@@ -122,8 +127,15 @@ class Runs(RunsBase):
 
 
 class Batches(BatchesBase):
-    def create(self, items: Iterable[Any], *, chunk_size: int = 1000, metadata: Optional[Mapping] = None,
-               label: Optional[str] = None, on_progress: Optional[Callable[[int], None]] = None) -> BatchSubmission:
+    def create(
+        self,
+        items: Iterable[Any],
+        *,
+        chunk_size: int = 1000,
+        metadata: Mapping | None = None,
+        label: str | None = None,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> BatchSubmission:
         """Submits the runs of ``items`` (each a run's body, with an optional ``custom_id``,
         ``item-<n>`` by default), read lazily, as one batch per ``chunk_size`` items, each under
         an idempotency key of its content: submitting the same items again creates nothing
@@ -136,8 +148,14 @@ class Batches(BatchesBase):
                 on_progress(out.total)
         return out
 
-    def wait(self, batch_ids: Iterable[str], *, poll_interval: float = 1.0, timeout: Optional[float] = None,
-             on_progress: Optional[Callable[[list], None]] = None) -> list:
+    def wait(
+        self,
+        batch_ids: Iterable[str],
+        *,
+        poll_interval: float = 1.0,
+        timeout: float | None = None,
+        on_progress: Callable[[list], None] | None = None,
+    ) -> list:
         """Polls the batches until each is completed or cancelled; ``on_progress(batches)`` after each look."""
         ids = [str(b) for b in batch_ids]
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -153,7 +171,7 @@ class Batches(BatchesBase):
 
 
 class Threads(ThreadsBase):
-    def iter_messages(self, thread_id: str, *, page_size: Optional[int] = None) -> Iterator[Any]:
+    def iter_messages(self, thread_id: str, *, page_size: int | None = None) -> Iterator[Any]:
         """Every message of the thread, oldest first, page after page."""
         after = None
         while True:
@@ -162,3 +180,6 @@ class Threads(ThreadsBase):
             after = c.next_after(page)
             if after is None:
                 return
+
+
+Client._runs, Client._batches, Client._threads = Runs, Batches, Threads

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import httpx
 
@@ -29,7 +30,7 @@ DEFAULT_BASE_URL = "http://127.0.0.1:8080"
 DEFAULT_STREAM_IDLE_TIMEOUT = 60.0
 
 
-def settings(api_key: Optional[str], base_url: Optional[str]) -> tuple:
+def settings(api_key: str | None, base_url: str | None) -> tuple:
     key = api_key or os.environ.get("AGENTFLEET_API_KEY")
     if not key:
         raise ValueError("no API key: pass api_key= or set AGENTFLEET_API_KEY")
@@ -71,8 +72,9 @@ def to_dict(value: Any) -> Any:
     return value.to_dict() if hasattr(value, "to_dict") else value
 
 
-def create_run_body(input: str, agent: Any, thread_id: Optional[str], metadata: Optional[Mapping],
-                    if_busy: Optional[str]) -> CreateRun:
+def create_run_body(
+    input: str, agent: Any, thread_id: str | None, metadata: Mapping | None, if_busy: str | None
+) -> CreateRun:
     body: dict = {"input": input, "agent": to_dict(agent)}
     if thread_id is not None:
         body["thread_id"] = str(thread_id)
@@ -95,7 +97,7 @@ def answer_body(text: str) -> ResumeRequest:
     return ResumeRequest(input_=text)
 
 
-def decisions_body(ids: Sequence[str], approve: bool, reason: Optional[str]) -> ResumeRequest:
+def decisions_body(ids: Sequence[str], approve: bool, reason: str | None) -> ResumeRequest:
     return ResumeRequest(decisions=[DecisionBody(approve=approve, tool_call_id=i, reason=opt(reason)) for i in ids])
 
 
@@ -108,22 +110,23 @@ def pending_call_ids(run: Any) -> list:
     return [c["tool_call_id"] for c in doc.get("tool_calls", [])]
 
 
-def run_status(status: Union[str, RunStatus, None]) -> Any:
+def run_status(status: str | RunStatus | None) -> Any:
     return UNSET if status is None else RunStatus(status)
 
 
-def day(value: Union[str, datetime.date, None]) -> Any:
+def day(value: str | datetime.date | None) -> Any:
     if value is None:
         return UNSET
     return value if isinstance(value, datetime.date) else datetime.date.fromisoformat(value)
 
 
-def webhook_body(url: str, events: Iterable[str], description: Optional[str], secret: Optional[str]) -> CreateWebhook:
-    return CreateWebhook(url=url, events=[CreateWebhookEventsItem(e) for e in events],
-                         description=opt(description), secret=opt(secret))
+def webhook_body(url: str, events: Iterable[str], description: str | None, secret: str | None) -> CreateWebhook:
+    return CreateWebhook(
+        url=url, events=[CreateWebhookEventsItem(e) for e in events], description=opt(description), secret=opt(secret)
+    )
 
 
-def rotate_body(secret: Optional[str]) -> RotateSecret:
+def rotate_body(secret: str | None) -> RotateSecret:
     return RotateSecret(secret=opt(secret))
 
 
@@ -136,20 +139,20 @@ def batch_finished(batch: Any) -> bool:
     return status in ("completed", "cancelled")
 
 
-def streaming_timeout(http: Any, idle: Optional[float] = None) -> httpx.Timeout:
+def streaming_timeout(http: Any, idle: float | None = None) -> httpx.Timeout:
     """The client's connect time-out, and ``idle`` (None: no bound) between two reads."""
     return httpx.Timeout(http.timeout.connect, read=idle, write=http.timeout.write, pool=http.timeout.pool)
 
 
-def next_cursor(page: Any) -> Optional[str]:
+def next_cursor(page: Any) -> str | None:
     value = getattr(page, "next_cursor", None)
     return value if isinstance(value, str) and value else None
 
 
-def next_after(page: Any) -> Optional[int]:
+def next_after(page: Any) -> int | None:
     value = getattr(page, "next_after", None)
     return value if isinstance(value, int) else None
 
 
-def mapping_or_none(value: Optional[Mapping]) -> Optional[dict]:
+def mapping_or_none(value: Mapping | None) -> dict | None:
     return dict(value) if value is not None else None

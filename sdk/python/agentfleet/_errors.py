@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 
 class AgentfleetError(Exception):
@@ -21,7 +20,7 @@ class StreamError(AgentfleetError):
 class APIError(AgentfleetError):
     """The API refused a request: ``status`` is the HTTP status, ``code`` and ``message`` its error."""
 
-    def __init__(self, status: int, code: str, message: str, retry_after: Optional[int] = None):
+    def __init__(self, status: int, code: str, message: str, retry_after: int | None = None):
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
@@ -76,7 +75,7 @@ _BY_STATUS = {
 _MAX_MESSAGE_CHARS = 500
 
 
-def retry_after_seconds(headers) -> Optional[int]:
+def retry_after_seconds(headers) -> int | None:
     value = headers.get("retry-after")
     if value is None:
         return None

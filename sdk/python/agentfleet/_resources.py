@@ -4,7 +4,8 @@ client's ``_call``, which runs the generated operation."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from . import _common as c
 from ._generated.api.batches import cancel_batch, get_batch, list_batches
@@ -21,16 +22,62 @@ from ._generated.api.webhooks import (
     retry_webhook_delivery,
     rotate_webhook_secret,
 )
+from ._generated.client import AuthenticatedClient
 from ._generated.models import ResumeRequest
+from ._retry import RetryPolicy
 from ._webhooks import verify_webhook
+
+
+class ClientBase:
+    """The settings and resources both clients have; a subclass says how it makes its HTTP
+    client (``_new_http``) and which resource classes run its control flow."""
+
+    _runs: type
+    _batches: type
+    _threads: type
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        *,
+        timeout: float = 30.0,
+        max_retries: int = 2,
+        webhook_secret: str | None = None,
+        stream_idle_timeout: float = c.DEFAULT_STREAM_IDLE_TIMEOUT,
+    ):
+        key, url = c.settings(api_key, base_url)
+        self.base_url = url
+        self.stream_idle_timeout = stream_idle_timeout
+        self._http = self._new_http(c.http_options(key, url, timeout), RetryPolicy(retries=max_retries))
+        self._gen = self._attach(AuthenticatedClient(base_url=url, token=key))
+        self.runs = self._runs(self)
+        self.batches = self._batches(self)
+        self.threads = self._threads(self)
+        self.webhooks = WebhooksBase(self, webhook_secret)
+        self.usage = UsageBase(self)
+
+    def _new_http(self, options: dict, policy: RetryPolicy) -> Any:
+        raise NotImplementedError
+
+    def _attach(self, generated: AuthenticatedClient) -> AuthenticatedClient:
+        raise NotImplementedError
 
 
 class RunsBase:
     def __init__(self, client: Any):
         self._c = client
 
-    def create(self, input: str, *, agent: Any, thread_id: Optional[str] = None, metadata: Optional[Mapping] = None,
-               if_busy: Optional[str] = None, idempotency_key: Optional[str] = None):
+    def create(
+        self,
+        input: str,
+        *,
+        agent: Any,
+        thread_id: str | None = None,
+        metadata: Mapping | None = None,
+        if_busy: str | None = None,
+        idempotency_key: str | None = None,
+    ):
         """Starts a run (202) -> ``Run``. With ``idempotency_key`` a retry answers the same run."""
         body = c.create_run_body(input, agent, thread_id, metadata, if_busy)
         return self._c._call(create_run, body=body, idempotency_key=c.opt(idempotency_key))
@@ -43,13 +90,26 @@ class RunsBase:
         """-> ``Run`` (with ``pending`` while it waits)."""
         return self._c._call(get_run, run_id)
 
-    def list(self, *, status: Optional[str] = None, thread_id: Optional[str] = None, batch_id: Optional[str] = None,
-             limit: Optional[int] = None, cursor: Optional[str] = None):
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        thread_id: str | None = None,
+        batch_id: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ):
         """A page of runs, newest first -> ``RunPage`` (``.data``, ``.next_cursor``)."""
-        return self._c._call(list_runs, status=c.run_status(status), thread_id=c.opt(thread_id),
-                             batch_id=c.opt(batch_id), limit=c.opt(limit), cursor=c.opt(cursor))
+        return self._c._call(
+            list_runs,
+            status=c.run_status(status),
+            thread_id=c.opt(thread_id),
+            batch_id=c.opt(batch_id),
+            limit=c.opt(limit),
+            cursor=c.opt(cursor),
+        )
 
-    def counts(self, *, thread_id: Optional[str] = None, batch_id: Optional[str] = None):
+    def counts(self, *, thread_id: str | None = None, batch_id: str | None = None):
         """-> ``RunCounts``."""
         return self._c._call(count_runs, thread_id=c.opt(thread_id), batch_id=c.opt(batch_id))
 
@@ -78,7 +138,7 @@ class BatchesBase:
         """-> ``Batch`` (status, counts per status, usage)."""
         return self._c._call(get_batch, batch_id)
 
-    def list(self, *, limit: Optional[int] = None, before: Optional[str] = None):
+    def list(self, *, limit: int | None = None, before: str | None = None):
         """-> ``BatchPage``, newest first."""
         return self._c._call(list_batches, limit=c.opt(limit), before=c.opt(before))
 
@@ -95,7 +155,7 @@ class ThreadsBase:
     def __init__(self, client: Any):
         self._c = client
 
-    def messages(self, thread_id: str, *, after: Optional[int] = None, limit: Optional[int] = None):
+    def messages(self, thread_id: str, *, after: int | None = None, limit: int | None = None):
         """A page of the thread's messages, oldest first -> ``MessagePage`` (``.data``, ``.next_after``)."""
         return self._c._call(list_messages, thread_id, after=c.opt(after), limit=c.opt(limit))
 
@@ -105,12 +165,11 @@ class ThreadsBase:
 
 
 class WebhooksBase:
-    def __init__(self, client: Any, secret: Optional[str]):
+    def __init__(self, client: Any, secret: str | None):
         self._c = client
         self._secret = secret
 
-    def create(self, url: str, events: Iterable[str], *, description: Optional[str] = None,
-               secret: Optional[str] = None):
+    def create(self, url: str, events: Iterable[str], *, description: str | None = None, secret: str | None = None):
         """Registers an endpoint -> ``WebhookCreated``; its ``secret`` is shown only this once."""
         return self._c._call(create_webhook, body=c.webhook_body(url, events, description, secret))
 
@@ -123,17 +182,17 @@ class WebhooksBase:
     def delete(self, webhook_id: str):
         return self._c._call(delete_webhook, webhook_id)
 
-    def deliveries(self, webhook_id: str, *, limit: Optional[int] = None, cursor: Optional[str] = None):
+    def deliveries(self, webhook_id: str, *, limit: int | None = None, cursor: str | None = None):
         """-> ``DeliveryPage``, newest first."""
         return self._c._call(list_webhook_deliveries, webhook_id, limit=c.opt(limit), cursor=c.opt(cursor))
 
     def retry_delivery(self, webhook_id: str, delivery_id: str):
         return self._c._call(retry_webhook_delivery, webhook_id, delivery_id)
 
-    def rotate_secret(self, webhook_id: str, *, secret: Optional[str] = None):
+    def rotate_secret(self, webhook_id: str, *, secret: str | None = None):
         return self._c._call(rotate_webhook_secret, webhook_id, body=c.rotate_body(secret))
 
-    def verify(self, headers: Mapping[str, str], body: Any, *, secret: Optional[str] = None) -> Any:
+    def verify(self, headers: Mapping[str, str], body: Any, *, secret: str | None = None) -> Any:
         """The delivery's JSON if it is signed with ``secret`` (or the client's ``webhook_secret``);
         raises :class:`WebhookVerificationError` otherwise. Pass the body exactly as received."""
         key = secret or self._secret

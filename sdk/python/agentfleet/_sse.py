@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass
 class SSEMessage:
     event: str
     data: str
-    id: Optional[str]
+    id: str | None
 
 
 class SSEDecoder:
@@ -19,11 +18,11 @@ class SSEDecoder:
     def __init__(self) -> None:
         self._data: list[str] = []
         self._event = ""
-        self._id: Optional[str] = None
+        self._id: str | None = None
         #: The last ``retry:`` hint, in milliseconds.
-        self.retry_ms: Optional[int] = None
+        self.retry_ms: int | None = None
 
-    def feed(self, line: str) -> Optional[SSEMessage]:
+    def feed(self, line: str) -> SSEMessage | None:
         if line == "":
             if not self._data and not self._event:
                 self._id = None

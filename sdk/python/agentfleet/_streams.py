@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime
 import json
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any
 
 from ._errors import StreamError
 from ._generated.models.event_envelope_type import EventEnvelopeType as EventType
@@ -33,7 +33,7 @@ class RunEvent:
     run_id: str
     thread_id: str
     #: An :class:`EventType` (a ``str`` enum), or the plain string of a type newer than this library.
-    type: Union[EventType, str]
+    type: EventType | str
     at: datetime.datetime
     data: Any
 
@@ -46,7 +46,7 @@ class RunEvent:
         return self.type in PAUSES
 
     @classmethod
-    def from_json(cls, text: str) -> "RunEvent":
+    def from_json(cls, text: str) -> RunEvent:
         try:
             doc = json.loads(text)
             kind = doc["type"]
@@ -86,11 +86,11 @@ class RunStream:
             headers["Last-Event-ID"] = str(self.last_id)
         return headers
 
-    def retry_hint(self, retry_ms: Optional[int]) -> None:
+    def retry_hint(self, retry_ms: int | None) -> None:
         if retry_ms is not None:
             self._retry_ms = retry_ms
 
-    def accept(self, message: SSEMessage) -> Optional[RunEvent]:
+    def accept(self, message: SSEMessage) -> RunEvent | None:
         """The event to yield, or None (a duplicate, or not an event)."""
         if not message.data:
             return None
@@ -114,7 +114,7 @@ class RunStream:
     def after_error(self, error: BaseException) -> float:
         return self._failed(error)
 
-    def _failed(self, error: Optional[BaseException]) -> float:
+    def _failed(self, error: BaseException | None) -> float:
         self._failures += 1
         if self._failures > self.max_reconnects:
             why = f": {error}" if error else ": responses ended without events"

@@ -5,7 +5,8 @@ them. A timestamp more than five minutes away from now is refused (a replay)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Union
+from collections.abc import Mapping
+from typing import Any
 
 import standardwebhooks
 
@@ -16,7 +17,7 @@ class WebhookVerificationError(AgentfleetError):
     """The delivery is not signed with the secret (tampered, replayed, or another endpoint's)."""
 
 
-def verify_webhook(secret: str, headers: Mapping[str, str], body: Union[bytes, str]) -> Any:
+def verify_webhook(secret: str, headers: Mapping[str, str], body: bytes | str) -> Any:
     """The delivery's JSON (``{"type", "timestamp", "data"}``) if it is signed with ``secret``;
     raises :class:`WebhookVerificationError` otherwise. Pass the body exactly as received."""
     try:

@@ -9,8 +9,9 @@ def items(model, n):
 
 def test_a_batch_of_500_from_an_iterable_with_progress(client, model):
     submitted = []
-    submission = client.batches.create(items(model, 500), chunk_size=200, metadata={"job": "sdk-test"},
-                                       label="py-500", on_progress=submitted.append)
+    submission = client.batches.create(
+        items(model, 500), chunk_size=200, metadata={"job": "sdk-test"}, label="py-500", on_progress=submitted.append
+    )
     assert submitted == [200, 400, 500]
     assert submission.total == 500 and submission.created == [True, True, True]
     assert [b.total for b in submission.batches] == [200, 200, 100]
@@ -20,8 +21,12 @@ def test_a_batch_of_500_from_an_iterable_with_progress(client, model):
     assert again.ids == submission.ids and again.created == [False, False, False]
 
     progress = []
-    finished = client.batches.wait(submission.ids, poll_interval=0.5, timeout=120,
-                                   on_progress=lambda bs: progress.append(sum(b.counts.completed for b in bs)))
+    finished = client.batches.wait(
+        submission.ids,
+        poll_interval=0.5,
+        timeout=120,
+        on_progress=lambda bs: progress.append(sum(b.counts.completed for b in bs)),
+    )
     assert [b.status for b in finished] == [BatchStatus.COMPLETED] * 3
     assert progress[-1] == 500 and progress == sorted(progress)
 

@@ -40,7 +40,8 @@ def test_429_is_a_rate_limit_error_after_retries_that_honour_retry_after(api_url
     # The tenant may have one active run: a run waiting for input holds it.
     with Client(api_key=limited_key, base_url=api_url, max_retries=1) as client:
         waiting = client.runs.create(
-            script({"tool_calls": [{"name": "ask", "arguments": {"text": "?"}}]}), agent={"model": model})
+            script({"tool_calls": [{"name": "ask", "arguments": {"text": "?"}}]}), agent={"model": model}
+        )
         try:
             started = time.monotonic()
             with pytest.raises(RateLimitError) as e:

@@ -42,8 +42,14 @@ def test_create_stream_answer_approve_completes(client, model, receiver):
     assert [e.id for e in events] == list(range(1, len(events) + 1))
     types = [e.type for e in events]
     assert types[0] == EventType.RUN_QUEUED and types[-1] == EventType.RUN_COMPLETED
-    order = [EventType.INPUT_REQUIRED, EventType.RUN_RESUMED, EventType.CONFIRMATION_REQUIRED,
-             EventType.RUN_RESUMED, EventType.TOOL_COMPLETED, EventType.RUN_COMPLETED]
+    order = [
+        EventType.INPUT_REQUIRED,
+        EventType.RUN_RESUMED,
+        EventType.CONFIRMATION_REQUIRED,
+        EventType.RUN_RESUMED,
+        EventType.TOOL_COMPLETED,
+        EventType.RUN_COMPLETED,
+    ]
     positions = [types.index(t, types.index(order[i - 1]) + 1 if i else 0) for i, t in enumerate(order)]
     assert positions == sorted(positions)
     completed = next(e for e in events if e.type == EventType.TOOL_COMPLETED)
