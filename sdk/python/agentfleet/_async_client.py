@@ -20,7 +20,7 @@ from ._generated.client import AuthenticatedClient
 from ._resources import BatchesBase, ClientBase, RunsBase, ThreadsBase
 from ._retry import AsyncRetryTransport, RetryPolicy
 from ._sse import SSEDecoder
-from ._streams import RunEvent, RunStream
+from ._streams import RunEvent, RunStream, ThreadStream
 
 
 class AsyncClient(ClientBase):
@@ -53,6 +53,26 @@ class AsyncClient(ClientBase):
                         yield json.loads(line)
         except httpx.TransportError as e:
             raise c.connection_error(e) from e
+
+    async def _follow(self, state: RunStream) -> AsyncIterator[RunEvent]:
+        """The events of a stream, reconnecting as ``state`` says."""
+        timeout = c.streaming_timeout(self._http, self.stream_idle_timeout)
+        while not state.done:
+            try:
+                async with self._http.stream("GET", state.path, headers=state.headers(), timeout=timeout) as response:
+                    decoder = SSEDecoder()
+                    async for line in response.aiter_lines():
+                        message = decoder.feed(line)
+                        state.retry_hint(decoder.retry_ms)
+                        event = state.accept(message) if message else None
+                        if event is not None:
+                            yield event
+                            if state.done:
+                                return
+                wait = state.after_end()
+            except httpx.TransportError as e:
+                wait = state.after_error(e)
+            await asyncio.sleep(wait)
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -103,29 +123,11 @@ class AsyncRuns(RunsBase):
         ids = list(tool_call_ids) if tool_call_ids is not None else c.pending_call_ids(await self.get(run_id))
         return await self._c._call(resume_run, run_id, body=c.decisions_body(ids, approve, reason))
 
-    async def stream(
+    def stream(
         self, run_id: str, *, after: int = 0, stop_at_pause: bool = False, max_reconnects: int = 10
     ) -> AsyncIterator[RunEvent]:
         """As :meth:`Client.runs.stream`: every event exactly once, in order, across reconnections."""
-        state = RunStream(str(run_id), after, stop_at_pause, max_reconnects)
-        http = self._c._http
-        timeout = c.streaming_timeout(http, self._c.stream_idle_timeout)
-        while not state.done:
-            try:
-                async with http.stream("GET", state.path, headers=state.headers(), timeout=timeout) as response:
-                    decoder = SSEDecoder()
-                    async for line in response.aiter_lines():
-                        message = decoder.feed(line)
-                        state.retry_hint(decoder.retry_ms)
-                        event = state.accept(message) if message else None
-                        if event is not None:
-                            yield event
-                            if state.done:
-                                return
-                wait = state.after_end()
-            except httpx.TransportError as e:
-                wait = state.after_error(e)
-            await asyncio.sleep(wait)
+        return self._c._follow(RunStream(str(run_id), after, stop_at_pause, max_reconnects))
 
 
 class AsyncBatches(BatchesBase):
@@ -170,6 +172,12 @@ class AsyncBatches(BatchesBase):
 
 
 class AsyncThreads(ThreadsBase):
+    def stream(
+        self, thread_id: str, *, last_event_id: str | None = None, max_reconnects: int = 10
+    ) -> AsyncIterator[RunEvent]:
+        """As :meth:`Client.threads.stream`."""
+        return self._c._follow(ThreadStream(str(thread_id), last_event_id, max_reconnects))
+
     async def iter_messages(self, thread_id: str, *, page_size: int | None = None) -> AsyncIterator[Any]:
         """Every message of the thread, oldest first, page after page."""
         after = None

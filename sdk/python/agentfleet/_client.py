@@ -17,7 +17,7 @@ from ._generated.client import AuthenticatedClient
 from ._resources import BatchesBase, ClientBase, RunsBase, ThreadsBase
 from ._retry import RetryPolicy, RetryTransport
 from ._sse import SSEDecoder
-from ._streams import RunEvent, RunStream
+from ._streams import RunEvent, RunStream, ThreadStream
 
 
 class Client(ClientBase):
@@ -56,6 +56,26 @@ class Client(ClientBase):
                         yield json.loads(line)
         except httpx.TransportError as e:
             raise c.connection_error(e) from e
+
+    def _follow(self, state: RunStream) -> Iterator[RunEvent]:
+        """The events of a stream, reconnecting as ``state`` says."""
+        timeout = c.streaming_timeout(self._http, self.stream_idle_timeout)
+        while not state.done:
+            try:
+                with self._http.stream("GET", state.path, headers=state.headers(), timeout=timeout) as response:
+                    decoder = SSEDecoder()
+                    for line in response.iter_lines():
+                        message = decoder.feed(line)
+                        state.retry_hint(decoder.retry_ms)
+                        event = state.accept(message) if message else None
+                        if event is not None:
+                            yield event
+                            if state.done:
+                                return
+                wait = state.after_end()
+            except httpx.TransportError as e:
+                wait = state.after_error(e)
+            time.sleep(wait)
 
     def close(self) -> None:
         self._http.close()
@@ -105,25 +125,7 @@ class Runs(RunsBase):
         """Every event of the run after ``after``, exactly once and in order, until it ends (or,
         with ``stop_at_pause``, pauses). A broken connection is resumed with ``Last-Event-ID``;
         at a pause the iterator waits for the resume (answer or decide from the loop)."""
-        state = RunStream(str(run_id), after, stop_at_pause, max_reconnects)
-        http = self._c._http
-        timeout = c.streaming_timeout(http, self._c.stream_idle_timeout)
-        while not state.done:
-            try:
-                with http.stream("GET", state.path, headers=state.headers(), timeout=timeout) as response:
-                    decoder = SSEDecoder()
-                    for line in response.iter_lines():
-                        message = decoder.feed(line)
-                        state.retry_hint(decoder.retry_ms)
-                        event = state.accept(message) if message else None
-                        if event is not None:
-                            yield event
-                            if state.done:
-                                return
-                wait = state.after_end()
-            except httpx.TransportError as e:
-                wait = state.after_error(e)
-            time.sleep(wait)
+        return self._c._follow(RunStream(str(run_id), after, stop_at_pause, max_reconnects))
 
 
 class Batches(BatchesBase):
@@ -171,6 +173,14 @@ class Batches(BatchesBase):
 
 
 class Threads(ThreadsBase):
+    def stream(
+        self, thread_id: str, *, last_event_id: str | None = None, max_reconnects: int = 10
+    ) -> Iterator[RunEvent]:
+        """The events of the thread's runs, one run after another, each exactly once; it stays
+        open for the next run until the caller stops. Resume with an event's
+        ``f"{event.run_id}:{event.id}"`` as ``last_event_id``."""
+        return self._c._follow(ThreadStream(str(thread_id), last_event_id, max_reconnects))
+
     def iter_messages(self, thread_id: str, *, page_size: int | None = None) -> Iterator[Any]:
         """Every message of the thread, oldest first, page after page."""
         after = None

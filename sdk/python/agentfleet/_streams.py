@@ -79,11 +79,15 @@ class RunStream:
         self._retry_ms = 2000
         self._yielded_since_connect = False
 
+    def last_event_id(self) -> str | None:
+        return str(self.last_id) if self.last_id else None
+
     def headers(self) -> dict:
         self._yielded_since_connect = False
         headers = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
-        if self.last_id:
-            headers["Last-Event-ID"] = str(self.last_id)
+        last = self.last_event_id()
+        if last:
+            headers["Last-Event-ID"] = last
         return headers
 
     def retry_hint(self, retry_ms: int | None) -> None:
@@ -98,11 +102,14 @@ class RunStream:
         if event.id <= self.last_id:
             return None
         self.last_id = event.id
-        self._failures = 0
-        self._yielded_since_connect = True
+        self._accepted()
         if event.is_terminal or (self.stop_at_pause and event.is_pause):
             self.done = True
         return event
+
+    def _accepted(self) -> None:
+        self._failures = 0
+        self._yielded_since_connect = True
 
     def after_end(self) -> float:
         """Seconds to wait before reconnecting once a response ended before the run did."""
@@ -123,3 +130,32 @@ class RunStream:
             return 0.0  # a cut connection: at once
         # Then the server's hint, approached by doubling.
         return min(self._retry_ms / 1000.0, 0.25 * 2 ** (self._failures - 2))
+
+
+class ThreadStream(RunStream):
+    """A thread's runs one after another (``GET /v1/threads/{id}/events``): SSE ids are
+    ``<run_id>:<event id>``, and the stream stays open for the thread's next run until the
+    caller stops."""
+
+    def __init__(self, thread_id: str, last_event_id: str | None, max_reconnects: int):
+        super().__init__("", 0, False, max_reconnects)
+        self.path = f"/v1/threads/{thread_id}/events"
+        self._run: str | None = None
+        if last_event_id:
+            run, _, n = last_event_id.rpartition(":")
+            if not run or not n.isdigit():
+                raise ValueError("last_event_id must be `<run_id>:<event id>`, as a thread stream's events give it")
+            self._run, self.last_id = run, int(n)
+
+    def last_event_id(self) -> str | None:
+        return f"{self._run}:{self.last_id}" if self._run else None
+
+    def accept(self, message: SSEMessage) -> RunEvent | None:
+        if not message.data:
+            return None
+        event = RunEvent.from_json(message.data)
+        if event.run_id == self._run and event.id <= self.last_id:
+            return None
+        self._run, self.last_id = event.run_id, event.id
+        self._accepted()
+        return event

@@ -34,3 +34,34 @@ def test_a_stream_resumes_after_a_given_id(client, model):
     everything = list(client.runs.stream(run.id))
     tail = list(client.runs.stream(run.id, after=3))
     assert [e.id for e in tail] == [e.id for e in everything][3:]
+
+
+def test_a_thread_stream_follows_its_runs_one_after_another_across_a_cut(client, model, cut_proxy):
+    first = client.runs.create(script(SLOW), agent={"model": model})
+    second = client.runs.create(
+        script({"content": "second answer"}), agent={"model": model}, thread_id=str(first.thread_id), if_busy="enqueue"
+    )
+    key = client._http.headers["authorization"].split()[1]
+    events = []
+    with Client(api_key=key, base_url=cut_proxy.url) as through_proxy:
+        for event in through_proxy.threads.stream(str(first.thread_id)):
+            events.append(event)
+            if len(events) == 10:
+                cut_proxy.cut()
+            if event.run_id == str(second.id) and event.type == EventType.RUN_COMPLETED:
+                break
+    assert cut_proxy.connections >= 2
+    runs = [e.run_id for e in events]
+    split = runs.index(str(second.id))
+    assert set(runs[:split]) == {str(first.id)} and set(runs[split:]) == {str(second.id)}
+    for part in (events[:split], events[split:]):
+        assert [e.id for e in part] == list(range(1, len(part) + 1))
+        assert part[-1].type == EventType.RUN_COMPLETED
+    # Resuming from an event of the first run gives the rest, from the next one on.
+    after = events[split - 3]
+    rest = []
+    for event in client.threads.stream(str(first.thread_id), last_event_id=f"{after.run_id}:{after.id}"):
+        rest.append(event)
+        if event.run_id == str(second.id) and event.type == EventType.RUN_COMPLETED:
+            break
+    assert [(e.run_id, e.id) for e in rest] == [(e.run_id, e.id) for e in events[split - 2 :]]
