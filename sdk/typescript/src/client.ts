@@ -3,7 +3,7 @@
 import { type BatchInput, chunks } from "./batches.js";
 import type { components } from "./generated/schema.js";
 import { type ClientOptions, Http, sleep } from "./http.js";
-import { type RunEvent, type StreamOptions, streamRun } from "./stream.js";
+import { type RunEvent, type StreamOptions, streamRun, streamThread, type ThreadStreamOptions } from "./stream.js";
 import { type VerifyOptions, type WebhookEvent, verifyWebhook } from "./webhooks.js";
 
 type Schemas = components["schemas"];
@@ -239,6 +239,15 @@ export class Threads {
       yield* page.data;
       after = page.next_after ?? undefined;
     } while (after !== undefined);
+  }
+
+  /**
+   * The events of the thread's runs, one run after another, each exactly once; it stays open
+   * for the next run until the caller stops (`break`, or `signal`). Resume with
+   * `lastEventId` set to an event's `run_id` and `id` joined by a colon.
+   */
+  stream(threadId: string, options: ThreadStreamOptions = {}): AsyncGenerator<RunEvent> {
+    return streamThread(this.http, threadId, options);
   }
 
   /** The thread's runs, newest first. */

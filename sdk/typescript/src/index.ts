@@ -25,5 +25,5 @@ export * from "./errors.js";
 export type { components, operations, paths } from "./generated/schema.js";
 export { VERSION } from "./generated/version.js";
 export type { ClientOptions } from "./http.js";
-export { type EventType, PAUSES, type RunEvent, type StreamOptions, TERMINAL } from "./stream.js";
+export { type EventType, PAUSES, type RunEvent, type StreamOptions, TERMINAL, type ThreadStreamOptions } from "./stream.js";
 export { type VerifyOptions, type WebhookEvent, verifyWebhook } from "./webhooks.js";

@@ -47,10 +47,65 @@ function parseEvent(data: string): RunEvent {
   }
 }
 
-export async function* streamRun(http: Http, runId: string, options: StreamOptions = {}): AsyncGenerator<RunEvent> {
-  const path = `/v1/runs/${encodeURIComponent(runId)}/events`;
-  const maxReconnects = options.maxReconnects ?? 10;
+/** Where a stream is: what to send as `Last-Event-ID`, which events to yield, when to stop. */
+interface Cursor {
+  path: string;
+  lastEventId(): string | undefined;
+  /** Whether `event` is new (then it is where the stream is). */
+  advance(event: RunEvent): boolean;
+  /** Whether the stream ends after `event`. */
+  endsAfter(event: RunEvent): boolean;
+}
+
+export function streamRun(http: Http, runId: string, options: StreamOptions = {}): AsyncGenerator<RunEvent> {
   let last = options.after ?? 0;
+  return follow(http, options, {
+    path: `/v1/runs/${encodeURIComponent(runId)}/events`,
+    lastEventId: () => (last ? String(last) : undefined),
+    advance: (event) => {
+      if (event.id <= last) return false;
+      last = event.id;
+      return true;
+    },
+    endsAfter: (event) => TERMINAL.has(event.type) || (!!options.stopAtPause && PAUSES.has(event.type)),
+  });
+}
+
+export interface ThreadStreamOptions extends Omit<StreamOptions, "after" | "stopAtPause"> {
+  /** Resume after this event: `${event.run_id}:${event.id}`. */
+  lastEventId?: string;
+}
+
+/**
+ * A thread's runs one after another (`GET /v1/threads/{id}/events`): SSE ids are
+ * `<run_id>:<event id>`, and the stream stays open for the thread's next run until the caller
+ * stops (`break`, or `signal`).
+ */
+export function streamThread(http: Http, threadId: string, options: ThreadStreamOptions = {}): AsyncGenerator<RunEvent> {
+  let run: string | undefined;
+  let last = 0;
+  if (options.lastEventId) {
+    const match = /^(.+):(\d+)$/.exec(options.lastEventId);
+    if (!match) throw new RangeError("lastEventId must be `<run_id>:<event id>`, as a thread stream's events give it");
+    run = match[1];
+    last = Number(match[2]);
+  }
+  return follow(http, options, {
+    path: `/v1/threads/${encodeURIComponent(threadId)}/events`,
+    lastEventId: () => (run ? `${run}:${last}` : undefined),
+    advance: (event) => {
+      if (event.run_id === run && event.id <= last) return false;
+      run = event.run_id;
+      last = event.id;
+      return true;
+    },
+    endsAfter: () => false,
+  });
+}
+
+async function* follow(http: Http, options: StreamOptions, cursor: Cursor): AsyncGenerator<RunEvent> {
+  const path = cursor.path;
+  const maxReconnects = options.maxReconnects ?? 10;
   let failures = 0;
   let retryMs = 2000;
   const failed = (error?: unknown): number => {
@@ -76,7 +131,8 @@ export async function* streamRun(http: Http, runId: string, options: StreamOptio
     let broken: { error: unknown } | undefined;
     try {
       const headers: Record<string, string> = { Accept: "text/event-stream", "Cache-Control": "no-store" };
-      if (last) headers["Last-Event-ID"] = String(last);
+      const lastEventId = cursor.lastEventId();
+      if (lastEventId) headers["Last-Event-ID"] = lastEventId;
       const response = await http.request("GET", path, { headers, stream: true, signal: controller.signal });
       arm();
       const queue: EventSourceMessage[] = [];
@@ -91,12 +147,11 @@ export async function* streamRun(http: Http, runId: string, options: StreamOptio
           const message = queue.shift()!;
           if (!message.data) continue;
           const event = parseEvent(message.data);
-          if (event.id <= last) continue;
-          last = event.id;
+          if (!cursor.advance(event)) continue;
           failures = 0;
           yielded = true;
           yield event;
-          if (TERMINAL.has(event.type) || (options.stopAtPause && PAUSES.has(event.type))) return;
+          if (cursor.endsAfter(event)) return;
         }
       }
     } catch (error) {

@@ -44,3 +44,41 @@ test("a stream resumes after a given id", async () => {
   const tail = await collect(af.runs.stream(run.id, { after: 3 }));
   assert.deepEqual(tail.map((e) => e.id), everything.slice(3).map((e) => e.id));
 });
+
+test("a thread stream follows its runs one after another, across a cut", async () => {
+  const proxy = await cutProxy();
+  try {
+    const af = client();
+    const first = await af.runs.create(script(SLOW), { agent: { model: model() } });
+    const second = await af.runs.create(script({ content: "second answer" }), {
+      agent: { model: model() },
+      thread_id: first.thread_id,
+      if_busy: "enqueue",
+    });
+    const throughProxy = new AgentfleetClient({ apiKey: key(), baseUrl: proxy.url });
+    const events = [];
+    for await (const event of throughProxy.threads.stream(first.thread_id)) {
+      events.push(event);
+      if (events.length === 10) proxy.cut();
+      if (event.run_id === second.id && event.type === "run_completed") break;
+    }
+    assert.ok(proxy.connections >= 2);
+    const split = events.findIndex((e) => e.run_id === second.id);
+    assert.ok(events.slice(0, split).every((e) => e.run_id === first.id));
+    assert.ok(events.slice(split).every((e) => e.run_id === second.id));
+    for (const part of [events.slice(0, split), events.slice(split)]) {
+      assert.deepEqual(part.map((e) => e.id), part.map((_, i) => i + 1));
+      assert.equal(part.at(-1).type, "run_completed");
+    }
+    // Resuming from an event of the first run gives the rest, from the next one on.
+    const after = events[split - 3];
+    const rest = [];
+    for await (const event of af.threads.stream(first.thread_id, { lastEventId: `${after.run_id}:${after.id}` })) {
+      rest.push(event);
+      if (event.run_id === second.id && event.type === "run_completed") break;
+    }
+    assert.deepEqual(rest.map((e) => [e.run_id, e.id]), events.slice(split - 2).map((e) => [e.run_id, e.id]));
+  } finally {
+    await proxy.close();
+  }
+});
