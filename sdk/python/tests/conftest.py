@@ -35,9 +35,14 @@ def model() -> str:
     return _env("AGENTFLEET_SDK_TEST_MODEL")
 
 
+@pytest.fixture(scope="session")
+def api_key() -> str:
+    return _env("AGENTFLEET_SDK_TEST_KEY")
+
+
 @pytest.fixture
-def client(api_url):
-    with Client(api_key=_env("AGENTFLEET_SDK_TEST_KEY"), base_url=api_url) as c:
+def client(api_url, api_key):
+    with Client(api_key=api_key, base_url=api_url) as c:
         yield c
 
 

@@ -77,11 +77,9 @@ def test_reject_tells_the_model_and_the_call_never_runs(client, model, receiver)
     assert receiver.posts("/pay") == []
 
 
-def test_async_client_streams_a_run_to_its_end(api_url, model):
-    import os
-
+def test_async_client_streams_a_run_to_its_end(api_url, api_key, model):
     async def main():
-        async with AsyncClient(api_key=os.environ["AGENTFLEET_SDK_TEST_KEY"], base_url=api_url) as client:
+        async with AsyncClient(api_key=api_key, base_url=api_url) as client:
             run = await client.runs.create(script({"content": "Hello from asyncio."}), agent={"model": model})
             events = [e async for e in client.runs.stream(run.id)]
             assert [e.id for e in events] == list(range(1, len(events) + 1))

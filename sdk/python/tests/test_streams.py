@@ -6,11 +6,11 @@ from agentfleet import Client, EventType
 SLOW = {"content": "".join(f"w{i:02d} " for i in range(60)), "chunks": 60, "chunk_delay_ms": 30}
 
 
-def test_a_stream_cut_twice_yields_every_event_once_in_order(client, api_url, model, cut_proxy):
+def test_a_stream_cut_twice_yields_every_event_once_in_order(client, api_key, model, cut_proxy):
     run = client.runs.create(script(SLOW), agent={"model": model})
     cuts = {5: False, 25: False}
     events = []
-    with Client(api_key=client._http.headers["authorization"].split()[1], base_url=cut_proxy.url) as through_proxy:
+    with Client(api_key=api_key, base_url=cut_proxy.url) as through_proxy:
         for event in through_proxy.runs.stream(run.id):
             events.append(event)
             if len(events) in cuts:
@@ -36,14 +36,13 @@ def test_a_stream_resumes_after_a_given_id(client, model):
     assert [e.id for e in tail] == [e.id for e in everything][3:]
 
 
-def test_a_thread_stream_follows_its_runs_one_after_another_across_a_cut(client, model, cut_proxy):
+def test_a_thread_stream_follows_its_runs_one_after_another_across_a_cut(client, api_key, model, cut_proxy):
     first = client.runs.create(script(SLOW), agent={"model": model})
     second = client.runs.create(
         script({"content": "second answer"}), agent={"model": model}, thread_id=str(first.thread_id), if_busy="enqueue"
     )
-    key = client._http.headers["authorization"].split()[1]
     events = []
-    with Client(api_key=key, base_url=cut_proxy.url) as through_proxy:
+    with Client(api_key=api_key, base_url=cut_proxy.url) as through_proxy:
         for event in through_proxy.threads.stream(str(first.thread_id)):
             events.append(event)
             if len(events) == 10:

@@ -21,11 +21,16 @@ export class APIError extends AgentfleetError {
   constructor(
     readonly status: number,
     readonly code: string,
-    readonly apiMessage: string,
+    /** The API's message (it names the field of an invalid request). */
+    message: string,
     /** Seconds the API asked to wait (`Retry-After`), on 429 and 503. */
     readonly retryAfter?: number,
   ) {
-    super(`${status} ${code}: ${apiMessage}`);
+    super(message);
+  }
+
+  override toString(): string {
+    return `${this.name}: ${this.status} ${this.code}: ${this.message}`;
   }
 }
 /** 400: the body is not JSON. */

@@ -17,7 +17,7 @@ test("404 is a NotFoundError", async () => {
   assert.ok(error instanceof NotFoundError, String(error));
   assert.equal(error.status, 404);
   assert.equal(error.code, "not_found");
-  assert.ok(error.apiMessage);
+  assert.ok(error.message);
 });
 
 test("409 is a ConflictError", async () => {
@@ -27,14 +27,14 @@ test("409 is a ConflictError", async () => {
   const error = await af.runs.answer(run.id, "too late").catch((e) => e);
   assert.ok(error instanceof ConflictError, String(error));
   assert.equal(error.status, 409);
-  assert.match(error.apiMessage, /completed/);
+  assert.match(error.message, /completed/);
 });
 
 test("422 is an UnprocessableEntityError naming the field", async () => {
   const error = await client().runs.create("hello", { agent: { model: model(), max_iterations: 0 } }).catch((e) => e);
   assert.ok(error instanceof UnprocessableEntityError, String(error));
   assert.equal(error.code, "invalid_request");
-  assert.match(error.apiMessage, /agent\.max_iterations/);
+  assert.match(error.message, /agent\.max_iterations/);
 });
 
 test("429 is a RateLimitError after retries that honour Retry-After", async () => {
