@@ -19,7 +19,7 @@ from ._generated.api.runs import resume_run
 from ._generated.client import AuthenticatedClient
 from ._resources import BatchesBase, ClientBase, RunsBase, ThreadsBase
 from ._retry import AsyncRetryTransport, RetryPolicy
-from ._sse import SSEDecoder
+from ._sse import LineSplitter, SSEDecoder
 from ._streams import RunEvent, RunStream, ThreadStream
 
 
@@ -48,9 +48,14 @@ class AsyncClient(ClientBase):
     async def _lines(self, path: str, params: Mapping) -> AsyncIterator[Any]:
         try:
             async with self._http.stream("GET", path, params=params, timeout=c.streaming_timeout(self._http)) as r:
-                async for line in r.aiter_lines():
-                    if line.strip():
-                        yield json.loads(line)
+                splitter = LineSplitter(self.max_event_chars)
+                async for chunk in r.aiter_text():
+                    for line in splitter.feed(chunk):
+                        if line.strip():
+                            yield json.loads(line)
+                rest = splitter.rest()
+                if rest.strip():
+                    yield json.loads(rest)
         except httpx.TransportError as e:
             raise c.connection_error(e) from e
 
@@ -60,15 +65,15 @@ class AsyncClient(ClientBase):
         while not state.done:
             try:
                 async with self._http.stream("GET", state.path, headers=state.headers(), timeout=timeout) as response:
-                    decoder = SSEDecoder()
-                    async for line in response.aiter_lines():
-                        message = decoder.feed(line)
-                        state.retry_hint(decoder.retry_ms)
-                        event = state.accept(message) if message else None
-                        if event is not None:
-                            yield event
-                            if state.done:
-                                return
+                    decoder = SSEDecoder(self.max_event_chars)
+                    async for chunk in response.aiter_text():
+                        for message in decoder.feed(chunk):
+                            state.retry_hint(decoder.retry_ms)
+                            event = state.accept(message)
+                            if event is not None:
+                                yield event
+                                if state.done:
+                                    return
                 wait = state.after_end()
             except httpx.TransportError as e:
                 wait = state.after_error(e)

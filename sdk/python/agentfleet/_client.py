@@ -16,7 +16,7 @@ from ._generated.api.runs import resume_run
 from ._generated.client import AuthenticatedClient
 from ._resources import BatchesBase, ClientBase, RunsBase, ThreadsBase
 from ._retry import RetryPolicy, RetryTransport
-from ._sse import SSEDecoder
+from ._sse import LineSplitter, SSEDecoder
 from ._streams import RunEvent, RunStream, ThreadStream
 
 
@@ -26,7 +26,7 @@ class Client(ClientBase):
     times, honouring ``Retry-After``).
 
     ``Client(api_key=None, base_url=None, *, timeout=30.0, max_retries=2, webhook_secret=None,
-    stream_idle_timeout=60.0)``: the key and address default to ``AGENTFLEET_API_KEY`` and
+    stream_idle_timeout=60.0, max_event_chars=16 MiB)``: the key and address default to ``AGENTFLEET_API_KEY`` and
     ``AGENTFLEET_API_URL`` (else ``http://127.0.0.1:8080``)."""
 
     def _new_http(self, options: dict, policy: RetryPolicy) -> httpx.Client:
@@ -51,9 +51,14 @@ class Client(ClientBase):
     def _lines(self, path: str, params: Mapping) -> Iterator[Any]:
         try:
             with self._http.stream("GET", path, params=params, timeout=c.streaming_timeout(self._http)) as r:
-                for line in r.iter_lines():
-                    if line.strip():
-                        yield json.loads(line)
+                splitter = LineSplitter(self.max_event_chars)
+                for chunk in r.iter_text():
+                    for line in splitter.feed(chunk):
+                        if line.strip():
+                            yield json.loads(line)
+                rest = splitter.rest()
+                if rest.strip():
+                    yield json.loads(rest)
         except httpx.TransportError as e:
             raise c.connection_error(e) from e
 
@@ -63,15 +68,15 @@ class Client(ClientBase):
         while not state.done:
             try:
                 with self._http.stream("GET", state.path, headers=state.headers(), timeout=timeout) as response:
-                    decoder = SSEDecoder()
-                    for line in response.iter_lines():
-                        message = decoder.feed(line)
-                        state.retry_hint(decoder.retry_ms)
-                        event = state.accept(message) if message else None
-                        if event is not None:
-                            yield event
-                            if state.done:
-                                return
+                    decoder = SSEDecoder(self.max_event_chars)
+                    for chunk in response.iter_text():
+                        for message in decoder.feed(chunk):
+                            state.retry_hint(decoder.retry_ms)
+                            event = state.accept(message)
+                            if event is not None:
+                                yield event
+                                if state.done:
+                                    return
                 wait = state.after_end()
             except httpx.TransportError as e:
                 wait = state.after_error(e)

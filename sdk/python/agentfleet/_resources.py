@@ -25,6 +25,7 @@ from ._generated.api.webhooks import (
 from ._generated.client import AuthenticatedClient
 from ._generated.models import ResumeRequest
 from ._retry import RetryPolicy
+from ._sse import DEFAULT_MAX_EVENT_CHARS
 from ._webhooks import verify_webhook
 
 
@@ -45,10 +46,13 @@ class ClientBase:
         max_retries: int = 2,
         webhook_secret: str | None = None,
         stream_idle_timeout: float = c.DEFAULT_STREAM_IDLE_TIMEOUT,
+        max_event_chars: int = DEFAULT_MAX_EVENT_CHARS,
     ):
         key, url = c.settings(api_key, base_url)
         self.base_url = url
         self.stream_idle_timeout = stream_idle_timeout
+        #: A streamed event (or a line of batch results) longer than this is a ``StreamError``.
+        self.max_event_chars = max_event_chars
         self._http = self._new_http(c.http_options(key, url, timeout), RetryPolicy(retries=max_retries))
         self._gen = self._attach(AuthenticatedClient(base_url=url, token=key))
         self.runs = self._runs(self)

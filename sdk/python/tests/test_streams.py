@@ -1,6 +1,7 @@
+import pytest
 from conftest import script
 
-from agentfleet import Client, EventType
+from agentfleet import Client, EventType, StreamError
 
 # About 60 deltas 30 ms apart: the stream is cut twice while the run is still going.
 SLOW = {"content": "".join(f"w{i:02d} " for i in range(60)), "chunks": 60, "chunk_delay_ms": 30}
@@ -64,3 +65,11 @@ def test_a_thread_stream_follows_its_runs_one_after_another_across_a_cut(client,
         if event.run_id == str(second.id) and event.type == EventType.RUN_COMPLETED:
             break
     assert [(e.run_id, e.id) for e in rest] == [(e.run_id, e.id) for e in events[split - 2 :]]
+
+
+def test_an_event_longer_than_the_bound_is_a_stream_error(client, api_url, api_key, model):
+    run = client.runs.create(script({"content": "x" * 2000}), agent={"model": model})
+    assert list(client.runs.stream(run.id))[-1].type == EventType.RUN_COMPLETED
+    with Client(api_key=api_key, base_url=api_url, max_event_chars=1000) as bounded:
+        with pytest.raises(StreamError, match="longer than 1000"):
+            list(bounded.runs.stream(run.id))

@@ -2,6 +2,7 @@
 
 import { type BatchInput, chunks } from "./batches.js";
 import type { components } from "./generated/schema.js";
+import { StreamError } from "./errors.js";
 import { type ClientOptions, Http, sleep } from "./http.js";
 import { type RunEvent, type StreamOptions, streamRun, streamThread, type ThreadStreamOptions } from "./stream.js";
 import { type VerifyOptions, type WebhookEvent, verifyWebhook } from "./webhooks.js";
@@ -197,6 +198,7 @@ export class Batches {
       buffer += value ?? "";
       const lines = buffer.split("\n");
       buffer = done ? "" : lines.pop()!;
+      if (buffer.length > this.http.maxEventChars) throw new StreamError(`a result line longer than ${this.http.maxEventChars} characters`);
       for (const line of lines) if (line.trim()) yield JSON.parse(line) as BatchResult;
       if (done) return;
     }

@@ -25,6 +25,8 @@ export interface ClientOptions {
   maxRetries?: number;
   /** An event stream silent this long (keep-alives included) is reconnected; 60 s by default. */
   streamIdleTimeoutMs?: number;
+  /** A streamed event (or a line of batch results) longer than this many characters is a `StreamError`; 16 MiB by default. */
+  maxEventChars?: number;
   /** The secret `webhooks.verify` checks with when it is given none. */
   webhookSecret?: string;
   /** Another `fetch` (a test's, an instrumented one). */
@@ -62,6 +64,7 @@ export class Http {
   readonly timeoutMs: number;
   readonly maxRetries: number;
   readonly streamIdleTimeoutMs: number;
+  readonly maxEventChars: number;
   private readonly apiKey: string;
   private readonly fetchFn: typeof fetch;
 
@@ -72,6 +75,8 @@ export class Http {
     this.timeoutMs = options.timeoutMs ?? 30_000;
     this.maxRetries = options.maxRetries ?? 2;
     this.streamIdleTimeoutMs = options.streamIdleTimeoutMs ?? 60_000;
+    // An event of the API carries at most a message's text or a tool's (bounded) result.
+    this.maxEventChars = options.maxEventChars ?? 16 * 1024 * 1024;
     this.fetchFn = options.fetch ?? globalThis.fetch.bind(globalThis);
   }
 

@@ -9,7 +9,7 @@
  * order, until `run_completed`, `run_failed` or `run_cancelled`.
  */
 
-import { createParser, type EventSourceMessage } from "eventsource-parser";
+import { createParser, type EventSourceMessage, type ParseError } from "eventsource-parser";
 
 import { APIError, StreamError } from "./errors.js";
 import type { components } from "./generated/schema.js";
@@ -136,16 +136,25 @@ async function* follow(http: Http, options: StreamOptions, cursor: Cursor): Asyn
       const response = await http.request("GET", path, { headers, stream: true, signal: controller.signal });
       arm();
       const queue: EventSourceMessage[] = [];
-      const parser = createParser({ onEvent: (m) => queue.push(m), onRetry: (ms) => (retryMs = ms) });
+      let tooLong: ParseError | undefined;
+      const parser = createParser({
+        onEvent: (m) => queue.push(m),
+        onRetry: (ms) => (retryMs = ms),
+        onError: (e) => (tooLong ??= e.type === "max-buffer-size-exceeded" ? e : undefined),
+        maxBufferSize: http.maxEventChars,
+      });
       const reader = response.body!.pipeThrough(new TextDecoderStream()).getReader();
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
         arm();
         parser.feed(value);
+        if (tooLong) throw new StreamError(`an event longer than ${http.maxEventChars} characters`, { cause: tooLong });
         while (queue.length) {
           const message = queue.shift()!;
           if (!message.data) continue;
+          // The parser bounds what it buffers between chunks; an event whole in one chunk is checked here.
+          if (message.data.length > http.maxEventChars) throw new StreamError(`an event longer than ${http.maxEventChars} characters`);
           const event = parseEvent(message.data);
           if (!cursor.advance(event)) continue;
           failures = 0;

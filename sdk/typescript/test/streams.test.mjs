@@ -1,8 +1,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { AgentfleetClient } from "../dist/index.js";
-import { client, collect, cutProxy, key, model, script } from "./helpers.mjs";
+import { AgentfleetClient, StreamError } from "../dist/index.js";
+import { apiUrl, client, collect, cutProxy, key, model, script } from "./helpers.mjs";
 
 // About 60 deltas 30 ms apart: the stream is cut twice while the run is still going.
 const SLOW = { content: Array.from({ length: 60 }, (_, i) => `w${String(i).padStart(2, "0")} `).join(""), chunks: 60, chunk_delay_ms: 30 };
@@ -81,4 +81,12 @@ test("a thread stream follows its runs one after another, across a cut", async (
   } finally {
     await proxy.close();
   }
+});
+
+test("an event longer than the bound is a StreamError", async () => {
+  const af = client();
+  const run = await af.runs.create(script({ content: "x".repeat(2000) }), { agent: { model: model() } });
+  assert.equal((await collect(af.runs.stream(run.id))).at(-1).type, "run_completed");
+  const bounded = new AgentfleetClient({ apiKey: key(), baseUrl: apiUrl(), maxEventChars: 1000 });
+  await assert.rejects(collect(bounded.runs.stream(run.id)), (e) => e instanceof StreamError && /longer than 1000/.test(e.message));
 });
