@@ -14,6 +14,7 @@ import httpx
 
 from . import _common as c
 from ._batches import BatchSubmission, chunks
+from ._errors import APIError
 from ._generated.api.batches import submit_batch
 from ._generated.api.runs import resume_run
 from ._generated.client import AuthenticatedClient
@@ -77,6 +78,11 @@ class AsyncClient(ClientBase):
                 wait = state.after_end()
             except httpx.TransportError as e:
                 wait = state.after_error(e)
+            except APIError as e:
+                # A replica restarting or overloaded (5xx, 429): the stream is resumed like a cut one.
+                if not state.resumable(e):
+                    raise
+                wait = max(state.after_error(e), float(e.retry_after or 0))
             await asyncio.sleep(wait)
 
     async def close(self) -> None:

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import StreamError
+from ._errors import APIError, StreamError
 from ._generated.models.event_envelope_type import EventEnvelopeType as EventType
 from ._sse import SSEMessage
 
@@ -117,6 +117,11 @@ class RunStream:
             # The run paused: the next response waits for its resume.
             return 0.0
         return self._failed(None)
+
+    @staticmethod
+    def resumable(error: APIError) -> bool:
+        """Whether a refused reconnection is worth another (the API is restarting or busy)."""
+        return error.status >= 500 or error.status == 429
 
     def after_error(self, error: BaseException) -> float:
         return self._failed(error)

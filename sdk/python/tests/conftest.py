@@ -121,6 +121,8 @@ class CutProxy:
 
     def __init__(self, target_port: int):
         self.connections = 0
+        self.refused = 0
+        self._refuse = 0
         self._target = ("127.0.0.1", target_port)
         self._open: list = []
         self._lock = threading.Lock()
@@ -131,18 +133,41 @@ class CutProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._listener.getsockname()[1]}"
 
+    def refuse_next(self, n: int):
+        """The next ``n`` connections get a 503 ``unavailable`` with ``Retry-After: 1``, as an
+        API replica that cannot reach its services answers."""
+        with self._lock:
+            self._refuse = n
+
     def _accept(self):
         while True:
             try:
                 downstream, _ = self._listener.accept()
             except OSError:
                 return
+            with self._lock:
+                refuse, self._refuse = self._refuse > 0, max(0, self._refuse - 1)
+            if refuse:
+                self.refused += 1
+                threading.Thread(target=self._refuse_one, args=(downstream,), daemon=True).start()
+                continue
             upstream = socket.create_connection(self._target)
             with self._lock:
                 self.connections += 1
                 self._open += [downstream, upstream]
             threading.Thread(target=self._pump, args=(downstream, upstream), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, downstream), daemon=True).start()
+
+    @staticmethod
+    def _refuse_one(conn):
+        body = b'{"error": {"code": "unavailable", "message": "a backing service cannot be reached"}}'
+        head = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\n"
+        try:
+            conn.recv(65536)  # the request's head
+            conn.sendall(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+        except OSError:
+            pass
+        conn.close()
 
     @staticmethod
     def _pump(src, dst):

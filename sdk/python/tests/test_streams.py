@@ -73,3 +73,18 @@ def test_an_event_longer_than_the_bound_is_a_stream_error(client, api_url, api_k
     with Client(api_key=api_key, base_url=api_url, max_event_chars=1000) as bounded:
         with pytest.raises(StreamError, match="longer than 1000"):
             list(bounded.runs.stream(run.id))
+
+
+def test_a_stream_outlives_an_unavailable_api(client, api_key, model, cut_proxy):
+    run = client.runs.create(script(SLOW), agent={"model": model})
+    events = []
+    # No retries of a request's own: the stream itself resumes after the 503s.
+    with Client(api_key=api_key, base_url=cut_proxy.url, max_retries=0) as through_proxy:
+        for event in through_proxy.runs.stream(run.id):
+            events.append(event)
+            if len(events) == 5:
+                cut_proxy.refuse_next(2)
+                cut_proxy.cut()
+    assert cut_proxy.refused == 2
+    assert [e.id for e in events] == list(range(1, len(events) + 1))
+    assert events[-1].type == EventType.RUN_COMPLETED

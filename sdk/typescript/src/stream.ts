@@ -166,7 +166,9 @@ async function* follow(http: Http, options: StreamOptions, cursor: Cursor): Asyn
     } catch (error) {
       // A refusal, the caller's abort and a malformed event end the stream; a broken
       // connection (or one silent past the idle time-out) is resumed.
-      if (error instanceof APIError || options.signal?.aborted) throw error;
+      if (options.signal?.aborted) throw error;
+      // A replica restarting or overloaded (5xx, 429) is resumed from like a cut connection.
+      if (error instanceof APIError && error.status < 500 && error.status !== 429) throw error;
       if (error instanceof StreamError && !controller.signal.aborted) throw error;
       broken = { error };
     } finally {
@@ -175,7 +177,8 @@ async function* follow(http: Http, options: StreamOptions, cursor: Cursor): Asyn
       options.signal?.removeEventListener("abort", onAbort);
     }
     // A response that ended before the run did at a pause: the next one waits for the resume.
-    const wait = broken ? failed(broken.error) : yielded ? 0 : failed();
+    let wait = broken ? failed(broken.error) : yielded ? 0 : failed();
+    if (broken?.error instanceof APIError) wait = Math.max(wait, (broken.error.retryAfter ?? 0) * 1000);
     await sleep(wait);
   }
 }

@@ -72,7 +72,20 @@ export async function cutProxy() {
   const target = new URL(apiUrl());
   const open = new Set();
   let connections = 0;
+  let refuse = 0;
+  let refused = 0;
   const server = net.createServer((down) => {
+    if (refuse > 0) {
+      // As an API replica that cannot reach its services answers.
+      refuse -= 1;
+      refused += 1;
+      const body = '{"error": {"code": "unavailable", "message": "a backing service cannot be reached"}}';
+      down.on("error", () => {});
+      down.once("data", () =>
+        down.end(`HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n${body}`),
+      );
+      return;
+    }
     connections += 1;
     const up = net.connect(Number(target.port), target.hostname);
     for (const s of [down, up]) {
@@ -88,6 +101,13 @@ export async function cutProxy() {
     url: `http://127.0.0.1:${server.address().port}`,
     get connections() {
       return connections;
+    },
+    get refused() {
+      return refused;
+    },
+    /** The next `n` connections get a 503 `unavailable` with `Retry-After: 1`. */
+    refuseNext(n) {
+      refuse = n;
     },
     cut() {
       for (const s of open) s.destroy();

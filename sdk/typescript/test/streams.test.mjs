@@ -90,3 +90,25 @@ test("an event longer than the bound is a StreamError", async () => {
   const bounded = new AgentfleetClient({ apiKey: key(), baseUrl: apiUrl(), maxEventChars: 1000 });
   await assert.rejects(collect(bounded.runs.stream(run.id)), (e) => e instanceof StreamError && /longer than 1000/.test(e.message));
 });
+
+test("a stream outlives an unavailable API", async () => {
+  const proxy = await cutProxy();
+  try {
+    const run = await client().runs.create(script(SLOW), { agent: { model: model() } });
+    // No retries of a request's own: the stream itself resumes after the 503s.
+    const throughProxy = new AgentfleetClient({ apiKey: key(), baseUrl: proxy.url, maxRetries: 0 });
+    const events = [];
+    for await (const event of throughProxy.runs.stream(run.id)) {
+      events.push(event);
+      if (events.length === 5) {
+        proxy.refuseNext(2);
+        proxy.cut();
+      }
+    }
+    assert.equal(proxy.refused, 2);
+    assert.deepEqual(events.map((e) => e.id), events.map((_, i) => i + 1));
+    assert.equal(events.at(-1).type, "run_completed");
+  } finally {
+    await proxy.close();
+  }
+});
