@@ -18,8 +18,6 @@ STACK_REDIS_URL="${AGENTFLEET_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
 STACK_AMQP_URL="${AGENTFLEET_TEST_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
 STACK_BIN="${CARGO_TARGET_DIR:-target}/debug"
 STACK_PIDS=()
-# A function the caller may define, run first on exit (while the processes still run).
-STACK_ON_EXIT=""
 # The log whose tail is printed when the script fails (a path under $STACK_WORK).
 STACK_FAILURE_LOG=""
 
@@ -81,7 +79,6 @@ stack_stop_all() {
 
 stack_cleanup() {
   local status=$?
-  [[ -n "$STACK_ON_EXIT" ]] && { "$STACK_ON_EXIT" || true; }
   stack_stop_all
   psql -q "$STACK_ADMIN_URL" -c "DROP DATABASE IF EXISTS $STACK_NAME WITH (FORCE)" >/dev/null 2>&1 || true
   if command -v redis-cli >/dev/null; then
