@@ -9,6 +9,7 @@ from agentfleet import (
     Client,
     ConflictError,
     EventType,
+    InternalServerError,
     NotFoundError,
     RateLimitError,
     UnprocessableEntityError,
@@ -58,3 +59,19 @@ def test_no_answer_is_a_connection_error():
     with Client(api_key="af_none", base_url="http://127.0.0.1:9", max_retries=0) as client:
         with pytest.raises(APIConnectionError):
             client.runs.get(str(uuid.uuid4()))
+
+
+def test_5xx_is_retried_only_for_a_safe_request(api_key, model, cut_proxy):
+    with Client(api_key=api_key, base_url=cut_proxy.url, max_retries=1) as client:
+        # A create without a key could have been carried out: it is not sent again.
+        cut_proxy.refuse_next(1)
+        with pytest.raises(InternalServerError) as e:
+            client.runs.create("not sent twice", agent={"model": model})
+        assert e.value.status == 503 and e.value.code == "unavailable" and e.value.retry_after == 1
+        assert cut_proxy.refused == 1
+        # With an Idempotency-Key it is, after the Retry-After.
+        cut_proxy.refuse_next(1)
+        started = time.monotonic()
+        run = client.runs.create("sent twice", agent={"model": model}, idempotency_key=str(uuid.uuid4()))
+        assert cut_proxy.refused == 2 and time.monotonic() - started >= 1
+        assert str(client.runs.get(run.id).id) == str(run.id)

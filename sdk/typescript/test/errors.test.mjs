@@ -6,11 +6,12 @@ import {
   AgentfleetClient,
   APIConnectionError,
   ConflictError,
+  InternalServerError,
   NotFoundError,
   RateLimitError,
   UnprocessableEntityError,
 } from "../dist/index.js";
-import { apiUrl, client, collect, limitedKey, model, script } from "./helpers.mjs";
+import { apiUrl, client, collect, cutProxy, key, limitedKey, model, script } from "./helpers.mjs";
 
 test("404 is a NotFoundError", async () => {
   const error = await client().runs.get(randomUUID()).catch((e) => e);
@@ -58,4 +59,28 @@ test("no answer is an APIConnectionError", async () => {
   const af = new AgentfleetClient({ apiKey: "af_none", baseUrl: "http://127.0.0.1:9", maxRetries: 0 });
   const error = await af.runs.get(randomUUID()).catch((e) => e);
   assert.ok(error instanceof APIConnectionError, String(error));
+});
+
+test("5xx is retried only for a safe request", async () => {
+  const proxy = await cutProxy();
+  try {
+    const af = new AgentfleetClient({ apiKey: key(), baseUrl: proxy.url, maxRetries: 1 });
+    // A create without a key could have been carried out: it is not sent again.
+    proxy.refuseNext(1);
+    const error = await af.runs.create("not sent twice", { agent: { model: model() } }).catch((e) => e);
+    assert.ok(error instanceof InternalServerError, String(error));
+    assert.equal(error.status, 503);
+    assert.equal(error.code, "unavailable");
+    assert.equal(error.retryAfter, 1);
+    assert.equal(proxy.refused, 1);
+    // With an Idempotency-Key it is, after the Retry-After.
+    proxy.refuseNext(1);
+    const started = Date.now();
+    const run = await af.runs.create("sent twice", { agent: { model: model() }, idempotencyKey: randomUUID() });
+    assert.equal(proxy.refused, 2);
+    assert.ok(Date.now() - started >= 1000);
+    assert.equal((await af.runs.get(run.id)).id, run.id);
+  } finally {
+    await proxy.close();
+  }
 });
