@@ -1,0 +1,23 @@
+from enum import StrEnum
+
+
+class EventEnvelopeType(StrEnum):
+    CONFIRMATION_REQUIRED = "confirmation_required"
+    CONTEXT_COMPACTED = "context_compacted"
+    INPUT_REQUIRED = "input_required"
+    ITERATION_STARTED = "iteration_started"
+    MESSAGE_COMPLETED = "message_completed"
+    MESSAGE_DELTA = "message_delta"
+    RUN_CANCELLED = "run_cancelled"
+    RUN_COMPLETED = "run_completed"
+    RUN_FAILED = "run_failed"
+    RUN_QUEUED = "run_queued"
+    RUN_RECOVERED = "run_recovered"
+    RUN_RESUMED = "run_resumed"
+    RUN_STARTED = "run_started"
+    STREAM_REBUILT = "stream_rebuilt"
+    TOOL_COMPLETED = "tool_completed"
+    TOOL_STARTED = "tool_started"
+
+    def __str__(self) -> str:
+        return str(self.value)
