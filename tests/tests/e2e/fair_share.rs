@@ -12,6 +12,10 @@ use agentfleet_tests::harness::*;
 
 /// Each test worker's slots (the harness's `worker.concurrency`).
 const SLOTS_PER_WORKER: i64 = 8;
+/// The slots of each of the two workers behind the backlog: more than the harness's, so what
+/// A's runs dispatch while B's create commits and publishes (a few, on a loaded machine) stays
+/// small beside the bound (2 × the slots).
+const BACKLOG_SLOTS_PER_WORKER: i64 = 32;
 
 async fn batch(app: &TestApp, key: &str, n: usize) {
     let run = scripted_run(json!([{"content": "done"}]), json!([]));
@@ -60,9 +64,14 @@ async fn workers_registered(env: &TestEnv, n: i64) {
 async fn a_tenant_arriving_behind_a_backlog_starts_within_the_fleets_window() {
     let env = TestEnv::new().await;
     let app = env.spawn_api().await;
-    let _workers = [env.spawn_worker().await, env.spawn_worker().await];
+    let concurrency = BACKLOG_SLOTS_PER_WORKER.to_string();
+    let extra = [("worker.concurrency", concurrency.as_str())];
+    let _workers = [
+        env.spawn_worker_with(&extra).await,
+        env.spawn_worker_with(&extra).await,
+    ];
     workers_registered(&env, 2).await;
-    let slots = 2 * SLOTS_PER_WORKER;
+    let slots = 2 * BACKLOG_SLOTS_PER_WORKER;
     let a = app.tenant_id;
     let b = tenants::create(&env.pool, "late tenant")
         .await
@@ -105,6 +114,7 @@ async fn a_tenant_arriving_behind_a_backlog_starts_within_the_fleets_window() {
         "A still had a backlog when B arrived ({not_started_then} runs not started): else this \
          test shows nothing"
     );
+    eprintln!("{overtaking} of A's {not_started_then} waiting runs started before B's last");
     assert!(
         overtaking <= 2 * slots,
         "{overtaking} of A's {not_started_then} waiting runs started before B's last run; at \
