@@ -6,7 +6,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use agentfleet_shared::config::Settings;
-use agentfleet_shared::domain::{LimitOverrides, RetentionOverrides};
+use agentfleet_shared::domain::{LimitOverrides, RetentionOverrides, SECS_PER_DAY};
 use agentfleet_shared::events::EventBus;
 use agentfleet_shared::store::erasure::{self, Erasure};
 use agentfleet_shared::store::keys;
@@ -49,8 +49,8 @@ pub enum TenantsCommand {
     /// Set or clear the tenant's own limits (absent ones are the configured `[limits]`; 0 is
     /// no limit). With no option, shows them.
     Limits(LimitsArgs),
-    /// Set or clear the tenant's own retention windows in days (absent ones are the configured
-    /// `[retention]`; 0 keeps for ever). With no option, shows them.
+    /// Set or clear the tenant's own retention windows in seconds (absent ones are the
+    /// configured `[retention]`; 0 keeps for ever). With no option, shows them.
     Retention(RetentionArgs),
     /// Erase a tenant: its keys are refused at once (every API replica within
     /// `api.auth_cache_ttl_ms`), its runs cancelled, then every row and Redis key of it removed
@@ -76,9 +76,17 @@ pub enum TenantsCommand {
 pub struct RetentionArgs {
     #[arg(long)]
     tenant: Uuid,
+    /// Seconds a finished run is kept (0: for ever).
     #[arg(long)]
+    finished_runs_secs: Option<u64>,
+    /// Seconds a run may wait for input or approval before it is removed (0: never removed).
+    #[arg(long)]
+    waiting_runs_secs: Option<u64>,
+    /// Deprecated: --finished-runs-secs in whole days.
+    #[arg(long, conflicts_with = "finished_runs_secs")]
     finished_runs_days: Option<u32>,
-    #[arg(long)]
+    /// Deprecated: --waiting-runs-secs in whole days.
+    #[arg(long, conflicts_with = "waiting_runs_secs")]
     waiting_runs_days: Option<u32>,
     /// Clear a window back to the configured default (repeatable; `all` clears both).
     #[arg(long, value_name = "FIELD")]
@@ -196,9 +204,10 @@ pub async fn run(
             show_one(json, t, settings);
         }
         TenantsCommand::Retention(args) => {
+            let days = |d: Option<u32>| d.map(|d| u64::from(d) * SECS_PER_DAY);
             let set = RetentionOverrides {
-                finished_runs_days: args.finished_runs_days,
-                waiting_runs_days: args.waiting_runs_days,
+                finished_runs_secs: days(args.finished_runs_days).or(args.finished_runs_secs),
+                waiting_runs_secs: days(args.waiting_runs_days).or(args.waiting_runs_secs),
             };
             let clear = fields_to_clear(&args.clear, RetentionOverrides::fields(), "window")?;
             if let Err(e) = set.over(&settings.retention.windows()).check() {
@@ -372,6 +381,6 @@ fn show_one(json: bool, t: TenantInfo, settings: &Settings) {
         println!("effective limits (0 = none): {effective}");
         let retention = serde_json::to_string(&t.retention.over(&settings.retention.windows()))
             .unwrap_or_default();
-        println!("effective retention in days (0 = kept for ever): {retention}");
+        println!("effective retention in seconds (0 = kept for ever): {retention}");
     }
 }

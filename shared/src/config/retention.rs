@@ -6,21 +6,30 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{ConfigError, invalid};
-use crate::domain::RetentionWindows;
+use crate::domain::{RetentionWindows, SECS_PER_DAY};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetentionSettings {
-    /// Days a run is kept after it ended (completed, failed, cancelled); then it is removed with
-    /// its tool calls, timings and webhook deliveries, and its thread with its messages once every
-    /// run of the thread is gone (docs/operations.md, "Retention"). Usage totals are kept. A
-    /// tenant's own value (`tenants.retention`, set with the admin API or `agentfleet-api tenants
-    /// retention`) overrides it. 0: kept for ever. At most 36500.
-    pub finished_runs_days: u32,
-    /// Days a run may wait for input or approval (from its pause) before it is removed like a
+    /// Seconds a run is kept after it ended (completed, failed, cancelled); then it is removed
+    /// with its tool calls, timings and webhook deliveries, and its thread with its messages once
+    /// every run of the thread is gone (docs/operations.md, "Retention"). Usage totals are kept.
+    /// A tenant's own value (`tenants.retention`, set with the admin API or `agentfleet-api
+    /// tenants retention`) overrides it. 0: kept for ever. At most 3153600000 (36500 days). The
+    /// key of earlier releases, `retention.finished_runs_days` (whole days, at most 36500), is
+    /// still read: when set, it replaces this one.
+    pub finished_runs_secs: u64,
+    /// Seconds a run may wait for input or approval (from its pause) before it is removed like a
     /// finished one; a run waiting for its thread behind it goes with it. Overridable per tenant
-    /// as above. 0 (the default): a waiting run is never removed by age. At most 36500.
-    pub waiting_runs_days: u32,
+    /// as above. 0 (the default): a waiting run is never removed by age. At most 3153600000.
+    /// `retention.waiting_runs_days` (whole days) is still read, as above.
+    pub waiting_runs_secs: u64,
+    // The keys in days of earlier releases (not in defaults.toml: set only by an operator's
+    // file or environment). Private, so the configuration reference lists only the above.
+    #[serde(default)]
+    finished_runs_days: Option<u32>,
+    #[serde(default)]
+    waiting_runs_days: Option<u32>,
     /// Time between passes: once a pass finds nothing more to remove, the next one starts this
     /// much later (a new run past its window waits at most this long).
     pub interval_ms: u64,
@@ -53,9 +62,10 @@ pub struct RetentionSettings {
 impl RetentionSettings {
     /// The configured windows: every tenant's default.
     pub fn windows(&self) -> RetentionWindows {
+        let days = |d: Option<u32>| d.map(|d| u64::from(d) * SECS_PER_DAY);
         RetentionWindows {
-            finished_runs_days: self.finished_runs_days,
-            waiting_runs_days: self.waiting_runs_days,
+            finished_runs_secs: days(self.finished_runs_days).unwrap_or(self.finished_runs_secs),
+            waiting_runs_secs: days(self.waiting_runs_days).unwrap_or(self.waiting_runs_secs),
         }
     }
 
@@ -78,6 +88,15 @@ impl RetentionSettings {
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        // A legacy key in days is named in its own error: it is what the operator wrote.
+        for (key, days) in [
+            ("retention.finished_runs_days", self.finished_runs_days),
+            ("retention.waiting_runs_days", self.waiting_runs_days),
+        ] {
+            if days.is_some_and(|d| d > 36_500) {
+                return Err(invalid(key, "must be at most 36500 (0 keeps for ever)"));
+            }
+        }
         if let Err(e) = self.windows().check() {
             return Err(invalid(&format!("retention.{}", e.field), e.message));
         }
@@ -117,8 +136,8 @@ mod tests {
     #[test]
     fn the_pause_keeps_the_duty_cycle_and_yields_after_a_slow_batch() {
         let s = load(&[]).unwrap().retention;
-        assert_eq!(s.finished_runs_days, 30);
-        assert_eq!(s.waiting_runs_days, 0);
+        assert_eq!(s.finished_runs_secs, 30 * 86_400);
+        assert_eq!(s.waiting_runs_secs, 0);
         let d = |ms| Duration::from_millis(ms);
         // 20 %: busy 100 ms, then 400 ms off.
         assert_eq!(s.pause_after(d(100)), d(400));
@@ -132,6 +151,8 @@ mod tests {
     #[test]
     fn bad_values_are_refused_naming_the_key() {
         for (key, value) in [
+            ("retention.finished_runs_secs", "3153600001"),
+            ("retention.waiting_runs_secs", "-1"),
             ("retention.finished_runs_days", "36501"),
             ("retention.waiting_runs_days", "40000"),
             ("retention.batch_runs", "0"),
@@ -142,5 +163,21 @@ mod tests {
             let err = load(&[(key, value)]).unwrap_err().to_string();
             assert!(err.contains(key), "{key}={value}: {err}");
         }
+    }
+
+    #[test]
+    fn a_window_in_days_still_configures_it() {
+        let s = load(&[
+            ("retention.finished_runs_days", "7"),
+            ("retention.waiting_runs_days", "0"),
+        ])
+        .unwrap()
+        .retention;
+        let w = s.windows();
+        assert_eq!((w.finished_runs_secs, w.waiting_runs_secs), (604_800, 0));
+        let s = load(&[("retention.finished_runs_secs", "60")])
+            .unwrap()
+            .retention;
+        assert_eq!(s.windows().finished_runs_secs, 60);
     }
 }

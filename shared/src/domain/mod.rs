@@ -12,6 +12,9 @@ pub use agent::{
     MAX_TOOL_URL_BYTES, Risk, ToolKind, ToolSpec, check_mcp_server_name, check_tool_url,
 };
 pub use limits::{FairShare, LimitError, LimitOverrides, Limits, MAX_REQUESTS_PER_SECOND};
-pub use retention::{MAX_RETENTION_DAYS, RetentionError, RetentionOverrides, RetentionWindows};
+pub use retention::{
+    LEGACY_RETENTION_FIELDS, MAX_RETENTION_SECS, RetentionError, RetentionOverrides,
+    RetentionWindows, SECS_PER_DAY,
+};
 pub use run_status::RunStatus;
 pub use tool_call_status::ToolCallStatus;

@@ -1,8 +1,8 @@
 //! Removal of runs past their tenant's retention window, in bounded batches (the worker's
 //! `retention` task paces them; docs/operations.md, "Retention").
 //!
-//! What goes: a finished run (completed, failed, cancelled) once `finished_runs_days` have passed
-//! since it ended; a run waiting for input or approval once `waiting_runs_days` have passed since
+//! What goes: a finished run (completed, failed, cancelled) once `finished_runs_secs` have passed
+//! since it ended; a run waiting for input or approval once `waiting_runs_secs` have passed since
 //! it paused (0: never), with the runs waiting for its thread behind it. With a run go its tool
 //! calls and iteration timings. A thread's messages are its conversation: every later run of the
 //! thread sends them to the model, and a summary of the context counts them from the thread's
@@ -43,17 +43,17 @@ const BATCHES_PER_BATCH: i64 = 4;
 const MAX_BATCHES: usize = 10_000;
 
 /// The tenants' windows as a CTE `t` (`tenant_id`, `finished_before`, `waiting_before`; a
-/// cut-off is NULL where the window is 0), from `$1` tenant ids, `$2` and `$3` their days.
+/// cut-off is NULL where the window is 0), from `$1` tenant ids, `$2` and `$3` their windows in seconds.
 /// `now()` is the transaction's start: every statement of a batch cuts at the same instant.
 macro_rules! windows_cte {
     () => {
         "t AS (
             SELECT w.tenant_id,
-                   CASE WHEN w.fd > 0 THEN now() - make_interval(days => w.fd) END
+                   CASE WHEN w.fd > 0 THEN now() - make_interval(secs => w.fd) END
                        AS finished_before,
-                   CASE WHEN w.wd > 0 THEN now() - make_interval(days => w.wd) END
+                   CASE WHEN w.wd > 0 THEN now() - make_interval(secs => w.wd) END
                        AS waiting_before
-            FROM unnest($1::uuid[], $2::int[], $3::int[]) AS w(tenant_id, fd, wd))"
+            FROM unnest($1::uuid[], $2::float8[], $3::float8[]) AS w(tenant_id, fd, wd))"
     };
 }
 
@@ -80,8 +80,8 @@ macro_rules! expired_x {
 #[derive(Debug, Clone, Default)]
 pub struct Windows {
     tenants: Vec<Uuid>,
-    finished_days: Vec<i32>,
-    waiting_days: Vec<i32>,
+    finished_secs: Vec<f64>,
+    waiting_secs: Vec<f64>,
 }
 
 impl Windows {
@@ -102,12 +102,13 @@ pub async fn windows(
     let mut w = Windows::default();
     for (tenant, own) in rows {
         let eff = own.0.over(defaults);
-        if eff.finished_runs_days == 0 && eff.waiting_runs_days == 0 {
+        if eff.finished_runs_secs == 0 && eff.waiting_runs_secs == 0 {
             continue;
         }
         w.tenants.push(tenant);
-        w.finished_days.push(eff.finished_runs_days as i32);
-        w.waiting_days.push(eff.waiting_runs_days as i32);
+        // Exact as float8: a window is at most 3.2e9 seconds (`MAX_RETENTION_SECS`).
+        w.finished_secs.push(eff.finished_runs_secs as f64);
+        w.waiting_secs.push(eff.waiting_runs_secs as f64);
     }
     Ok(w)
 }
@@ -139,8 +140,8 @@ pub async fn backlog(conn: &mut PgConnection, w: &Windows) -> Result<i64, StoreE
                     LIMIT $4) ws)"
     ))
     .bind(&w.tenants)
-    .bind(&w.finished_days)
-    .bind(&w.waiting_days)
+    .bind(&w.finished_secs)
+    .bind(&w.waiting_secs)
     .bind(BACKLOG_CAP)
     .fetch_one(&mut *conn)
     .await?)
@@ -265,8 +266,8 @@ async fn candidates(
          FOR UPDATE OF x SKIP LOCKED"
     ))
     .bind(&w.tenants)
-    .bind(&w.finished_days)
-    .bind(&w.waiting_days)
+    .bind(&w.finished_secs)
+    .bind(&w.waiting_secs)
     .bind(limit)
     .fetch_all(&mut *conn)
     .await?)
@@ -341,8 +342,8 @@ async fn remove_runs(
              FOR UPDATE OF x"
         ))
         .bind(&w.tenants)
-        .bind(&w.finished_days)
-        .bind(&w.waiting_days)
+        .bind(&w.finished_secs)
+        .bind(&w.waiting_secs)
         .bind(&waiting_threads)
         .fetch_all(&mut *conn)
         .await?;
@@ -437,8 +438,8 @@ async fn whole_threads(
         ")"
     ))
     .bind(&w.tenants)
-    .bind(&w.finished_days)
-    .bind(&w.waiting_days)
+    .bind(&w.finished_secs)
+    .bind(&w.waiting_secs)
     .bind(threads)
     .fetch_all(&mut *conn)
     .await?)
@@ -493,8 +494,8 @@ async fn remove_batches(
          FOR UPDATE SKIP LOCKED"
     ))
     .bind(&w.tenants)
-    .bind(&w.finished_days)
-    .bind(&w.waiting_days)
+    .bind(&w.finished_secs)
+    .bind(&w.waiting_secs)
     .bind(BATCHES_PER_BATCH)
     .fetch_all(&mut *conn)
     .await?;
@@ -540,8 +541,8 @@ async fn remove_deliveries(
                       FOR UPDATE SKIP LOCKED)"
     ))
     .bind(&w.tenants)
-    .bind(&w.finished_days)
-    .bind(&w.waiting_days)
+    .bind(&w.finished_secs)
+    .bind(&w.waiting_secs)
     .bind(bounds.runs)
     .execute(&mut *conn)
     .await?

@@ -263,19 +263,29 @@ pub async fn update_limits(
 
 /// Sets the tenant's retention windows named in `set` and clears those in `clear` (back to the
 /// configured `[retention]`), in one statement, as [`update_limits`] does. The caller has
-/// checked that `clear` holds only [`RetentionOverrides::fields`].
+/// checked that `clear` holds only [`RetentionOverrides::fields`]. Every window set or cleared
+/// loses its legacy key in days too, so a row is left in seconds only.
 pub async fn update_retention(
     pool: &PgPool,
     id: Uuid,
     set: &RetentionOverrides,
     clear: &[String],
 ) -> Result<TenantInfo, StoreError> {
+    let set_fields = match serde_json::to_value(set) {
+        Ok(serde_json::Value::Object(fields)) => fields.keys().cloned().collect(),
+        _ => Vec::new(),
+    };
+    let removed: Vec<String> = clear
+        .iter()
+        .chain(&set_fields)
+        .flat_map(|f| RetentionOverrides::stored_keys(f))
+        .collect();
     let row: Option<TenantRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE tenants SET retention = (retention - $2::text[]) || $3::jsonb \
          WHERE id = $1 RETURNING {TENANT_COLUMNS}"
     )))
     .bind(id)
-    .bind(clear)
+    .bind(&removed)
     .bind(sqlx::types::Json(set))
     .fetch_optional(pool)
     .await?;

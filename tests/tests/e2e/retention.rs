@@ -88,28 +88,31 @@ async fn thread_of(env: &TestEnv, run: Uuid) -> Uuid {
         .unwrap()
 }
 
-/// Moves the runs, their messages, their threads' creation and their webhook deliveries `days`
+/// Seconds in a day, for [`backdate`].
+const DAY: f64 = 86_400.0;
+
+/// Moves the runs, their messages, their threads' creation and their webhook deliveries `secs`
 /// into the past (deliveries marked delivered then), as if they were that old.
-async fn backdate(env: &TestEnv, runs: &[Uuid], days: i32) {
+async fn backdate(env: &TestEnv, runs: &[Uuid], secs: f64) {
     for sql in [
-        "UPDATE runs SET created_at = created_at - make_interval(days => $2),
-                         updated_at = updated_at - make_interval(days => $2),
-                         enqueued_at = enqueued_at - make_interval(days => $2),
-                         started_at = started_at - make_interval(days => $2),
-                         finished_at = finished_at - make_interval(days => $2)
+        "UPDATE runs SET created_at = created_at - make_interval(secs => $2),
+                         updated_at = updated_at - make_interval(secs => $2),
+                         enqueued_at = enqueued_at - make_interval(secs => $2),
+                         started_at = started_at - make_interval(secs => $2),
+                         finished_at = finished_at - make_interval(secs => $2)
          WHERE id = ANY($1)",
-        "UPDATE threads SET created_at = created_at - make_interval(days => $2)
+        "UPDATE threads SET created_at = created_at - make_interval(secs => $2)
          WHERE id IN (SELECT thread_id FROM runs WHERE id = ANY($1))",
-        "UPDATE messages SET created_at = created_at - make_interval(days => $2)
+        "UPDATE messages SET created_at = created_at - make_interval(secs => $2)
          WHERE run_id = ANY($1)",
         "UPDATE webhook_deliveries SET status = 'delivered',
-                created_at = created_at - make_interval(days => $2),
-                finished_at = now() - make_interval(days => $2)
+                created_at = created_at - make_interval(secs => $2),
+                finished_at = now() - make_interval(secs => $2)
          WHERE (body->'data'->>'run_id')::uuid = ANY($1)",
     ] {
         sqlx::query(sql)
             .bind(runs)
-            .bind(days)
+            .bind(secs)
             .execute(&env.pool)
             .await
             .unwrap();
@@ -224,7 +227,7 @@ async fn runs_past_the_window_go_with_every_row_of_theirs_and_nothing_else_does(
     .await;
     // Young: untouched.
     let young = run_to(&app, &env, &key, &tool_run(&env, None), "completed").await;
-    // Waiting (for 400 days): untouched while `retention.waiting_runs_days` is 0.
+    // Waiting (for 400 days): untouched while `retention.waiting_runs_secs` is 0.
     let waiting = run_to(
         &app,
         &env,
@@ -283,8 +286,8 @@ async fn runs_past_the_window_go_with_every_row_of_theirs_and_nothing_else_does(
 
     let mut old = vec![whole, old_in_use, cancelled];
     old.extend(&batch_runs);
-    backdate(&env, &old, 31).await;
-    backdate(&env, &[waiting], 400).await;
+    backdate(&env, &old, 31.0 * DAY).await;
+    backdate(&env, &[waiting], 400.0 * DAY).await;
     sqlx::query(
         "UPDATE batches SET created_at = created_at - interval '31 days',
                             finished_at = finished_at - interval '31 days' WHERE id = $1",
@@ -417,22 +420,26 @@ async fn waiting_runs_go_by_their_own_window_and_a_tenants_windows_win() {
     let (status, body) = admin_patch(
         &app,
         b.tenant_id,
-        json!({"finished_runs_days": 2, "waiting_runs_days": 5}),
+        json!({"finished_runs_secs": 2 * 86_400, "waiting_runs_secs": 5 * 86_400}),
     )
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         body["retention"],
-        json!({"finished_runs_days": 2, "waiting_runs_days": 5})
+        json!({"finished_runs_secs": 172_800, "waiting_runs_secs": 432_000})
     );
     assert_eq!(
         body["effective_retention"],
-        json!({"finished_runs_days": 2, "waiting_runs_days": 5})
+        json!({"finished_runs_secs": 172_800, "waiting_runs_secs": 432_000})
     );
     for (bad, field) in [
-        (json!({"finished_runs_days": 36501}), "finished_runs_days"),
-        (json!({"waiting_runs_days": -1}), "waiting_runs_days"),
-        (json!({"finished_run_days": 1}), "finished_run_days"),
+        (
+            json!({"finished_runs_secs": 3_153_600_001_u64}),
+            "finished_runs_secs",
+        ),
+        (json!({"waiting_runs_secs": -1}), "waiting_runs_secs"),
+        (json!({"finished_run_secs": 1}), "finished_run_secs"),
+        (json!({"finished_runs_days": 36_501}), "finished_runs_days"),
     ] {
         let (status, body) = admin_patch(&app, b.tenant_id, bad.clone()).await;
         assert_eq!(status, 422, "{bad}: {body}");
@@ -446,8 +453,8 @@ async fn waiting_runs_go_by_their_own_window_and_a_tenants_windows_win() {
     }
     let (status, body) = admin_patch(&app, b.tenant_id, json!({})).await;
     assert_eq!(
-        (status, &body["retention"]["finished_runs_days"]),
-        (200, &json!(2)),
+        (status, &body["retention"]["finished_runs_secs"]),
+        (200, &json!(172_800)),
         "nothing half written by the refused patches: {body}"
     );
 
@@ -472,14 +479,14 @@ async fn waiting_runs_go_by_their_own_window_and_a_tenants_windows_win() {
     fresh["if_busy"] = json!("enqueue");
     let b_fresh = uuid(&start_as(&app, &b.api_key, &fresh).await["id"]);
     wait_db_status(&env, b_fresh, "waiting_for_thread").await;
-    backdate(&env, &[b_fresh], 1).await;
+    backdate(&env, &[b_fresh], 1.0 * DAY).await;
     // Tenant a (the configured 30 and 0): a run finished 3 days ago, one waiting 400 days.
     let a_done = run_to(&app, &env, &a_key, &done(), "completed").await;
     let a_wait = run_to(&app, &env, &a_key, &ask(), "waiting_for_input").await;
-    backdate(&env, &[b_done, a_done], 3).await;
-    backdate(&env, &[b_wait, b_behind, b_wait_held], 6).await;
-    backdate(&env, &[b_wait_young], 4).await;
-    backdate(&env, &[a_wait], 400).await;
+    backdate(&env, &[b_done, a_done], 3.0 * DAY).await;
+    backdate(&env, &[b_wait, b_behind, b_wait_held], 6.0 * DAY).await;
+    backdate(&env, &[b_wait_young], 4.0 * DAY).await;
+    backdate(&env, &[a_wait], 400.0 * DAY).await;
 
     let removed = remove_due(&env.settings(), &env).await;
     assert!(
@@ -506,9 +513,9 @@ async fn waiting_runs_go_by_their_own_window_and_a_tenants_windows_win() {
     }
     assert_eq!(removed.runs, 3, "{removed:?}");
 
-    // `retention.waiting_runs_days` set for everyone: a's old waiting run goes; its finished run,
-    // 3 days old, stays (30).
-    let settings = env.settings_with(&[("retention.waiting_runs_days", "100")]);
+    // `retention.waiting_runs_secs` set for everyone (100 days): a's old waiting run goes; its
+    // finished run, 3 days old, stays (30).
+    let settings = env.settings_with(&[("retention.waiting_runs_secs", "8640000")]);
     let removed = remove_due(&settings, &env).await;
     assert_eq!(removed.runs, 1, "{removed:?}");
     assert!(none_left(&rows_of_runs(&env, &[a_wait]).await));
@@ -518,14 +525,75 @@ async fn waiting_runs_go_by_their_own_window_and_a_tenants_windows_win() {
     let (status, body) = admin_patch(
         &app,
         b.tenant_id,
-        json!({"finished_runs_days": null, "waiting_runs_days": null}),
+        json!({"finished_runs_secs": null, "waiting_runs_secs": null}),
     )
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["retention"], json!({}));
     assert_eq!(
         body["effective_retention"],
-        json!({"finished_runs_days": 30, "waiting_runs_days": 0})
+        json!({"finished_runs_secs": 2_592_000, "waiting_runs_secs": 0})
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_of_a_minute_keeps_runs_by_the_second_and_a_window_in_days_still_holds() {
+    let env = TestEnv::with(&[("api.admin_token", ADMIN)]).await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    // Tenant a: one minute.
+    let (status, body) = admin_patch(&app, app.tenant_id, json!({"finished_runs_secs": 60})).await;
+    assert_eq!(status, 200, "{body}");
+    // Tenant b: a row as releases before seconds wrote it, two days.
+    let b = agentfleet_shared::store::tenants::create(&env.pool, "b")
+        .await
+        .unwrap();
+    sqlx::query("UPDATE tenants SET retention = '{\"finished_runs_days\": 2}' WHERE id = $1")
+        .bind(b.tenant_id)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+
+    let done = || scripted_run(json!([{"content": "done"}]), json!([]));
+    let a_old = run_to(&app, &env, &app.api_key, &done(), "completed").await;
+    let a_young = run_to(&app, &env, &app.api_key, &done(), "completed").await;
+    let b_old = run_to(&app, &env, &b.api_key, &done(), "completed").await;
+    let b_young = run_to(&app, &env, &b.api_key, &done(), "completed").await;
+    // 90 s past the end against a minute; the young one ended 30 s ago, however long the runs
+    // above took (the margin covers a slow machine between this update and the removal's
+    // cut-off).
+    backdate(&env, &[a_old], 90.0).await;
+    sqlx::query("UPDATE runs SET finished_at = now() - interval '30 seconds' WHERE id = $1")
+        .bind(a_young)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    backdate(&env, &[b_old], 3.0 * DAY).await;
+    backdate(&env, &[b_young], DAY).await;
+    let removed = remove_due(&env.settings(), &env).await;
+    assert!(none_left(&rows_of_runs(&env, &[a_old, b_old]).await));
+    for run in [a_young, b_young] {
+        assert_eq!(rows_of_runs(&env, &[run]).await["runs"], 1, "{run} kept");
+    }
+    assert_eq!(removed.runs, 2, "{removed:?}");
+
+    // The row in days reads as seconds; a window set now leaves it in seconds only.
+    let (status, body) = admin_patch(&app, b.tenant_id, json!({"waiting_runs_secs": 600})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["effective_retention"],
+        json!({"finished_runs_secs": 172_800, "waiting_runs_secs": 600})
+    );
+    let (status, body) = admin_patch(&app, b.tenant_id, json!({"finished_runs_days": 1})).await;
+    assert_eq!(status, 200, "{body}");
+    let stored: Value = sqlx::query_scalar("SELECT retention FROM tenants WHERE id = $1")
+        .bind(b.tenant_id)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        stored,
+        json!({"finished_runs_secs": 86_400, "waiting_runs_secs": 600})
     );
 }
 
@@ -757,7 +825,7 @@ async fn the_workers_remove_in_the_background_and_say_so_in_their_metrics() {
             .await["id"],
     );
     wait_db_status(&env, young, "completed").await;
-    backdate(&env, &[old], 31).await;
+    backdate(&env, &[old], 31.0 * DAY).await;
     wait_for("the workers to remove the old run", T, || async {
         let n: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE id = $1")
             .bind(old)

@@ -170,6 +170,31 @@ impl Ctx {
         done_before: i64,
     ) -> anyhow::Result<Batch> {
         let t = Instant::now();
+        let late = self.submit(n, body, per_request, rate).await?;
+        // Counted, because each poll is a query (and a commit) in the database being measured.
+        let polls = AtomicU64::new(0);
+        wait_for("all runs to complete", limit, || async {
+            polls.fetch_add(1, Ordering::Relaxed);
+            (self.count("completed").await >= done_before + n as i64).then_some(())
+        })
+        .await;
+        Ok(Batch {
+            secs: t.elapsed().as_secs_f64(),
+            polls: polls.into_inner(),
+            late,
+        })
+    }
+
+    /// The submissions of [`Ctx::submit_and_wait`], without the wait: returns once every
+    /// request is answered (an error if one was refused), with how far behind its moment the
+    /// latest paced request went out.
+    pub async fn submit(
+        &self,
+        n: usize,
+        body: &Value,
+        per_request: usize,
+        rate: Option<f64>,
+    ) -> anyhow::Result<Duration> {
         let (path, in_flight) = if per_request > 1 {
             ("/v1/runs/batch", 4)
         } else {
@@ -217,18 +242,7 @@ impl Ctx {
         for task in tasks {
             anyhow::ensure!(task.await?, "a submission failed");
         }
-        // Counted, because each poll is a query (and a commit) in the database being measured.
-        let polls = AtomicU64::new(0);
-        wait_for("all runs to complete", limit, || async {
-            polls.fetch_add(1, Ordering::Relaxed);
-            (self.count("completed").await >= done_before + n as i64).then_some(())
-        })
-        .await;
-        Ok(Batch {
-            secs: t.elapsed().as_secs_f64(),
-            polls: polls.into_inner(),
-            late,
-        })
+        Ok(late)
     }
 
     /// Stops everything queued or waiting, so the next section starts clean.

@@ -26,6 +26,7 @@ mod recovery;
 mod redis;
 mod report;
 mod resume;
+mod soak;
 mod storage;
 
 use std::collections::HashMap;
@@ -107,6 +108,16 @@ struct Args {
     /// as many.
     #[arg(long)]
     fan_out_runs_per_api: Option<usize>,
+    /// Seconds of the storage section's retention soak: runs offered at half the measured
+    /// no-op capacity with finished runs kept 60 s, the database's size sampled every 10 s
+    /// (default 600; with --smoke 6, finished runs kept 2 s; 0 skips the soak).
+    #[arg(long)]
+    soak_secs: Option<u64>,
+    /// Drops these indexes of the benchmark's database before the sections run (repeatable),
+    /// to measure what maintaining one costs: e.g. `--drop-index runs_finished --only e2e`
+    /// against the same run without it.
+    #[arg(long, value_name = "INDEX")]
+    drop_index: Vec<String>,
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench.json")]
     out: String,
@@ -257,6 +268,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ("telemetry.log_format", "json"),
     ])
     .await;
+    for index in &args.drop_index {
+        // A plain identifier only: it is spliced into the statement.
+        anyhow::ensure!(
+            !index.is_empty()
+                && index
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+            "--drop-index {index}: an index name of lower-case letters, digits and _"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP INDEX {index}")))
+            .execute(&env.pool)
+            .await
+            .map_err(|e| anyhow::anyhow!("--drop-index {index}: {e}"))?;
+    }
     let (api, base) = env.spawn_api_process(&[("RUST_LOG", "error")]).await;
     let key = agentfleet_shared::store::tenants::create(&env.pool, "bench")
         .await?

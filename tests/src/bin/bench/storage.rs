@@ -1,6 +1,6 @@
 //! The `storage` section (`--only storage`): what a finished run leaves in Postgres (heap,
 //! TOAST and indexes of every table, and the WAL written on the way), for the no-op run and
-//! for a run shaped like the load section's.
+//! for a run shaped like the load section's; then the retention soak (`soak.rs`).
 
 use std::time::Duration;
 
@@ -78,6 +78,12 @@ fn agent_shaped() -> Value {
 }
 
 pub async fn storage(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
+    bytes_per_run(ctx, report).await?;
+    ctx.settle().await;
+    crate::soak::soak(ctx, report).await
+}
+
+async fn bytes_per_run(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
     let n = if ctx.args.smoke { 20 } else { 1000 };
     let _workers = ctx.workers(ctx.args.workers(), &[("database.max_connections", "20")]);
     // Let the workers connect before the first run.

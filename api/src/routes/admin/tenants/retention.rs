@@ -5,7 +5,7 @@ use axum::Json;
 use axum::extract::State;
 use serde_json::{Map, Value};
 
-use agentfleet_shared::domain::RetentionOverrides;
+use agentfleet_shared::domain::{LEGACY_RETENTION_FIELDS, RetentionOverrides};
 use agentfleet_shared::store::tenants;
 
 use crate::error::ApiError;
@@ -15,13 +15,14 @@ use crate::routes::admin::tenants::limits::overrides_patch;
 use crate::routes::admin::tenants::view::{TenantView, view};
 use crate::state::AppState;
 
-/// A JSON merge patch (RFC 7396) of the tenant's own retention windows, in days: a number sets
-/// a window (0 = kept for ever for this tenant), `null` clears it back to the configured
+/// A JSON merge patch (RFC 7396) of the tenant's own retention windows, in seconds: a number
+/// sets a window (0 = kept for ever for this tenant), `null` clears it back to the configured
 /// `[retention]`, an absent field is left as it is. The workers' removal reads them at its next
-/// batch.
+/// batch. The former fields in whole days (`finished_runs_days`, `waiting_runs_days`) are still
+/// taken, as that many days.
 #[utoipa::path(patch, path = "/admin/v1/tenants/{id}/retention", tag = "admin", operation_id = "admin_update_retention",
     params(("id" = Uuid, Path, description = "The tenant")),
-    request_body(content = Object, description = "e.g. `{\"finished_runs_days\": 7, \"waiting_runs_days\": null}`; fields: finished_runs_days, waiting_runs_days (0–36500)"),
+    request_body(content = Object, description = "e.g. `{\"finished_runs_secs\": 604800, \"waiting_runs_secs\": null}`; fields: finished_runs_secs, waiting_runs_secs (seconds, 0–3153600000; 0 keeps for ever); deprecated: finished_runs_days, waiting_runs_days (whole days, 0–36500)"),
     responses((status = 200, description = "The tenant with its retention", body = TenantView)))]
 pub async fn update_retention(
     State(state): State<AppState>,
@@ -41,16 +42,48 @@ pub async fn update_retention(
 }
 
 /// Splits a merge patch into the windows it sets and those it clears; every error names the
-/// field.
+/// field. A legacy field in days sets (or clears) its window in seconds.
 pub fn retention_patch(
     patch: &Map<String, Value>,
 ) -> Result<(RetentionOverrides, Vec<String>), ApiError> {
-    overrides_patch(
+    let mut known = RetentionOverrides::fields();
+    for (legacy, now) in LEGACY_RETENTION_FIELDS {
+        if patch.contains_key(legacy) && patch.contains_key(now) {
+            return Err(ApiError::invalid(
+                legacy,
+                format!("give the window once: {now} (seconds) or {legacy} (days), not both"),
+            ));
+        }
+        // Named as given: past 36500 days, the window in seconds would be refused by a name
+        // the caller did not write.
+        if patch
+            .get(legacy)
+            .and_then(Value::as_f64)
+            .is_some_and(|d| d > 36_500.0)
+        {
+            return Err(ApiError::invalid(
+                legacy,
+                "must be at most 36500 days (0 keeps for ever)",
+            ));
+        }
+        known.push(legacy.to_owned());
+    }
+    let (set, clear): (RetentionOverrides, Vec<String>) = overrides_patch(
         patch,
-        &RetentionOverrides::fields(),
+        &known,
         "retention window",
         RetentionOverrides::merged,
-    )
+    )?;
+    let clear = clear
+        .into_iter()
+        .map(|field| {
+            LEGACY_RETENTION_FIELDS
+                .iter()
+                .find(|(legacy, _)| *legacy == field)
+                .map_or(field, |(_, now)| (*now).to_owned())
+        })
+        .collect();
+    Ok((set, clear))
 }
 
 #[cfg(test)]
@@ -61,24 +94,41 @@ mod tests {
     #[test]
     fn a_patch_sets_clears_and_names_bad_fields() {
         let (set, clear) = retention_patch(
+            json!({"finished_runs_secs": 60, "waiting_runs_secs": null})
+                .as_object()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(set.finished_runs_secs, Some(60));
+        assert_eq!(clear, vec!["waiting_runs_secs".to_owned()]);
+        for (bad, field) in [
+            (json!({"finished_run_secs": 1}), "finished_run_secs"),
+            (json!({"waiting_runs_secs": -1}), "waiting_runs_secs"),
+            (json!({"waiting_runs_secs": 1.5}), "waiting_runs_secs"),
+            (
+                json!({"finished_runs_days": 1, "finished_runs_secs": 60}),
+                "finished_runs_days",
+            ),
+            (json!({"finished_runs_days": 36_501}), "finished_runs_days"),
+        ] {
+            let err = retention_patch(bad.as_object().unwrap()).unwrap_err();
+            assert!(
+                err.message.starts_with(&format!("{field}:")),
+                "{bad}: {}",
+                err.message
+            );
+        }
+    }
+
+    #[test]
+    fn a_window_in_days_is_taken_as_seconds() {
+        let (set, clear) = retention_patch(
             json!({"finished_runs_days": 7, "waiting_runs_days": null})
                 .as_object()
                 .unwrap(),
         )
         .unwrap();
-        assert_eq!(set.finished_runs_days, Some(7));
-        assert_eq!(clear, vec!["waiting_runs_days".to_owned()]);
-        for bad in [
-            json!({"finished_run_days": 1}),
-            json!({"waiting_runs_days": -1}),
-        ] {
-            let err = retention_patch(bad.as_object().unwrap()).unwrap_err();
-            assert!(
-                err.message.starts_with("finished_run_days:")
-                    || err.message.starts_with("waiting_runs_days:"),
-                "{}",
-                err.message
-            );
-        }
+        assert_eq!(set.finished_runs_secs, Some(7 * 86_400));
+        assert_eq!(clear, vec!["waiting_runs_secs".to_owned()]);
     }
 }

@@ -16,7 +16,8 @@ pub struct TenantView {
     /// Its own limits over the configured `[limits]` (0 = no limit).
     #[schema(value_type = Object)]
     pub effective_limits: Limits,
-    /// Its own retention windows over the configured `[retention]`, in days (0 = kept for ever).
+    /// Its own retention windows over the configured `[retention]`, in seconds (0 = kept for
+    /// ever).
     #[schema(value_type = Object)]
     pub effective_retention: RetentionWindows,
 }
