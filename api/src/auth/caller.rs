@@ -1,12 +1,15 @@
 //! Bearer-key authentication for everything under `/v1`.
 
 use axum::RequestExt;
-use axum::extract::{FromRequestParts, Query, RawPathParams, Request, State};
+use std::net::IpAddr;
+
+use axum::extract::{ConnectInfo, FromRequestParts, Query, RawPathParams, Request, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::Response;
 
+use agentfleet_shared::store::keys;
 use agentfleet_shared::store::tenants::{self, Principal};
 
 use crate::auth::stream_token::TokenError;
@@ -25,7 +28,9 @@ impl FromRequestParts<AppState> for Caller {
         if let Some(p) = parts.extensions.get::<Principal>() {
             return Ok(Caller(*p));
         }
-        principal_from(&parts.headers, state).await.map(Caller)
+        principal_from(&parts.headers, source_of(&parts.extensions), state)
+            .await
+            .map(Caller)
     }
 }
 
@@ -37,7 +42,7 @@ pub async fn require_key(
     mut req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    let principal = principal_from(req.headers(), &state).await?;
+    let principal = principal_from(req.headers(), source_of(req.extensions()), &state).await?;
     req.extensions_mut().insert(principal);
     Ok(next.run(req).await)
 }
@@ -90,7 +95,8 @@ pub async fn require_key_or_stream_token(
             claims.tenant
         }
         None => {
-            let principal = principal_from(req.headers(), &state).await?;
+            let source = source_of(req.extensions());
+            let principal = principal_from(req.headers(), source, &state).await?;
             // Left for the rate limit, which counts key-authenticated stream requests.
             req.extensions_mut().insert(principal);
             principal.tenant_id
@@ -133,9 +139,20 @@ fn unauthorized(message: &str) -> ApiError {
     ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
 }
 
-/// The principal behind the request's `Authorization: Bearer <api key>`.
+/// The peer's address, when the server recorded it (a router driven directly has none).
+fn source_of(extensions: &axum::http::Extensions) -> Option<IpAddr> {
+    extensions
+        .get::<ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip())
+}
+
+/// The principal behind the request's `Authorization: Bearer <api key>`, sent from `source`.
+/// What is not the shape of a key is refused without a lookup; a key is then taken from the
+/// auth cache (known or known unknown), and only otherwise looked up in Postgres, unless its
+/// source has presented too many unknown keys lately (`crate::auth::attempts`).
 pub async fn principal_from(
     headers: &axum::http::HeaderMap,
+    source: Option<IpAddr>,
     state: &AppState,
 ) -> Result<Principal, ApiError> {
     let header = headers
@@ -148,13 +165,17 @@ pub async fn principal_from(
         .map(str::trim)
         .filter(|k| !k.is_empty() && k.len() <= 256)
         .ok_or_else(|| unauthorized("Authorization must be `Bearer <api key>`"))?;
-    let hash = agentfleet_shared::store::keys::hash_key(key);
-    let principal = state
-        .auth_cache
-        .get_or_lookup(&hash, || tenants::authenticate_hash(&state.pool, &hash))
-        .await
-        .map_err(ApiError::unexpected)?
-        .ok_or_else(|| unauthorized("unknown, revoked or expired API key"))?;
+    if !keys::well_formed(key) {
+        metrics::counter!("agentfleet_auth_refused_total", "reason" => "malformed").increment(1);
+        return Err(unauthorized(
+            "not an API key (`af_` and 64 hexadecimal digits)",
+        ));
+    }
+    let hash = keys::hash_key(key);
+    let principal = match state.auth_cache.get(&hash) {
+        Some(principal) => principal,
+        None => lookup(state, &hash, source).await?,
+    };
     // Postgres refuses expired keys, but a cached entry may outlive the expiry: checked here
     // on every request, so an expiry is exact on every replica (a revocation takes the TTL).
     if principal.expired_at(chrono::Utc::now()) {
@@ -162,4 +183,46 @@ pub async fn principal_from(
     }
     state.key_usage.mark(principal.key_id);
     Ok(principal)
+}
+
+/// A key not in the cache: refused from memory when it was unknown a moment ago, or when its
+/// source is past its failed attempts; else looked up (each unknown key counts a failure).
+async fn lookup(
+    state: &AppState,
+    hash: &[u8],
+    source: Option<IpAddr>,
+) -> Result<Principal, ApiError> {
+    const UNKNOWN: &str = "unknown, revoked or expired API key";
+    if state.auth_cache.known_unknown(hash) {
+        metrics::counter!("agentfleet_auth_refused_total", "reason" => "known_unknown")
+            .increment(1);
+        return Err(unauthorized(UNKNOWN));
+    }
+    let now = std::time::Instant::now();
+    let attempts = state.auth_failures.as_ref().zip(source);
+    if let Some((attempts, source)) = attempts
+        && let Some(wait) = attempts.locked_out(source, now)
+    {
+        metrics::counter!("agentfleet_auth_refused_total", "reason" => "too_many_attempts")
+            .increment(1);
+        return Err(crate::auth::attempts::locked_out(
+            wait,
+            "too many unknown API keys from this address; try again later (api.auth_max_failures)",
+        ));
+    }
+    let found = state
+        .auth_cache
+        .get_or_lookup(hash, || tenants::authenticate_hash(&state.pool, hash))
+        .await
+        .map_err(ApiError::unexpected)?;
+    match found {
+        Some(principal) => Ok(principal),
+        None => {
+            if let Some((attempts, source)) = attempts {
+                attempts.fail(source, now);
+            }
+            metrics::counter!("agentfleet_auth_refused_total", "reason" => "unknown").increment(1);
+            Err(unauthorized(UNKNOWN))
+        }
+    }
 }

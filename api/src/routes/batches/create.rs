@@ -110,7 +110,7 @@ impl From<StoreError> for SubmitBatchError {
               (status = 409, description = "`idempotency_key_reused`: the key names a batch made from another body", body = crate::routes::view::ErrorBody),
               (status = 413, description = "`payload_too_large`: the body is over `api.max_batch_body_bytes`", body = crate::routes::view::ErrorBody),
               (status = 422, description = "`invalid_request` naming the field as `runs[i].field`, or `runs` when the batch holds more than `api.max_batch_items` (or the tenant's `max_batch_size`); nothing was created", body = crate::routes::view::ErrorBody),
-              (status = 429, description = "`rate_limited` (with `Retry-After`), or `too_many_active_runs`: the batch would take the tenant past its `max_active_runs`; nothing was created", body = crate::routes::view::ErrorBody)))]
+              (status = 429, description = "`rate_limited` (with `Retry-After`), `too_many_active_runs`: the batch would take the tenant past its `max_active_runs`, or `too_many_large_requests`: the tenant already has `api.max_large_bodies_per_tenant` bodies over `api.max_body_bytes` in flight on this API process; nothing was created", body = crate::routes::view::ErrorBody)))]
 pub async fn submit_batch(
     State(state): State<AppState>,
     Caller(caller): Caller,
