@@ -140,6 +140,16 @@ impl AuthCache {
             .map(|(p, _)| *p)
     }
 
+    /// Whether `key_hash` was a valid key not long ago: its entry is kept past its TTL until
+    /// the cache needs the room, so a key being asked again after its TTL is told apart from a
+    /// guess (the per-source limit refuses guesses, never these).
+    pub fn seen(&self, key_hash: &[u8]) -> bool {
+        self.entries
+            .lock()
+            .expect("auth cache lock")
+            .contains_key(key_hash)
+    }
+
     /// Caches what Postgres answered when asked at `asked` (taken before the query, so an
     /// entry never outlives a revocation by more than the TTL).
     pub fn put(&self, key_hash: Vec<u8>, principal: Principal, asked: Instant) {
@@ -203,6 +213,10 @@ mod tests {
             assert!(Instant::now() < deadline, "entry never expired");
             std::thread::yield_now();
         }
+        assert!(
+            cache.seen(&[1]),
+            "an expired entry is still known to have been valid"
+        );
         let off = AuthCache::new(Duration::ZERO, 10);
         off.put(vec![1], principal(), Instant::now());
         assert!(off.get(&[1]).is_none());

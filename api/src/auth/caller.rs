@@ -186,7 +186,8 @@ pub async fn principal_from(
 }
 
 /// A key not in the cache: refused from memory when it was unknown a moment ago, or when its
-/// source is past its failed attempts; else looked up (each unknown key counts a failure).
+/// source is past its failed attempts and the key was not valid lately; else looked up (each
+/// unknown key counts a failure).
 async fn lookup(
     state: &AppState,
     hash: &[u8],
@@ -200,7 +201,10 @@ async fn lookup(
     }
     let now = std::time::Instant::now();
     let attempts = state.auth_failures.as_ref().zip(source);
+    // A key valid not long ago (its cache entry expired) is asked again whatever its source
+    // did: behind one proxy address, a flood must not lock real clients out.
     if let Some((attempts, source)) = attempts
+        && !state.auth_cache.seen(hash)
         && let Some(wait) = attempts.locked_out(source, now)
     {
         metrics::counter!("agentfleet_auth_refused_total", "reason" => "too_many_attempts")

@@ -107,8 +107,8 @@ async fn twenty_large_batches_at_once_leave_the_api_alive_within_its_memory() {
 
 /// Malformed keys are refused without a Postgres lookup; one unknown key presented again and
 /// again is looked up once (`api.auth_negative_ttl_ms`); a source presenting ever new unknown
-/// keys is looked up `api.auth_max_failures` times, then answered 429, while a key already
-/// cached keeps working. Lookups are counted by the API's `agentfleet_auth_lookups_total`.
+/// keys is looked up `api.auth_max_failures` times, then answered 429, while a key that was
+/// valid lately keeps working (looked up again once its cache entry expired). Lookups are counted by the API's `agentfleet_auth_lookups_total`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_keys_are_refused_without_a_lookup_per_request() {
     let env = TestEnv::new().await;
@@ -116,7 +116,8 @@ async fn unknown_keys_are_refused_without_a_lookup_per_request() {
     let (_api, base) = env
         .spawn_api_process(&[
             ("AGENTFLEET__API__METRICS_LISTEN", metrics.as_str()),
-            ("AGENTFLEET__API__AUTH_CACHE_TTL_MS", "600000"),
+            // Valid keys expire from the cache at once: the last request below is a lookup.
+            ("AGENTFLEET__API__AUTH_CACHE_TTL_MS", "1"),
             ("AGENTFLEET__API__AUTH_NEGATIVE_TTL_MS", "600000"),
             ("AGENTFLEET__API__AUTH_MAX_FAILURES", "20"),
             ("AGENTFLEET__API__AUTH_FAILURE_WINDOW_MS", "600000"),
@@ -129,7 +130,7 @@ async fn unknown_keys_are_refused_without_a_lookup_per_request() {
         counter(&text, "agentfleet_auth_lookups_total")
     };
     let get = |key: String| http.get(format!("{base}/v1/runs")).bearer_auth(key).send();
-    // The real key, once: cached from now on.
+    // The real key, once: known to be valid from now on.
     assert_eq!(get(app.api_key.clone()).await.unwrap().status(), 200);
     let before = lookups().await;
 
@@ -182,8 +183,9 @@ async fn unknown_keys_are_refused_without_a_lookup_per_request() {
     assert_eq!(
         get(app.api_key.clone()).await.unwrap().status(),
         200,
-        "a cached key works from the locked-out source"
+        "a key valid lately is looked up again from the locked-out source"
     );
+    assert_eq!(lookups().await, before + 21);
 }
 
 /// `/readyz` answers from the background check: a hundred calls make no round of their own.
