@@ -143,6 +143,7 @@ impl Application {
                     settings.api.auth_max_sources,
                 ))
             }),
+            auth_delayed: tokio::sync::Semaphore::new(settings.api.auth_lockout_max_delayed),
             admission: crate::admission::Admission::new(&settings.api),
             readiness: Default::default(),
             streams: Default::default(),

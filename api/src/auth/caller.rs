@@ -2,6 +2,7 @@
 
 use axum::RequestExt;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use axum::extract::{ConnectInfo, FromRequestParts, Query, RawPathParams, Request, State};
 use axum::http::StatusCode;
@@ -209,6 +210,12 @@ async fn lookup(
     {
         metrics::counter!("agentfleet_auth_refused_total", "reason" => "too_many_attempts")
             .increment(1);
+        // Held a moment (a timer, no CPU) when there is room: a client sending one request
+        // after another is slowed to a pace that leaves the process to everyone else.
+        if let Ok(_held) = state.auth_delayed.try_acquire() {
+            let delay = Duration::from_millis(state.settings.api.auth_lockout_delay_ms);
+            tokio::time::sleep(delay.min(wait)).await;
+        }
         return Err(crate::auth::attempts::locked_out(
             wait,
             "too many unknown API keys from this address; try again later (api.auth_max_failures)",

@@ -100,6 +100,13 @@ pub struct ApiSettings {
     pub auth_max_failures: u32,
     /// The window of `api.auth_max_failures`, starting at a source's first failure.
     pub auth_failure_window_ms: NonZeroU64,
+    /// How long a refused source's request waits before its 429 (never past its window's end), so
+    /// a client flooding made-up keys gets its answers, and sends its next requests, at a pace that
+    /// costs the process little CPU; 0 answers at once.
+    pub auth_lockout_delay_ms: u64,
+    /// Refused requests held so at once per process (a socket and a timer each); past them the 429
+    /// is answered at once. 1–100000.
+    pub auth_lockout_max_delayed: usize,
     /// Source addresses whose failed keys are tracked at once (~50 bytes each); when all are within
     /// their window, new sources share one window. 1–1000000.
     pub auth_max_sources: usize,
@@ -186,6 +193,12 @@ impl ApiSettings {
                 format!(
                     "must be empty (admin API disabled) or at least {MIN_ADMIN_TOKEN_CHARS} characters"
                 ),
+            ));
+        }
+        if !(1..=100_000).contains(&self.auth_lockout_max_delayed) {
+            return Err(invalid(
+                "api.auth_lockout_max_delayed",
+                "must be within 1..=100000",
             ));
         }
         if !(1..=1_000_000).contains(&self.auth_max_sources) {

@@ -121,6 +121,7 @@ async fn unknown_keys_are_refused_without_a_lookup_per_request() {
             ("AGENTFLEET__API__AUTH_NEGATIVE_TTL_MS", "600000"),
             ("AGENTFLEET__API__AUTH_MAX_FAILURES", "20"),
             ("AGENTFLEET__API__AUTH_FAILURE_WINDOW_MS", "600000"),
+            ("AGENTFLEET__API__AUTH_LOCKOUT_DELAY_MS", "200"),
         ])
         .await;
     let http = reqwest::Client::new();
@@ -161,10 +162,15 @@ async fn unknown_keys_are_refused_without_a_lookup_per_request() {
     );
 
     let mut statuses = Vec::new();
-    for i in 0..100u32 {
+    for i in 0..40u32 {
         let random = format!("af_{:064x}", u128::from(i) << 64 | 0xfeed);
+        let sent = std::time::Instant::now();
         let resp = get(random).await.unwrap();
         if resp.status() == 429 {
+            assert!(
+                sent.elapsed() >= std::time::Duration::from_millis(200),
+                "a locked-out source waits api.auth_lockout_delay_ms for its 429"
+            );
             assert!(resp.headers().get("retry-after").is_some());
             let body: Value = resp.json().await.unwrap();
             assert_eq!(body["error"]["code"], "too_many_attempts", "{body}");
@@ -174,7 +180,7 @@ async fn unknown_keys_are_refused_without_a_lookup_per_request() {
         }
     }
     assert_eq!(statuses.iter().filter(|s| **s == 401).count(), 19);
-    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 81);
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 21);
     assert_eq!(
         lookups().await,
         before + 20,

@@ -8,6 +8,7 @@
 //!
 //! Speed goals are reported, never asserted: the exit code says only whether it ran.
 
+mod auth;
 mod batch;
 mod common;
 mod cpu;
@@ -111,7 +112,7 @@ struct Args {
     #[arg(long, default_value = "target/bench.json")]
     out: String,
     /// Run only these sections (limits, enqueue, batch, framework, e2e, fairness, faults,
-    /// events, resume, recovery, memory, redis, storage, load).
+    /// events, resume, recovery, memory, redis, storage, load, auth).
     #[arg(long)]
     only: Vec<String>,
     #[command(flatten)]
@@ -324,6 +325,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     if ctx.wants("storage") {
         storage::storage(&ctx, &mut report).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("auth") {
+        auth::flood(&ctx, &mut report).await?;
         ctx.settle().await;
     }
     if ctx.wants("load") {
