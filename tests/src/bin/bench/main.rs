@@ -112,7 +112,7 @@ struct Args {
     #[arg(long, default_value = "target/bench.json")]
     out: String,
     /// Run only these sections (limits, enqueue, batch, framework, e2e, fairness, faults,
-    /// events, resume, recovery, memory, redis, storage, load, auth).
+    /// events, resume, recovery, memory, redis, storage, auth, load).
     #[arg(long)]
     only: Vec<String>,
     #[command(flatten)]
