@@ -144,6 +144,7 @@ impl Application {
                 ))
             }),
             auth_delayed: tokio::sync::Semaphore::new(settings.api.auth_lockout_max_delayed),
+            auth_unseen_lookups: tokio::sync::Semaphore::new(settings.api.auth_unseen_lookups),
             admission: crate::admission::Admission::new(&settings.api),
             readiness: Default::default(),
             streams: Default::default(),

@@ -64,6 +64,8 @@ pub struct AppStateInner {
     pub admin_failures: Arc<crate::auth::attempts::FailedAttempts>,
     /// Unknown API keys per source (`api.auth_max_failures`); none when that is 0.
     pub auth_failures: Option<Arc<crate::auth::attempts::FailedAttempts>>,
+    /// Lookups of keys never seen valid here, at once (`api.auth_unseen_lookups`).
+    pub auth_unseen_lookups: tokio::sync::Semaphore,
     /// Refused sources' requests held before their 429 (`api.auth_lockout_max_delayed`).
     pub auth_delayed: tokio::sync::Semaphore,
     /// Request bodies held by this process (`api.body_budget_bytes`) and large ones per tenant.

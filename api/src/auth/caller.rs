@@ -204,8 +204,9 @@ async fn lookup(
     let attempts = state.auth_failures.as_ref().zip(source);
     // A key valid not long ago (its cache entry expired) is asked again whatever its source
     // did: behind one proxy address, a flood must not lock real clients out.
+    let seen = state.auth_cache.seen(hash);
     if let Some((attempts, source)) = attempts
-        && !state.auth_cache.seen(hash)
+        && !seen
         && let Some(wait) = attempts.locked_out(source, now)
     {
         metrics::counter!("agentfleet_auth_refused_total", "reason" => "too_many_attempts")
@@ -221,6 +222,19 @@ async fn lookup(
             "too many unknown API keys from this address; try again later (api.auth_max_failures)",
         ));
     }
+    // Keys never seen valid here take turns for a few connections; the pool stays free for
+    // the rest (a flood of made-up keys from many sources is bounded here).
+    let _turn = if seen {
+        None
+    } else {
+        Some(
+            state
+                .auth_unseen_lookups
+                .acquire()
+                .await
+                .map_err(ApiError::unexpected)?,
+        )
+    };
     let found = state
         .auth_cache
         .get_or_lookup(hash, || tenants::authenticate_hash(&state.pool, hash))

@@ -107,6 +107,10 @@ pub struct ApiSettings {
     /// Refused requests held so at once per process (a socket and a timer each); past them the 429
     /// is answered at once. 1–100000.
     pub auth_lockout_max_delayed: usize,
+    /// Postgres lookups at once, per process, of keys it has not seen valid (made-up keys, and real
+    /// keys at their first use on this process); the others wait their turn. Keeps a flood of
+    /// made-up keys from taking the connections every other request needs. 1–1000.
+    pub auth_unseen_lookups: usize,
     /// Source addresses whose failed keys are tracked at once (~50 bytes each); when all are within
     /// their window, new sources share one window. 1–1000000.
     pub auth_max_sources: usize,
@@ -193,6 +197,12 @@ impl ApiSettings {
                 format!(
                     "must be empty (admin API disabled) or at least {MIN_ADMIN_TOKEN_CHARS} characters"
                 ),
+            ));
+        }
+        if !(1..=1000).contains(&self.auth_unseen_lookups) {
+            return Err(invalid(
+                "api.auth_unseen_lookups",
+                "must be within 1..=1000",
             ));
         }
         if !(1..=100_000).contains(&self.auth_lockout_max_delayed) {
