@@ -1,6 +1,7 @@
 //! agentfleet-api: the HTTP API. It validates and records runs, enqueues them, and streams
 //! their events; it never runs an agent itself.
 
+pub mod admission;
 pub mod announce;
 pub mod auth;
 pub mod batch_driver;
@@ -13,6 +14,7 @@ pub mod layers;
 pub mod publish;
 pub mod quota;
 pub mod rate_limit;
+pub mod readiness;
 pub mod routes;
 pub mod schema;
 pub mod startup;

@@ -7,17 +7,19 @@
 //! further than the limit) only when the limit is above 0, together with the items of its
 //! batches whose runs are not created yet (each will be a run). A create that would take the count
 //! past the limit is refused with 429 `too_many_active_runs` and `Retry-After: 1`; nothing is
-//! written. The count and the insert are not one transaction, so creates of one tenant that
-//! run at the same moment (on one replica or several) may together overshoot the limit by at
-//! most the number of such creates in flight; making it exact would serialize a tenant's
-//! creates on a lock, which the grouped create path is built to avoid.
+//! written. The count is made twice: here, before the request is validated (a tenant at its
+//! limit costs one query), and again in the transaction that inserts the runs, under the
+//! tenant's creation lock (`store::runs::reserve_active`), so creates of one tenant arriving
+//! at once, on one replica or several, can never together pass the limit. The price is paid
+//! by tenants with a limit only: their creates take that lock and a transaction of their own
+//! instead of joining the grouped insert of `POST /v1/runs`.
 
 use axum::http::StatusCode;
 use uuid::Uuid;
 
 use agentfleet_shared::domain::Limits;
-use agentfleet_shared::store::runs;
 use agentfleet_shared::store::tenants::Principal;
+use agentfleet_shared::store::{StoreError, runs};
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -88,8 +90,13 @@ pub async fn check_active_runs(
     {
         return Ok(());
     }
+    Err(too_many_active_runs(max, active, new_runs))
+}
+
+/// The answer to a create refused by `limits.max_active_runs` (counted as limited).
+pub fn too_many_active_runs(max: u32, active: i64, new_runs: usize) -> ApiError {
     metrics::counter!("agentfleet_requests_limited_total", "reason" => "active_runs").increment(1);
-    Err(ApiError {
+    ApiError {
         // Runs end on their own; a retry a moment later may fit.
         retry_after_secs: Some(1),
         ..ApiError::new(
@@ -99,7 +106,13 @@ pub async fn check_active_runs(
                 "this tenant may have at most {max} runs not yet ended (queued, running or waiting); it has {active}, and this request adds {new_runs}"
             ),
         )
-    })
+    }
+}
+
+/// The tenant's `max_active_runs` when it has one (0: none), for the create's transaction to
+/// reserve under its lock (`store::runs::reserve_active`).
+pub fn active_runs_limit(state: &AppState, principal: &Principal) -> Option<u32> {
+    Some(limits_of(state, principal).max_active_runs).filter(|max| *max > 0)
 }
 
 /// Whether `active` runs and `new_runs` more go past `max`.
@@ -112,6 +125,24 @@ async fn is_replay(state: &AppState, tenant: Uuid, key: &str) -> Result<bool, Ap
         .await
         .map(|found| found.is_some())
         .map_err(ApiError::unexpected)
+}
+
+/// `store::runs::reserve_active` in `tx`, its refusal answered as [`too_many_active_runs`].
+pub async fn reserve(
+    tx: &mut sqlx::PgConnection,
+    tenant: Uuid,
+    max: u32,
+    new_runs: usize,
+) -> Result<(), ApiError> {
+    match runs::reserve_active(tx, tenant, max, new_runs).await {
+        Ok(()) => Ok(()),
+        Err(StoreError::TooManyActiveRuns {
+            max,
+            active,
+            new_runs,
+        }) => Err(too_many_active_runs(max, active, new_runs)),
+        Err(e) => Err(ApiError::unexpected(e)),
+    }
 }
 
 #[cfg(test)]

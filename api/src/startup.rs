@@ -97,10 +97,16 @@ impl Application {
             shutdown.clone(),
         );
         let tokens = crate::auth::stream_token::TokenSigner::new(&settings.api.stream_token_secret);
-        let auth_cache = Arc::new(crate::auth::cache::AuthCache::new(
-            Duration::from_millis(settings.api.auth_cache_ttl_ms),
-            settings.api.auth_cache_max_keys.get(),
-        ));
+        let auth_cache = Arc::new(
+            crate::auth::cache::AuthCache::new(
+                Duration::from_millis(settings.api.auth_cache_ttl_ms),
+                settings.api.auth_cache_max_keys.get(),
+            )
+            .with_unknown(
+                Duration::from_millis(settings.api.auth_negative_ttl_ms),
+                settings.api.auth_negative_max_keys.get(),
+            ),
+        );
         let creates = Batcher::spawn(
             pool.clone(),
             settings.api.create_groups_in_flight,
@@ -126,11 +132,22 @@ impl Application {
         let state = AppState::new(AppStateInner {
             mcp_key,
             webhook_key,
-            admin_failures: Arc::new(crate::routes::admin::attempts::FailedAttempts::new(
+            admin_failures: Arc::new(crate::auth::attempts::FailedAttempts::new(
                 settings.api.admin_max_failures,
                 Duration::from_millis(settings.api.admin_failure_window_ms.get()),
                 settings.api.admin_max_sources,
             )),
+            auth_failures: (settings.api.auth_max_failures > 0).then(|| {
+                Arc::new(crate::auth::attempts::FailedAttempts::new(
+                    settings.api.auth_max_failures,
+                    Duration::from_millis(settings.api.auth_failure_window_ms.get()),
+                    settings.api.auth_max_sources,
+                ))
+            }),
+            auth_delayed: tokio::sync::Semaphore::new(settings.api.auth_lockout_max_delayed),
+            auth_unseen_lookups: tokio::sync::Semaphore::new(settings.api.auth_unseen_lookups),
+            admission: crate::admission::Admission::new(&settings.api),
+            readiness: Default::default(),
             streams: Default::default(),
             schema_compiles: Arc::new(tokio::sync::Semaphore::new(
                 settings.api.max_schema_compiles,
@@ -153,6 +170,7 @@ impl Application {
             shutdown: shutdown.clone(),
         });
         let sweeper_state = state.clone();
+        let readiness_state = state.clone();
         let admin = if separate_admin(&settings) {
             let listener = TcpListener::bind(&settings.api.admin_listen)
                 .await
@@ -197,6 +215,7 @@ impl Application {
         crate::webhooks::deliverer::spawn(state_pool, &settings, shutdown.clone())
             .context("starting the webhook deliverer")?;
         crate::batch_driver::spawn_sweeper(sweeper_state);
+        crate::readiness::spawn(readiness_state);
         crate::erasure::spawn_sweeper(eraser);
         flusher.0.spawn_flusher(
             flusher.1,

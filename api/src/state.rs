@@ -61,7 +61,17 @@ pub struct AppStateInner {
     /// cannot be registered nor their secrets rotated.
     pub webhook_key: Option<[u8; 32]>,
     /// Failed admin authentications per source (`api.admin_max_failures`).
-    pub admin_failures: Arc<crate::routes::admin::attempts::FailedAttempts>,
+    pub admin_failures: Arc<crate::auth::attempts::FailedAttempts>,
+    /// Unknown API keys per source (`api.auth_max_failures`); none when that is 0.
+    pub auth_failures: Option<Arc<crate::auth::attempts::FailedAttempts>>,
+    /// Lookups of keys never seen valid here, at once (`api.auth_unseen_lookups`).
+    pub auth_unseen_lookups: tokio::sync::Semaphore,
+    /// Refused sources' requests held before their 429 (`api.auth_lockout_max_delayed`).
+    pub auth_delayed: tokio::sync::Semaphore,
+    /// Request bodies held by this process (`api.body_budget_bytes`) and large ones per tenant.
+    pub admission: Arc<crate::admission::Admission>,
+    /// What the servers answered the last background check (`/readyz`).
+    pub readiness: Arc<crate::readiness::Readiness>,
     /// Event streams open per tenant (`api.max_streams_per_tenant`).
     pub streams: Arc<crate::stream::slots::StreamSlots>,
     /// Requests whose tool schemas (with patterns) are being checked and compiled at once

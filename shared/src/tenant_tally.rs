@@ -36,6 +36,12 @@ impl TenantTally {
         })
     }
 
+    /// What each tenant holding anything holds now.
+    pub fn snapshot(&self) -> Vec<(Uuid, u64)> {
+        let held = self.held.lock().expect("tenant tally lock");
+        held.iter().map(|(t, n)| (*t, *n)).collect()
+    }
+
     /// Whether no tenant holds anything.
     pub fn is_empty(&self) -> bool {
         self.held.lock().expect("tenant tally lock").is_empty()
@@ -66,6 +72,7 @@ mod tests {
         assert!(tally.take(a, 3, 5).is_none());
         let second = tally.take(a, 2, 5).unwrap();
         assert!(tally.take(b, 5, 5).is_some(), "each tenant its own");
+        assert_eq!(tally.snapshot().len(), 2);
         drop(first);
         let third = tally.take(a, 3, 5).unwrap();
         drop((second, third));

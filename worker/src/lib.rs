@@ -142,8 +142,11 @@ impl Worker {
         };
         let writes = deps::Writes::spawn(&pool, &settings, &worker_id);
         let mcp_key = settings.mcp.key().context("mcp.encryption_key")?;
-        let mcp_tools =
-            tools::mcp::ToolCache::new(Duration::from_millis(settings.mcp.tools_ttl_ms.get()));
+        let mcp_tools = tools::mcp::ToolCache::new(
+            Duration::from_millis(settings.mcp.tools_ttl_ms.get()),
+            settings.mcp.tools_cache_max_entries.get(),
+            settings.mcp.tools_cache_max_per_tenant.get(),
+        );
         let schemas = Arc::new(tools::compiled::Schemas::new(tools::SchemaMemory::new(
             settings.worker.max_compiled_schema_kib,
             settings.worker.max_compiled_schema_kib_per_tenant,

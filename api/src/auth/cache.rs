@@ -4,8 +4,14 @@
 //! Entries live `api.auth_cache_ttl_ms` (0 disables the cache), so a revoked key stops working
 //! within that time on every replica (usually sooner: `crate::auth::invalidation` drops entries
 //! an admin change names). Entries are found by key hash (requests) or by key id (stream
-//! tokens, `crate::auth::caller`); an invalidation drops both. Unknown keys are never cached (a flood of bad keys cannot
-//! fill it), and the cache holds at most `api.auth_cache_max_keys` keys.
+//! tokens, `crate::auth::caller`); an invalidation drops both. The cache holds at most
+//! `api.auth_cache_max_keys` keys.
+//!
+//! Unknown keys (never issued, revoked or expired: none comes back to life) are remembered
+//! apart, for `api.auth_negative_ttl_ms`, at most `api.auth_negative_max_keys` of them, so one
+//! unknown key presented again and again costs Postgres one lookup per TTL. That table is
+//! bounded like the other: random keys cannot grow it, only churn it (the per-source limit of
+//! `crate::auth::attempts` holds those back).
 //!
 //! Misses of one key are looked up once: when a thousand clients reconnect at the same moment
 //! with the same key, one asks Postgres and the others wait for its answer instead of taking a
@@ -24,6 +30,10 @@ pub struct AuthCache {
     ttl: Duration,
     max_keys: usize,
     entries: Mutex<HashMap<Vec<u8>, (Principal, Instant)>>,
+    /// Key hashes Postgres did not know, and when it was asked.
+    unknown: Mutex<HashMap<Vec<u8>, Instant>>,
+    unknown_ttl: Duration,
+    max_unknown: usize,
     misses: [tokio::sync::Mutex<()>; MISS_STRIPES],
     /// When [`AuthCache::invalidate`] last ran: a lookup asked before it may have read what
     /// the invalidation replaced, so its answer is used once but not cached.
@@ -36,13 +46,50 @@ impl AuthCache {
             ttl,
             max_keys,
             entries: Mutex::new(HashMap::new()),
+            unknown: Mutex::new(HashMap::new()),
+            unknown_ttl: Duration::ZERO,
+            max_unknown: 0,
             misses: std::array::from_fn(|_| tokio::sync::Mutex::new(())),
             invalidated_at: Mutex::new(None),
         }
     }
 
-    /// The cached principal of `key_hash`, or what `lookup` answers (cached when found). Only
-    /// one lookup of a key runs at a time; the others take its answer from the cache.
+    /// Also remembers unknown keys for `ttl` (zero: never), at most `max_keys` of them.
+    pub fn with_unknown(mut self, ttl: Duration, max_keys: usize) -> AuthCache {
+        self.unknown_ttl = ttl;
+        self.max_unknown = max_keys;
+        self
+    }
+
+    /// Whether `key_hash` was looked up less than `api.auth_negative_ttl_ms` ago and unknown.
+    pub fn known_unknown(&self, key_hash: &[u8]) -> bool {
+        if self.unknown_ttl.is_zero() {
+            return false;
+        }
+        let unknown = self.unknown.lock().expect("auth cache lock");
+        unknown
+            .get(key_hash)
+            .is_some_and(|at| at.elapsed() < self.unknown_ttl)
+    }
+
+    fn put_unknown(&self, key_hash: &[u8]) {
+        if self.unknown_ttl.is_zero() || self.max_unknown == 0 {
+            return;
+        }
+        let mut unknown = self.unknown.lock().expect("auth cache lock");
+        if unknown.len() >= self.max_unknown {
+            let ttl = self.unknown_ttl;
+            unknown.retain(|_, at| at.elapsed() < ttl);
+            if unknown.len() >= self.max_unknown {
+                unknown.clear();
+            }
+        }
+        unknown.insert(key_hash.to_vec(), Instant::now());
+    }
+
+    /// The cached principal of `key_hash`, or what `lookup` answers (cached when found, and
+    /// remembered as unknown when not). Only one lookup of a key runs at a time; the others
+    /// take its answer from the cache.
     pub async fn get_or_lookup<E, F, Fut>(
         &self,
         key_hash: &[u8],
@@ -55,7 +102,10 @@ impl AuthCache {
         if let Some(p) = self.get(key_hash) {
             return Ok(Some(p));
         }
-        let _stripe = if self.ttl.is_zero() {
+        if self.known_unknown(key_hash) {
+            return Ok(None);
+        }
+        let _stripe = if self.ttl.is_zero() && self.unknown_ttl.is_zero() {
             None
         } else {
             let stripe = key_hash.last().copied().unwrap_or(0) as usize % MISS_STRIPES;
@@ -63,12 +113,17 @@ impl AuthCache {
             if let Some(p) = self.get(key_hash) {
                 return Ok(Some(p));
             }
+            if self.known_unknown(key_hash) {
+                return Ok(None);
+            }
             Some(guard)
         };
         let asked = Instant::now();
+        metrics::counter!("agentfleet_auth_lookups_total").increment(1);
         let found = lookup().await?;
-        if let Some(p) = found {
-            self.put(key_hash.to_vec(), p, asked);
+        match found {
+            Some(p) => self.put(key_hash.to_vec(), p, asked),
+            None => self.put_unknown(key_hash),
         }
         Ok(found)
     }
@@ -83,6 +138,16 @@ impl AuthCache {
             .get(key_hash)
             .filter(|(_, at)| at.elapsed() < self.ttl)
             .map(|(p, _)| *p)
+    }
+
+    /// Whether `key_hash` was a valid key not long ago: its entry is kept past its TTL until
+    /// the cache needs the room, so a key being asked again after its TTL is told apart from a
+    /// guess (the per-source limit refuses guesses, never these).
+    pub fn seen(&self, key_hash: &[u8]) -> bool {
+        self.entries
+            .lock()
+            .expect("auth cache lock")
+            .contains_key(key_hash)
     }
 
     /// Caches what Postgres answered when asked at `asked` (taken before the query, so an
@@ -148,6 +213,10 @@ mod tests {
             assert!(Instant::now() < deadline, "entry never expired");
             std::thread::yield_now();
         }
+        assert!(
+            cache.seen(&[1]),
+            "an expired entry is still known to have been valid"
+        );
         let off = AuthCache::new(Duration::ZERO, 10);
         off.put(vec![1], principal(), Instant::now());
         assert!(off.get(&[1]).is_none());
@@ -174,7 +243,7 @@ mod tests {
             assert_eq!(got.unwrap().unwrap().map(|p| p.key_id), Some(p.key_id));
         }
         assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
-        // Unknown keys are asked every time and never cached.
+        // Without a negative cache, unknown keys are asked every time and never cached.
         for _ in 0..2 {
             let none = cache
                 .get_or_lookup(&[8], || async { Ok::<_, ()>(None) })
@@ -182,6 +251,31 @@ mod tests {
             assert_eq!(none, Ok(None));
         }
         assert!(cache.get(&[8]).is_none());
+    }
+
+    #[tokio::test]
+    async fn unknown_keys_are_asked_once_per_negative_ttl_and_stay_bounded() {
+        let cache =
+            AuthCache::new(Duration::from_secs(60), 10).with_unknown(Duration::from_secs(60), 3);
+        let asked = std::sync::atomic::AtomicUsize::new(0);
+        for _ in 0..5 {
+            let none = cache
+                .get_or_lookup(&[8], || async {
+                    asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok::<_, ()>(None)
+                })
+                .await;
+            assert_eq!(none, Ok(None));
+        }
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(cache.get(&[8]).is_none(), "not a principal");
+        for i in 0..100u8 {
+            cache.put_unknown(&[i]);
+            assert!(cache.unknown.lock().unwrap().len() <= 3);
+        }
+        let brief = AuthCache::new(Duration::from_secs(60), 10).with_unknown(Duration::ZERO, 3);
+        brief.put_unknown(&[1]);
+        assert!(!brief.known_unknown(&[1]), "a zero TTL remembers nothing");
     }
 
     #[test]

@@ -17,23 +17,15 @@ pub async fn healthz() -> Json<Health> {
     })
 }
 
-/// Ready only when Postgres, Redis and RabbitMQ all answer: a 202 needs all three.
+/// Ready only when Postgres, Redis and RabbitMQ all answer: a 202 needs all three. Answered
+/// from the last background round (`crate::readiness`), so a call touches none of them.
 #[utoipa::path(get, path = "/readyz", tag = "operations", operation_id = "readyz", security(),
-    responses((status = 200, description = "Ready: every backing service answers", body = Readiness),
-              (status = 503, description = "Not ready: the flags say which service does not answer", body = Readiness)))]
+    responses((status = 200, description = "Ready: every backing service answered the last check (made every `api.readiness_interval_ms`)", body = Readiness),
+              (status = 503, description = "Not ready: the flags say which service did not answer", body = Readiness)))]
 pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    let timeout = std::time::Duration::from_secs(2);
-    let postgres = tokio::time::timeout(timeout, agentfleet_shared::db::ping(&state.pool))
-        .await
-        .unwrap_or(false);
-    // On the connection the API's appends and reads use (the bus bounds it itself too).
-    let redis = tokio::time::timeout(timeout, state.bus.ping())
-        .await
-        .is_ok_and(|answered| answered.is_ok());
-    let rabbitmq = tokio::time::timeout(timeout, state.publisher.check())
-        .await
-        .unwrap_or(false);
-    let ready = postgres && redis && rabbitmq;
+    let interval = std::time::Duration::from_millis(state.settings.api.readiness_interval_ms.get());
+    let servers = state.readiness.servers(interval);
+    let ready = servers.all();
     let status = if ready {
         StatusCode::OK
     } else {
@@ -43,9 +35,9 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
         status,
         Json(Readiness {
             status: if ready { "ready" } else { "not_ready" }.to_owned(),
-            postgres,
-            redis,
-            rabbitmq,
+            postgres: servers.postgres,
+            redis: servers.redis,
+            rabbitmq: servers.rabbitmq,
             event_hub: state.hub.is_connected(),
         }),
     )

@@ -100,7 +100,12 @@ pub fn router(state: &AppState) -> Router<AppState> {
             "/v1/webhooks/{id}/rotate-secret",
             post(webhooks::rotate::rotate_secret),
         )
-        // Layers run bottom-up: the key first, then the tenant's request rate.
+        // Layers run bottom-up: the key first, then the tenant's request rate, then the
+        // admission of the request's body (`crate::admission`).
+        .route_layer(from_fn_with_state(
+            state.admission.clone(),
+            crate::admission::admit_body,
+        ))
         .route_layer(from_fn_with_state(
             (state.rate_limiter.clone(), state.settings.clone()),
             limit_requests,

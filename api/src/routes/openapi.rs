@@ -415,7 +415,7 @@ fn add_error_responses(doc: &mut Value) {
         // Any `/v1` request of a tenant with a request rate may be refused (`rate_limit`);
         // the create operations document their own 429 (`too_many_active_runs`) as well.
         let limited = responses.entry("429").or_insert_with(|| {
-            error("`rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After`")
+            error("`rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After`")
         });
         let seconds = |description: &str| json!({"description": description, "schema": {"type": "integer", "minimum": 0}});
         limited["headers"] = json!({
@@ -425,7 +425,9 @@ fn add_error_responses(doc: &mut Value) {
             "RateLimit-Remaining": seconds("Requests left now"),
             "RateLimit-Reset": seconds("Seconds until the bucket is full again"),
         });
-        let mut unavailable = error("`unavailable`: a backing service cannot be reached; retry");
+        let mut unavailable = error(
+            "`unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After`",
+        );
         unavailable["headers"] = json!({"Retry-After": {"required": true,
             "description": "Seconds to wait", "schema": {"type": "integer", "minimum": 0}}});
         responses.entry("503").or_insert(unavailable);

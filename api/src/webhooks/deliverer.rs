@@ -9,7 +9,12 @@
 //! `webhooks.max_response_bytes`, and its outcome recorded. A round starts every
 //! `webhooks.poll_interval_ms`, or at once when a committed change notifies
 //! `agentfleet_webhooks` (LISTEN/NOTIFY; the poll is the fallback when that connection is
-//! down). A replica dying between claim and record leaves the delivery to be attempted again
+//! down).
+//!
+//! Slots are shared per tenant: no tenant holds more than `webhooks.max_concurrency_per_tenant`
+//! of a replica's slots, and when a slot frees, a tenant with fewer attempts in flight is served
+//! first (`webhook_deliveries::claim_due_shared`). So a tenant whose endpoints are slow (each
+//! attempt holding its slot up to `webhooks.timeout_ms`) delays only its own deliveries. A replica dying between claim and record leaves the delivery to be attempted again
 //! after `webhooks.claim_lease_ms`, with the same id: at least once.
 
 use std::sync::Arc;
@@ -26,6 +31,7 @@ use agentfleet_shared::egress::EgressPolicy;
 use agentfleet_shared::failpoint;
 use agentfleet_shared::store::webhook_deliveries::{self, Backoff, Claimed, Outcome};
 use agentfleet_shared::store::webhooks::{secret_key, stored_secret};
+use agentfleet_shared::tenant_tally::TenantTally;
 
 use crate::webhooks::signing::signature;
 
@@ -45,6 +51,8 @@ struct Deliverer {
     backoff: Backoff,
     /// Opens endpoints' sealed secrets (`webhooks.encryption_key`).
     key: Option<[u8; 32]>,
+    /// Attempts in flight per tenant.
+    busy: TenantTally,
 }
 
 /// Starts the deliverer (when `webhooks.enabled`); it stops with `shutdown`.
@@ -69,6 +77,7 @@ pub fn spawn(pool: PgPool, settings: &Settings, shutdown: CancellationToken) -> 
     let key = hooks.key()?;
     let deliverer = Arc::new(Deliverer {
         key,
+        busy: TenantTally::default(),
         pool: pool.clone(),
         http,
         policy,
@@ -163,16 +172,28 @@ impl Deliverer {
             let free = slots.available_permits();
             let mut full_round = false;
             if free > 0 {
-                match webhook_deliveries::claim_due(&self.pool, free, lease).await {
+                let busy = self.busy.snapshot();
+                let claimed = webhook_deliveries::claim_due_shared(
+                    &self.pool,
+                    free,
+                    lease,
+                    self.settings.max_concurrency_per_tenant,
+                    &busy,
+                )
+                .await;
+                match claimed {
                     Ok(claimed) => {
                         full_round = claimed.len() == free;
                         for delivery in claimed {
                             let Ok(slot) = slots.clone().try_acquire_owned() else {
                                 break; // cannot happen: we claimed at most the free slots
                             };
+                            // Bounded by the claim, which counts what is held.
+                            let busy = self.busy.take(delivery.tenant_id, 1, u64::MAX);
                             let me = self.clone();
                             tokio::spawn(async move {
                                 me.attempt(delivery).await;
+                                drop(busy);
                                 drop(slot);
                             });
                         }

@@ -88,6 +88,32 @@ pub struct ApiSettings {
     pub auth_cache_ttl_ms: u64,
     /// Most API keys that cache holds.
     pub auth_cache_max_keys: NonZeroUsize,
+    /// How long a key Postgres did not know (never issued, revoked or expired) is answered 401 from
+    /// memory, without asking again; 0 asks every time.
+    pub auth_negative_ttl_ms: u64,
+    /// Most unknown keys remembered so (~100 bytes each); when full, the expired go, or all.
+    pub auth_negative_max_keys: NonZeroUsize,
+    /// Unknown API keys one source address (an IPv6 /64) may present within
+    /// `api.auth_failure_window_ms`; past them, a key that would need a Postgres lookup is answered
+    /// 429 `too_many_attempts`, with `Retry-After`, until that window ends (keys already cached still
+    /// work). Behind a proxy every client is one source: raise it there. 0 disables the limit.
+    pub auth_max_failures: u32,
+    /// The window of `api.auth_max_failures`, starting at a source's first failure.
+    pub auth_failure_window_ms: NonZeroU64,
+    /// How long a refused source's request waits before its 429 (never past its window's end), so
+    /// a client flooding made-up keys gets its answers, and sends its next requests, at a pace that
+    /// costs the process little CPU; 0 answers at once.
+    pub auth_lockout_delay_ms: u64,
+    /// Refused requests held so at once per process (a socket and a timer each); past them the 429
+    /// is answered at once. 1–100000.
+    pub auth_lockout_max_delayed: usize,
+    /// Postgres lookups at once, per process, of keys it has not seen valid (made-up keys, and real
+    /// keys at their first use on this process); the others wait their turn. Keeps a flood of
+    /// made-up keys from taking the connections every other request needs. 1–1000.
+    pub auth_unseen_lookups: usize,
+    /// Source addresses whose failed keys are tracked at once (~50 bytes each); when all are within
+    /// their window, new sources share one window. 1–1000000.
+    pub auth_max_sources: usize,
     /// Operator token of the admin API (`/admin/v1/…`: tenants and keys), sent as `Authorization:
     /// Bearer <token>` and compared in constant time; empty, or at least 32 characters. Empty
     /// disables the admin API (every admin path answers 404). A secret.
@@ -117,6 +143,20 @@ pub struct ApiSettings {
     /// Request limit of `POST /v1/batches` alone (every other route keeps `api.max_body_bytes`);
     /// over it: 413 `payload_too_large`. At least `api.max_body_bytes`.
     pub max_batch_body_bytes: usize,
+    /// Bytes of request bodies one API process holds at once, from before a body is read until its
+    /// request is answered (a request counts its `Content-Length`, or its route's body limit when it
+    /// sends none); a request that would pass it is answered 503 `overloaded` with `Retry-After`
+    /// before its body is read. Parsing, checking and writing a body takes about four times its size
+    /// (docs/operations.md), so keep it a fraction of the process's memory limit. At least
+    /// `api.max_batch_body_bytes`.
+    pub body_budget_bytes: usize,
+    /// Requests with a body larger than `api.max_body_bytes` (batch submissions) one tenant may
+    /// have in flight on one API process; one more is 429 `too_many_large_requests` with
+    /// `Retry-After`, before its body is read. 1–1000.
+    pub max_large_bodies_per_tenant: usize,
+    /// How often each API process asks Postgres, Redis and RabbitMQ whether they answer, in the
+    /// background: `/readyz` answers from the last round, and touches none of them itself.
+    pub readiness_interval_ms: NonZeroU64,
     /// Most JSON values (object keys counted) a request body may hold, counted before it is parsed:
     /// a parsed value takes 32 bytes and more, so a body of tiny values (`[0,0,…]`) takes ~16 times
     /// its size in memory. Over it: 413 `payload_too_large`. At least 1000.
@@ -157,6 +197,36 @@ impl ApiSettings {
                 format!(
                     "must be empty (admin API disabled) or at least {MIN_ADMIN_TOKEN_CHARS} characters"
                 ),
+            ));
+        }
+        if !(1..=1000).contains(&self.auth_unseen_lookups) {
+            return Err(invalid(
+                "api.auth_unseen_lookups",
+                "must be within 1..=1000",
+            ));
+        }
+        if !(1..=100_000).contains(&self.auth_lockout_max_delayed) {
+            return Err(invalid(
+                "api.auth_lockout_max_delayed",
+                "must be within 1..=100000",
+            ));
+        }
+        if !(1..=1_000_000).contains(&self.auth_max_sources) {
+            return Err(invalid(
+                "api.auth_max_sources",
+                "must be within 1..=1000000",
+            ));
+        }
+        if self.body_budget_bytes < self.max_batch_body_bytes {
+            return Err(invalid(
+                "api.body_budget_bytes",
+                "must be at least api.max_batch_body_bytes",
+            ));
+        }
+        if !(1..=1000).contains(&self.max_large_bodies_per_tenant) {
+            return Err(invalid(
+                "api.max_large_bodies_per_tenant",
+                "must be within 1..=1000",
             ));
         }
         if self.admin_max_failures < 1 {

@@ -17,6 +17,12 @@ pub struct McpSettings {
     /// How long a server's tool list is reused before it is listed again (per tenant, server URL
     /// and headers).
     pub tools_ttl_ms: NonZeroU64,
+    /// Tool lists one worker keeps (of every tenant; each up to `mcp.max_list_bytes`); when full,
+    /// the expired go, else the oldest list of the tenant holding the most.
+    pub tools_cache_max_entries: NonZeroUsize,
+    /// Tool lists of one tenant a worker keeps (its share: its own oldest goes to make room for its
+    /// next, never another tenant's); at most `mcp.tools_cache_max_entries`.
+    pub tools_cache_max_per_tenant: NonZeroUsize,
     /// Deadline of listing a server's tools (connect, initialize, list).
     pub list_timeout_ms: NonZeroU64,
     /// Most tools taken from one server, over all the listing's pages (at most 64 pages); more fail
@@ -61,6 +67,12 @@ impl McpSettings {
         self.key()?;
         if self.max_servers_per_tenant < 1 {
             return Err(invalid("mcp.max_servers_per_tenant", "must be positive"));
+        }
+        if self.tools_cache_max_per_tenant > self.tools_cache_max_entries {
+            return Err(invalid(
+                "mcp.tools_cache_max_per_tenant",
+                "must be at most mcp.tools_cache_max_entries",
+            ));
         }
         if self.max_headers > 64 {
             return Err(invalid("mcp.max_headers", "must be within 0..=64"));

@@ -32,6 +32,10 @@ pub struct WebhookSettings {
     pub connect_timeout_ms: NonZeroU64,
     /// Delivery attempts in flight at once per API replica. 1–1024.
     pub max_concurrency: usize,
+    /// Of those, the most one tenant's deliveries may hold (its share: slow endpoints of one tenant
+    /// never take the others' slots; when a slot frees, the tenant with the fewest attempts in
+    /// flight goes first). 1–`webhooks.max_concurrency`.
+    pub max_concurrency_per_tenant: usize,
     /// How long a claimed delivery is reserved for its replica: past it (the replica died between
     /// claim and send) any replica attempts it again. Must exceed `webhooks.timeout_ms`.
     pub claim_lease_ms: u64,
@@ -84,6 +88,12 @@ impl WebhookSettings {
             return Err(invalid(
                 "webhooks.max_concurrency",
                 "must be within 1..=1024",
+            ));
+        }
+        if !(1..=self.max_concurrency).contains(&self.max_concurrency_per_tenant) {
+            return Err(invalid(
+                "webhooks.max_concurrency_per_tenant",
+                "must be within 1..=webhooks.max_concurrency",
             ));
         }
         if !(1..=1000).contains(&self.max_attempts) {

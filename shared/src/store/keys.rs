@@ -22,6 +22,17 @@ pub fn hash_key(key: &str) -> Vec<u8> {
     Sha256::digest(key.as_bytes()).to_vec()
 }
 
+/// Whether `key` has the shape of a key [`generate_key`] makes (`af_` and 64 lowercase hex
+/// digits): anything else is refused without a lookup.
+pub fn well_formed(key: &str) -> bool {
+    key.strip_prefix(KEY_PREFIX).is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 /// A fresh key: `af_` and 32 random bytes in hex.
 pub fn generate_key() -> String {
     let mut bytes = [0u8; 32];
@@ -279,6 +290,22 @@ pub async fn mark_used(pool: &PgPool, used: &[(Uuid, DateTime<Utc>)]) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_shape_of_a_generated_key_is_well_formed() {
+        assert!(well_formed(&generate_key()));
+        for bad in [
+            "",
+            "af_",
+            "af_00",
+            &format!("af_{}", "A".repeat(64)),
+            &format!("af_{}", "0".repeat(65)),
+            &format!("sk_{}", "0".repeat(64)),
+            &format!("af_{}é", "0".repeat(62)),
+        ] {
+            assert!(!well_formed(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn names_are_bounded_and_not_blank() {

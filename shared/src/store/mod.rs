@@ -84,6 +84,13 @@ pub enum StoreError {
     ThreadBusy { thread_id: Uuid, run_id: Uuid },
     #[error("thread {thread_id} already has {limit} runs waiting")]
     ThreadQueueFull { thread_id: Uuid, limit: i64 },
+    /// A create would take its tenant past `limits.max_active_runs` ([`runs::reserve_active`]).
+    #[error("{active} active runs and {new_runs} more would pass the limit of {max}")]
+    TooManyActiveRuns {
+        max: u32,
+        active: i64,
+        new_runs: usize,
+    },
     #[error("database: {}", crate::report::sqlx_line(.0))]
     Db(#[from] sqlx::Error),
     /// A grouped write had no answer in time (`database.statement_timeout_ms`): the server

@@ -215,7 +215,11 @@ pub async fn thread_belongs_to(
 /// never counts an item and its run): otherwise batches submitted one after another, before
 /// the first one's runs exist, would each pass the check. Those batches are found by the
 /// partial index `batches_creating_by_tenant` (migration 0018).
-pub async fn count_active_upto(pool: &PgPool, tenant: Uuid, cap: i64) -> Result<i64, StoreError> {
+pub async fn count_active_upto<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    tenant: Uuid,
+    cap: i64,
+) -> Result<i64, StoreError> {
     Ok(sqlx::query_scalar(
         "SELECT LEAST($2, (SELECT count(*) FROM (SELECT 1 FROM runs WHERE tenant_id = $1 \
            AND status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation') \
@@ -226,8 +230,45 @@ pub async fn count_active_upto(pool: &PgPool, tenant: Uuid, cap: i64) -> Result<
     )
     .bind(tenant)
     .bind(cap)
-    .fetch_one(pool)
+    .fetch_one(executor)
     .await?)
+}
+
+/// The namespace of the per-tenant creation locks of [`reserve_active`] (two-key advisory
+/// locks, a key space apart from the single-key ones such as the sweeper's election).
+const ACTIVE_RUNS_LOCK: i32 = 0x6166_6172; // "afar"
+
+/// Takes `tenant`'s creation lock for the rest of the transaction on `conn`, then refuses
+/// `new_runs` more runs ([`StoreError::TooManyActiveRuns`]) when they would take the tenant's
+/// active runs ([`count_active_upto`]) past `max`. Every create of a tenant with a limit does
+/// this in the transaction that inserts its runs, so concurrent creates, on any replica, are
+/// counted one after the other: each counts after the previous one committed (the lock is
+/// released at commit, and each statement of a read-committed transaction sees what committed
+/// before it started). Tenants differ by the lock's second key (32 bits of their id); two
+/// tenants sharing it only wait for each other.
+pub async fn reserve_active(
+    conn: &mut sqlx::PgConnection,
+    tenant: Uuid,
+    max: u32,
+    new_runs: usize,
+) -> Result<(), StoreError> {
+    let bytes = tenant.as_bytes();
+    // The last bytes of a v7 id are random.
+    let key = i32::from_be_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
+    sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
+        .bind(ACTIVE_RUNS_LOCK)
+        .bind(key)
+        .execute(&mut *conn)
+        .await?;
+    let active = count_active_upto(&mut *conn, tenant, i64::from(max)).await?;
+    if active.saturating_add(new_runs as i64) > i64::from(max) {
+        return Err(StoreError::TooManyActiveRuns {
+            max,
+            active,
+            new_runs,
+        });
+    }
+    Ok(())
 }
 
 /// Runs whose holder is presumed dead (expired lease), and queued runs untouched for

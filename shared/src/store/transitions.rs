@@ -184,10 +184,13 @@ pub(crate) async fn insert_run<'e>(
 /// so the common case of `POST /v1/runs` costs Postgres one round trip and one commit instead
 /// of five (BEGIN, three INSERTs, COMMIT). Foreign keys are checked at the statement's end,
 /// when all three rows exist.
-pub async fn create_on_new_thread(pool: &PgPool, new: NewRun) -> Result<RunRow, StoreError> {
+pub async fn create_on_new_thread<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    new: NewRun,
+) -> Result<RunRow, StoreError> {
     debug_assert!(new.thread_id.is_none());
     let thread_id = Uuid::now_v7();
-    let run = insert_run(pool, RUN_ON_NEW_THREAD, &new, thread_id).await?;
+    let run = insert_run(executor, RUN_ON_NEW_THREAD, &new, thread_id).await?;
     Ok(run)
 }
 

@@ -21,6 +21,7 @@ use super::StoreError;
 pub struct Claimed {
     pub id: Uuid,
     pub endpoint_id: Uuid,
+    pub tenant_id: Uuid,
     pub url: String,
     /// The endpoint's secret if still plain (written before sealing), else none.
     pub secret: Option<String>,
@@ -33,32 +34,81 @@ pub struct Claimed {
     pub created_at: DateTime<Utc>,
 }
 
-/// Claims up to `limit` due deliveries for one attempt each, reserving them for `lease`.
+/// Claims up to `limit` due deliveries for one attempt each, reserving them for `lease`,
+/// every tenant alike ([`claim_due_shared`] with no tenant busy and no share).
 pub async fn claim_due(
     pool: &PgPool,
     limit: usize,
     lease: Duration,
 ) -> Result<Vec<Claimed>, StoreError> {
-    Ok(sqlx::query_as::<_, Claimed>(
-        "WITH due AS (
-            SELECT id FROM webhook_deliveries
-             WHERE status = 'pending' AND next_attempt_at <= now()
-             ORDER BY next_attempt_at
-             LIMIT $1
-             FOR UPDATE SKIP LOCKED)
-         UPDATE webhook_deliveries d
-            SET attempts = d.attempts + 1,
-                next_attempt_at = now() + make_interval(secs => $2),
-                last_attempt_at = now()
-           FROM due, webhook_endpoints e
-          WHERE d.id = due.id AND e.id = d.endpoint_id
-         RETURNING d.id, d.endpoint_id, e.url, e.secret, e.secret_sealed,
-                   d.body::text AS body, d.attempts, d.created_at",
-    )
-    .bind(limit as i64)
-    .bind(lease.as_secs_f64())
-    .fetch_all(pool)
-    .await?)
+    claim_due_shared(pool, limit, lease, limit, &[]).await
+}
+
+/// Due deliveries per tenant (pending ones by due time: migration 0032), found one tenant
+/// after another; then, per tenant with room, its oldest due rows up to that room (locked,
+/// skipping rows another claimer holds); of those, the rows of the least busy tenants first,
+/// then the oldest. So a tenant never holds more than `per_tenant` of the claimer's slots, and a
+/// tenant with nothing in flight is served before one more delivery of a busy tenant.
+const CLAIM_SHARED: &str = "
+WITH RECURSIVE tenant AS (
+    (SELECT tenant_id FROM webhook_deliveries
+      WHERE status = 'pending' AND next_attempt_at <= now()
+      ORDER BY tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.tenant_id FROM webhook_deliveries d
+             WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+               AND d.tenant_id > tenant.tenant_id
+             ORDER BY d.tenant_id LIMIT 1)
+      FROM tenant WHERE tenant.tenant_id IS NOT NULL),
+ room AS (
+    SELECT t.tenant_id, coalesce(b.busy, 0) AS busy
+      FROM tenant t LEFT JOIN UNNEST($3::uuid[], $4::int8[]) AS b(tenant_id, busy)
+           ON b.tenant_id = t.tenant_id
+     WHERE t.tenant_id IS NOT NULL AND coalesce(b.busy, 0) < $5),
+ candidate AS (
+    SELECT c.id, c.next_attempt_at,
+           room.busy + row_number() OVER (PARTITION BY room.tenant_id
+                                          ORDER BY c.next_attempt_at) AS load
+      FROM room CROSS JOIN LATERAL (
+           SELECT d.id, d.next_attempt_at FROM webhook_deliveries d
+            WHERE d.tenant_id = room.tenant_id AND d.status = 'pending'
+              AND d.next_attempt_at <= now()
+            ORDER BY d.next_attempt_at
+            LIMIT $5 - room.busy
+            FOR UPDATE SKIP LOCKED) c),
+ due AS (
+    SELECT id FROM candidate ORDER BY load, next_attempt_at LIMIT $1)
+UPDATE webhook_deliveries d
+   SET attempts = d.attempts + 1,
+       next_attempt_at = now() + make_interval(secs => $2),
+       last_attempt_at = now()
+  FROM due, webhook_endpoints e
+ WHERE d.id = due.id AND e.id = d.endpoint_id
+RETURNING d.id, d.endpoint_id, d.tenant_id, e.url, e.secret, e.secret_sealed,
+          d.body::text AS body, d.attempts, d.created_at";
+
+/// Claims up to `limit` due deliveries for one attempt each, reserving them for `lease`, with
+/// each tenant's share: `busy` says how many attempts of which tenants the claimer has in
+/// flight, and no tenant gets more than `per_tenant` in all (see [`CLAIM_SHARED`]).
+pub async fn claim_due_shared(
+    pool: &PgPool,
+    limit: usize,
+    lease: Duration,
+    per_tenant: usize,
+    busy: &[(Uuid, u64)],
+) -> Result<Vec<Claimed>, StoreError> {
+    let (tenants, counts): (Vec<Uuid>, Vec<i64>) = busy
+        .iter()
+        .map(|(t, n)| (*t, i64::try_from(*n).unwrap_or(i64::MAX)))
+        .unzip();
+    Ok(sqlx::query_as::<_, Claimed>(CLAIM_SHARED)
+        .bind(limit as i64)
+        .bind(lease.as_secs_f64())
+        .bind(&tenants)
+        .bind(&counts)
+        .bind(per_tenant as i64)
+        .fetch_all(pool)
+        .await?)
 }
 
 /// What one attempt came to.

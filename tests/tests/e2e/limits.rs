@@ -2,6 +2,8 @@
 //! batch size and active runs. Rates are tiny (1 request/s) with a burst, so refill during a
 //! test is negligible and nothing depends on timing.
 
+use std::time::Duration;
+
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -390,5 +392,82 @@ async fn without_redis_the_api_fails_open_at_the_local_rate() {
     assert!(
         header(last, "retry-after").unwrap() <= 3,
         "the local limiter's wait"
+    );
+}
+
+/// Many creates of one tenant at the same moment, on two API replicas, through every create
+/// endpoint (single runs, `POST /v1/runs/batch`, `POST /v1/batches`): the tenant's active runs
+/// must never pass `limits.max_active_runs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_creates_never_pass_max_active_runs() {
+    const MAX: i64 = 6;
+    // No worker: every run stays queued, so it stays active.
+    let env = TestEnv::with(&[("limits.max_active_runs", "6")]).await;
+    let a = env.spawn_api().await;
+    let b = env.spawn_api().await;
+    let run = scripted_run(json!([{"content": "hi"}]), json!([]));
+    let two = json!({"runs": [run.clone(), run.clone()]});
+    let sends = (0..48).map(|i| {
+        let app = if i % 2 == 0 { &a } else { &b };
+        // Every third request of each kind: a single run, two runs at once, a batch of two.
+        let (path, body, runs) = match i % 3 {
+            0 => ("/v1/runs", run.clone(), 1),
+            1 => ("/v1/runs/batch", two.clone(), 2),
+            _ => {
+                let items: Vec<Value> = (0..2)
+                    .map(|j| {
+                        let mut item = run.clone();
+                        item["custom_id"] = json!(format!("item-{j}"));
+                        item
+                    })
+                    .collect();
+                ("/v1/batches", json!({"runs": items}), 2)
+            }
+        };
+        let req = app
+            .http
+            .post(app.url(path))
+            .bearer_auth(&a.api_key)
+            .json(&body)
+            .send();
+        async move { (req.await.map(|r| r.status().as_u16()), runs) }
+    });
+    let answers = futures_util::future::join_all(sends).await;
+    for (answer, _) in &answers {
+        let status = answer.as_ref().expect("an answer");
+        assert!(
+            [202, 429].contains(status),
+            "every create is accepted or refused for the limit: {status}"
+        );
+    }
+    let accepted: i64 = answers
+        .iter()
+        .filter(|(r, _)| r.as_ref().is_ok_and(|s| *s == 202))
+        .map(|(_, runs)| *runs)
+        .sum();
+    // The accepted batches' runs are created in the background.
+    let written = wait_for("the batches' runs", Duration::from_secs(30), || async {
+        let creating: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM batches WHERE tenant_id = $1 AND status = 'creating'",
+        )
+        .bind(a.tenant_id)
+        .fetch_one(&env.pool)
+        .await
+        .expect("count creating batches");
+        if creating > 0 {
+            return None;
+        }
+        Some(runs_of(&env, a.tenant_id).await)
+    })
+    .await;
+    assert!(
+        written <= MAX && accepted <= MAX,
+        "{accepted} runs accepted and {written} written past max_active_runs {MAX}"
+    );
+    assert_eq!(written, accepted, "every accepted run was written");
+    // Requests add one or two runs: the last room may be one that only pairs were left for.
+    assert!(
+        written >= MAX - 1,
+        "the limit is reached, not undershot: {written}"
     );
 }

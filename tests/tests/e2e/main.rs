@@ -1,5 +1,6 @@
 //! End-to-end tests against real Postgres, RabbitMQ and Redis. One binary, several modules.
 
+mod admission;
 mod api_contract;
 mod batches;
 mod chaos;

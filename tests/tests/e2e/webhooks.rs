@@ -564,3 +564,102 @@ async fn a_finished_batch_sends_batch_completed_once_with_its_counts() {
             .unwrap();
     assert_eq!(n, 1);
 }
+
+/// Slow endpoints of one tenant hold only that tenant's share of the deliverer's slots: with
+/// twenty endpoints of tenant A that never answer (each attempt holds its slot until
+/// `webhooks.timeout_ms`) and more of A's deliveries due than there are slots, tenant B's
+/// delivery, due after all of A's, is delivered within one delivery timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_endpoints_of_one_tenant_do_not_delay_another_tenants_deliveries() {
+    const TIMEOUT_MS: i64 = 4000;
+    // Accepts connections and never answers: every attempt waits for its timeout.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let holder = held.clone();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = silent.accept().await {
+            holder.lock().unwrap().push(conn);
+        }
+    });
+    let receiver = Receiver::start(0).await;
+    let env = TestEnv::with(&[
+        ("webhooks.poll_interval_ms", "200"),
+        ("webhooks.timeout_ms", "4000"),
+        ("webhooks.claim_lease_ms", "60000"),
+        ("webhooks.max_concurrency", "16"),
+        ("webhooks.max_concurrency_per_tenant", "4"),
+        ("webhooks.max_endpoints_per_tenant", "20"),
+    ])
+    .await;
+    let allow = format!("{silent_addr},{}", receiver.addr);
+    let a = env.spawn_api_with(&[("egress.allow", &allow)]).await;
+    let b = env.app_at(&a.address, reqwest::Client::new()).await;
+    for i in 0..20 {
+        let url = format!("http://{silent_addr}/slow/{i}");
+        let (status, body) = register(&a, json!({"url": url, "events": ["run.cancelled"]})).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let (status, body) = register(
+        &b,
+        json!({"url": receiver.url(), "events": ["run.cancelled"]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    receiver.trust(body["secret"].as_str().unwrap());
+    // No worker: a queued run is cancelled at once, and each cancel is one delivery per
+    // endpoint. Two of A's: 40 deliveries, more than the deliverer's 16 slots.
+    cancel(&a).await;
+    cancel(&a).await;
+    // A's attempts hold their slots (none of them can end before the timeout).
+    wait_for("A's deliveries in flight", T, || async {
+        let claimed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM webhook_deliveries WHERE tenant_id = $1 AND attempts > 0",
+        )
+        .bind(a.tenant_id)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+        (claimed >= 4).then_some(())
+    })
+    .await;
+    let in_flight: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM webhook_deliveries WHERE tenant_id = $1 AND attempts > 0",
+    )
+    .bind(a.tenant_id)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert!(
+        in_flight <= 4,
+        "A holds {in_flight} slots, past its share of 4"
+    );
+    cancel(&b).await;
+    let waited_ms: f64 = wait_for("B's delivery", T, || async {
+        sqlx::query_scalar(
+            "SELECT (extract(epoch FROM finished_at - created_at) * 1000)::float8 \
+               FROM webhook_deliveries WHERE tenant_id = $1 AND status = 'delivered'",
+        )
+        .bind(b.tenant_id)
+        .fetch_optional(&env.pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    assert!(
+        waited_ms < TIMEOUT_MS as f64,
+        "B's delivery waited {waited_ms} ms behind A's slow endpoints (timeout {TIMEOUT_MS} ms)"
+    );
+    assert_eq!(receiver.acknowledged().len(), 1);
+    drop(held);
+}
+
+/// Starts a run and cancels it while it is queued.
+async fn cancel(app: &TestApp) {
+    let run = app
+        .start_run(&scripted_run(json!([{"content": "x"}]), json!([])))
+        .await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let resp = app.post(&format!("/v1/runs/{id}/cancel"), &json!({})).await;
+    assert_eq!(resp.status(), 200);
+}

@@ -30,6 +30,8 @@ use super::http::{HttpOutcome, answer_outcome, error_outcome, truncated_outcome}
 /// A server as the worker reaches it.
 #[derive(Debug, Clone)]
 pub struct Server {
+    /// Whose server it is: the tool cache's share.
+    pub tenant: Uuid,
     pub url: String,
     pub headers: Vec<(String, String)>,
     /// Tenant, URL and a hash of the headers: the tool cache's key.
@@ -46,7 +48,12 @@ impl Server {
             hash.update([0]);
         }
         let key = format!("{tenant}|{url}|{}", hex::encode(hash.finalize()));
-        Server { url, headers, key }
+        Server {
+            tenant,
+            url,
+            headers,
+            key,
+        }
     }
 }
 
@@ -87,22 +94,58 @@ pub struct Limits {
     pub max_response_bytes: usize,
 }
 
-/// Tool lists by server key, reused until they are `ttl` old. Bounded: past `MAX_ENTRIES`
-/// the expired entries go, and if none had expired, everything does.
+/// Tool lists by server key, reused until they are `ttl` old, shared per tenant so that no
+/// tenant's listings can flush the others': a tenant holds at most `per_tenant` entries (its
+/// own oldest goes to make room for its next), and when the whole cache is full
+/// (`max_entries`), the expired go, else the oldest entry of the tenant holding the most.
 pub struct ToolCache {
     ttl: Duration,
-    entries: Mutex<HashMap<String, Listed>>,
+    max_entries: usize,
+    per_tenant: usize,
+    entries: Mutex<Entries>,
 }
 
-/// A server's tools and when they were listed.
-type Listed = (Instant, Arc<Vec<RemoteTool>>);
+#[derive(Default)]
+struct Entries {
+    by_key: HashMap<String, Listed>,
+    per_tenant: HashMap<Uuid, usize>,
+}
 
-const MAX_ENTRIES: usize = 4096;
+/// A server's tools, whose tenant they are, and when they were listed.
+struct Listed {
+    tenant: Uuid,
+    at: Instant,
+    tools: Arc<Vec<RemoteTool>>,
+}
+
+impl Entries {
+    fn remove(&mut self, key: &str) {
+        if let Some(gone) = self.by_key.remove(key)
+            && let Some(n) = self.per_tenant.get_mut(&gone.tenant)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.per_tenant.remove(&gone.tenant);
+            }
+        }
+    }
+
+    /// The key of `tenant`'s oldest entry.
+    fn oldest_of(&self, tenant: Uuid) -> Option<String> {
+        self.by_key
+            .iter()
+            .filter(|(_, l)| l.tenant == tenant)
+            .min_by_key(|(_, l)| l.at)
+            .map(|(k, _)| k.clone())
+    }
+}
 
 impl ToolCache {
-    pub fn new(ttl: Duration) -> ToolCache {
+    pub fn new(ttl: Duration, max_entries: usize, per_tenant: usize) -> ToolCache {
         ToolCache {
             ttl,
+            max_entries: max_entries.max(1),
+            per_tenant: per_tenant.max(1),
             entries: Mutex::default(),
         }
     }
@@ -110,20 +153,51 @@ impl ToolCache {
     fn get(&self, key: &str) -> Option<Arc<Vec<RemoteTool>>> {
         let entries = self.entries.lock().expect("mcp cache lock");
         entries
+            .by_key
             .get(key)
-            .filter(|(at, _)| at.elapsed() < self.ttl)
-            .map(|(_, tools)| tools.clone())
+            .filter(|l| l.at.elapsed() < self.ttl)
+            .map(|l| l.tools.clone())
     }
 
-    fn put(&self, key: String, tools: Arc<Vec<RemoteTool>>) {
+    fn put(&self, tenant: Uuid, key: String, tools: Arc<Vec<RemoteTool>>) {
         let mut entries = self.entries.lock().expect("mcp cache lock");
-        if entries.len() >= MAX_ENTRIES {
-            entries.retain(|_, (at, _)| at.elapsed() < self.ttl);
-            if entries.len() >= MAX_ENTRIES {
-                entries.clear();
+        entries.remove(&key);
+        if entries.per_tenant.get(&tenant).copied().unwrap_or(0) >= self.per_tenant
+            && let Some(oldest) = entries.oldest_of(tenant)
+        {
+            entries.remove(&oldest);
+        }
+        if entries.by_key.len() >= self.max_entries {
+            let ttl = self.ttl;
+            let expired: Vec<String> = entries
+                .by_key
+                .iter()
+                .filter(|(_, l)| l.at.elapsed() >= ttl)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in expired {
+                entries.remove(&key);
             }
         }
-        entries.insert(key, (Instant::now(), tools));
+        if entries.by_key.len() >= self.max_entries {
+            let largest = entries
+                .per_tenant
+                .iter()
+                .max_by_key(|(_, n)| **n)
+                .map(|(t, _)| *t);
+            if let Some(oldest) = largest.and_then(|t| entries.oldest_of(t)) {
+                entries.remove(&oldest);
+            }
+        }
+        *entries.per_tenant.entry(tenant).or_insert(0) += 1;
+        entries.by_key.insert(
+            key,
+            Listed {
+                tenant,
+                at: Instant::now(),
+                tools,
+            },
+        );
     }
 }
 
@@ -157,7 +231,7 @@ pub async fn tools(
     .map_err(|_| McpError::Timeout(limits.timeout.as_millis()))??;
     metrics::counter!("agentfleet_mcp_tool_lists_total", "source" => "server").increment(1);
     let tools = Arc::new(tools);
-    cache.put(server.key.clone(), tools.clone());
+    cache.put(server.tenant, server.key.clone(), tools.clone());
     Ok(tools)
 }
 
@@ -421,11 +495,40 @@ mod tests {
 
     #[test]
     fn cached_lists_expire() {
-        let cache = ToolCache::new(Duration::from_millis(0));
-        cache.put("k".into(), Arc::new(vec![]));
+        let t = Uuid::now_v7();
+        let cache = ToolCache::new(Duration::from_millis(0), 10, 10);
+        cache.put(t, "k".into(), Arc::new(vec![]));
         assert!(cache.get("k").is_none());
-        let cache = ToolCache::new(Duration::from_secs(60));
-        cache.put("k".into(), Arc::new(vec![]));
+        let cache = ToolCache::new(Duration::from_secs(60), 10, 10);
+        cache.put(t, "k".into(), Arc::new(vec![]));
         assert!(cache.get("k").is_some());
+    }
+
+    #[test]
+    fn one_tenant_cannot_flush_the_others_listings() {
+        let cache = ToolCache::new(Duration::from_secs(60), 8, 4);
+        let (quiet, busy) = (Uuid::now_v7(), Uuid::now_v7());
+        cache.put(quiet, "quiet-1".into(), Arc::new(vec![]));
+        cache.put(quiet, "quiet-2".into(), Arc::new(vec![]));
+        for i in 0..1000 {
+            cache.put(busy, format!("busy-{i}"), Arc::new(vec![]));
+            let entries = cache.entries.lock().unwrap();
+            assert!(entries.by_key.len() <= 8);
+            assert!(entries.per_tenant[&busy] <= 4, "the busy tenant's share");
+        }
+        assert!(cache.get("quiet-1").is_some() && cache.get("quiet-2").is_some());
+        assert!(
+            cache.get("busy-999").is_some(),
+            "the newest listing is kept"
+        );
+        assert!(cache.get("busy-0").is_none());
+        // A full cache gives way from its largest holder, not from a small one.
+        let cache = ToolCache::new(Duration::from_secs(60), 4, 4);
+        cache.put(quiet, "quiet".into(), Arc::new(vec![]));
+        for i in 0..10 {
+            cache.put(Uuid::now_v7(), format!("other-{i}"), Arc::new(vec![]));
+            cache.put(busy, format!("busy-{i}"), Arc::new(vec![]));
+        }
+        assert!(cache.entries.lock().unwrap().by_key.len() <= 4);
     }
 }

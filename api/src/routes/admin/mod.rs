@@ -3,12 +3,11 @@
 //! token, `api.admin_token`, compared in constant time; when the token is empty the admin API
 //! does not exist (every path answers 404, as an unknown path does). Tenant API keys never
 //! open it, and the operator token opens nothing under `/v1`. A source address that fails
-//! too often is answered 429 for a while (`attempts`).
+//! too often is answered 429 for a while (`crate::auth::attempts`).
 //!
 //! This module holds the admin router and its token check; `tenants/` and `keys/` the
 //! endpoints, one file each, and `errors.rs` their store errors as answers.
 
-pub mod attempts;
 pub mod errors;
 pub mod keys;
 pub mod tenants;
@@ -93,15 +92,11 @@ pub async fn require_admin(
         .unwrap_or(std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED));
     let now = std::time::Instant::now();
     if let Some(wait) = state.admin_failures.locked_out(source, now) {
-        return Err(ApiError {
-            retry_after_secs: Some(wait.as_secs_f64().ceil().max(1.0) as u64),
-            ..ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_attempts",
-                "too many failed admin authentications from this address; try again later \
-                 (api.admin_max_failures)",
-            )
-        });
+        return Err(crate::auth::attempts::locked_out(
+            wait,
+            "too many failed admin authentications from this address; try again later \
+             (api.admin_max_failures)",
+        ));
     }
     if !token_matches(req.headers(), expected) {
         state.admin_failures.fail(source, now);

@@ -110,7 +110,7 @@ impl From<StoreError> for SubmitBatchError {
               (status = 409, description = "`idempotency_key_reused`: the key names a batch made from another body", body = crate::routes::view::ErrorBody),
               (status = 413, description = "`payload_too_large`: the body is over `api.max_batch_body_bytes`", body = crate::routes::view::ErrorBody),
               (status = 422, description = "`invalid_request` naming the field as `runs[i].field`, or `runs` when the batch holds more than `api.max_batch_items` (or the tenant's `max_batch_size`); nothing was created", body = crate::routes::view::ErrorBody),
-              (status = 429, description = "`rate_limited` (with `Retry-After`), or `too_many_active_runs`: the batch would take the tenant past its `max_active_runs`; nothing was created", body = crate::routes::view::ErrorBody)))]
+              (status = 429, description = "`rate_limited` (with `Retry-After`), `too_many_active_runs`: the batch would take the tenant past its `max_active_runs`, or `too_many_large_requests`: the tenant already has `api.max_large_bodies_per_tenant` bodies over `api.max_body_bytes` in flight on this API process; nothing was created", body = crate::routes::view::ErrorBody)))]
 pub async fn submit_batch(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -179,9 +179,7 @@ pub async fn submit_batch(
             run_id: None,
         })
         .collect();
-    let written = batches::insert(&state.pool, &new, &items)
-        .await
-        .map_err(ApiError::unexpected)?;
+    let written = insert(&state, &caller, &new, &items).await?;
     let Some(row) = written else {
         // Another submission with this key committed first.
         let k = key.as_deref().unwrap_or_default();
@@ -200,6 +198,28 @@ pub async fn submit_batch(
         ..Counts::default()
     };
     Ok((StatusCode::ACCEPTED, Json(view::batch(&row, &counts))))
+}
+
+/// Writes the batch and its items; for a tenant with `max_active_runs`, in a transaction that
+/// first reserves them under the tenant's creation lock (each pending item counts as a run).
+async fn insert(
+    state: &AppState,
+    caller: &agentfleet_shared::store::tenants::Principal,
+    new: &NewBatch,
+    items: &[NewItem],
+) -> Result<Option<BatchRow>, ApiError> {
+    let Some(max) = crate::quota::active_runs_limit(state, caller) else {
+        return batches::insert(&state.pool, new, items)
+            .await
+            .map_err(ApiError::unexpected);
+    };
+    let mut tx = state.pool.begin().await.map_err(ApiError::unexpected)?;
+    crate::quota::reserve(&mut tx, caller.tenant_id, max, items.len()).await?;
+    let written = batches::insert(&mut *tx, new, items)
+        .await
+        .map_err(ApiError::unexpected)?;
+    tx.commit().await.map_err(ApiError::unexpected)?;
+    Ok(written)
 }
 
 /// The answer to a submission whose key made a batch before: that batch when the body is the

@@ -118,8 +118,16 @@ pub async fn create_batch(
             on_new_threads.push((i, new));
         }
     }
-    let (batch_id, created) =
-        commit(&state, caller.tenant_id, fair, on_threads, on_new_threads).await?;
+    let limit = crate::quota::active_runs_limit(&state, &caller);
+    let (batch_id, created) = commit(
+        &state,
+        caller.tenant_id,
+        fair,
+        limit,
+        on_threads,
+        on_new_threads,
+    )
+    .await?;
     metrics::counter!("agentfleet_runs_created_total").increment(created.len() as u64);
     crate::announce::announce_all(&state, &created).await;
     let runs = created.iter().map(view::run).collect();
@@ -134,11 +142,13 @@ pub async fn create_batch(
 /// request order (`i` is a run's index in the request). Runs on existing threads go first, one
 /// by one through `transitions::create` (each locks its thread and checks it has no active
 /// run, so the first refusal is the lowest such index, as before); the runs on new threads are
-/// then one statement, and the handle one more.
+/// then one statement, and the handle one more. `limit`: the tenant's `max_active_runs`,
+/// reserved first in the same transaction.
 async fn commit(
     state: &AppState,
     tenant: Uuid,
     fair: bool,
+    limit: Option<u32>,
     on_threads: Vec<(usize, NewRun)>,
     on_new_threads: Vec<(usize, NewRun)>,
 ) -> Result<(Uuid, Vec<RunRow>), ApiError> {
@@ -146,6 +156,10 @@ async fn commit(
     let (new_at, new_runs): (Vec<usize>, Vec<NewRun>) = on_new_threads.into_iter().unzip();
     let mut created: Vec<(usize, RunRow)> = Vec::with_capacity(new_runs.len() + on_threads.len());
     let mut tx = state.pool.begin().await.map_err(ApiError::unexpected)?;
+    if let Some(max) = limit {
+        let runs = new_runs.len() + on_threads.len();
+        crate::quota::reserve(&mut tx, tenant, max, runs).await?;
+    }
     let mut adopted = Vec::with_capacity(on_threads.len());
     for (i, new) in on_threads {
         match transitions::create(&mut tx, new).await {

@@ -64,6 +64,12 @@ pub enum CreateRunError {
     ThreadQueueFull { thread_id: Uuid, limit: i64 },
     #[error("Idempotency-Key was used with a different request")]
     IdempotencyMismatch,
+    #[error("{active} active runs and {new_runs} more would pass the limit of {max}")]
+    TooManyActiveRuns {
+        max: u32,
+        active: i64,
+        new_runs: usize,
+    },
     #[error(transparent)]
     Unexpected(#[from] anyhow::Error),
 }
@@ -98,6 +104,11 @@ impl From<CreateRunError> for ApiError {
                 "idempotency_key_reused",
                 "Idempotency-Key was already used with a different request body",
             ),
+            CreateRunError::TooManyActiveRuns {
+                max,
+                active,
+                new_runs,
+            } => crate::quota::too_many_active_runs(max, active, new_runs),
             CreateRunError::Unexpected(e) => ApiError::unexpected(e),
         }
     }
@@ -120,9 +131,10 @@ pub async fn create_run(
     let key = idempotency_key(&headers)?;
     crate::quota::check_active_runs(&state, &caller, 1, key.as_deref()).await?;
     let fair = crate::fair_dispatch::is_fair(&state.settings, &caller);
+    let limit = crate::quota::active_runs_limit(&state, &caller);
     // Boxed: `submit`'s future is ~17.6 KB (sqlx's), and every layer of the router moved the
     // handler's future holding it (memcpy was 15 % of the API's instructions in callgrind).
-    let run = Box::pin(submit(&state, caller.tenant_id, fair, body, key)).await?;
+    let run = Box::pin(submit(&state, caller.tenant_id, fair, limit, body, key)).await?;
     Ok((StatusCode::ACCEPTED, Json(view::run(&run))))
 }
 
@@ -274,11 +286,13 @@ pub async fn check_servers<'a>(
     }
 }
 
-/// Validates, commits and publishes one run; shared by the single and batch endpoints.
+/// Validates, commits and publishes one run. `limit`: the tenant's `max_active_runs`, reserved
+/// in the run's transaction.
 pub async fn submit(
     state: &AppState,
     tenant: Uuid,
     fair: bool,
+    limit: Option<u32>,
     body: CreateRun,
     key: Option<String>,
 ) -> Result<RunRow, CreateRunError> {
@@ -325,14 +339,14 @@ pub async fn submit(
         traceparent: agentfleet_shared::telemetry::current_traceparent(),
     };
     let created = if new.thread_id.is_none() {
-        if new.idempotency_key.is_none() {
+        match limit {
+            Some(max) => create_reserved(state, new, max).await,
             // Grouped with other creations arriving at once (one statement, one commit).
-            state.creates.write(new).await
-        } else {
-            transitions::create_on_new_thread(&state.pool, new).await
+            None if new.idempotency_key.is_none() => state.creates.write(new).await,
+            None => transitions::create_on_new_thread(&state.pool, new).await,
         }
     } else {
-        create_on_thread(state, new, if_busy).await
+        create_on_thread(state, new, if_busy, limit).await
     };
     let run = match created {
         Ok(run) => run,
@@ -342,6 +356,17 @@ pub async fn submit(
         }
         Err(StoreError::ThreadQueueFull { thread_id, limit }) => {
             return Err(CreateRunError::ThreadQueueFull { thread_id, limit });
+        }
+        Err(StoreError::TooManyActiveRuns {
+            max,
+            active,
+            new_runs,
+        }) => {
+            return Err(CreateRunError::TooManyActiveRuns {
+                max,
+                active,
+                new_runs,
+            });
         }
         Err(StoreError::Db(e)) if key.is_some() && is_idempotency_race(&e) => {
             let k = key.as_deref().expect("checked");
@@ -359,19 +384,34 @@ pub async fn submit(
     Ok(run)
 }
 
+/// A run on a new thread of a tenant with `max_active_runs`: reserved under the tenant's
+/// creation lock, and inserted, in one transaction.
+async fn create_reserved(state: &AppState, new: NewRun, max: u32) -> Result<RunRow, StoreError> {
+    let mut tx = state.pool.begin().await?;
+    runs::reserve_active(&mut tx, new.tenant_id, max, 1).await?;
+    let run = transitions::create_on_new_thread(&mut *tx, new).await?;
+    tx.commit().await?;
+    Ok(run)
+}
+
 /// A run on an existing thread: the thread row is locked first (see `transitions::create`).
 /// With `if_busy = enqueue | interrupt`, a creation that lost the race with a concurrent
 /// promotion (the unique index refused it) tries again and waits behind the promoted run.
+/// `limit`: the tenant's `max_active_runs`, reserved first.
 async fn create_on_thread(
     state: &AppState,
     new: NewRun,
     if_busy: IfBusy,
+    limit: Option<u32>,
 ) -> Result<RunRow, StoreError> {
     const ATTEMPTS: usize = 3;
     let max_waiting = state.settings.api.max_queued_per_thread;
     let mut new = new;
     for attempt in 1.. {
         let mut tx = state.pool.begin().await?;
+        if let Some(max) = limit {
+            runs::reserve_active(&mut tx, new.tenant_id, max, 1).await?;
+        }
         match double_text::create(&mut tx, new.clone(), if_busy, max_waiting).await {
             Ok(created) => {
                 tx.commit().await?;

@@ -8,6 +8,7 @@
 //!
 //! Speed goals are reported, never asserted: the exit code says only whether it ran.
 
+mod auth;
 mod batch;
 mod common;
 mod cpu;
@@ -121,8 +122,13 @@ struct Args {
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench.json")]
     out: String,
+    /// The benchmark tenant's own `limits.max_active_runs` (0: none, the default): its creates
+    /// then count its active runs and write under its creation lock
+    /// (`store::runs::reserve_active`), as a limited tenant's do.
+    #[arg(long, default_value_t = 0)]
+    max_active_runs: u32,
     /// Run only these sections (limits, enqueue, batch, framework, e2e, fairness, faults,
-    /// events, resume, recovery, memory, redis, storage, load).
+    /// events, resume, recovery, memory, redis, storage, auth, load).
     #[arg(long)]
     only: Vec<String>,
     #[command(flatten)]
@@ -283,9 +289,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("--drop-index {index}: {e}"))?;
     }
     let (api, base) = env.spawn_api_process(&[("RUST_LOG", "error")]).await;
-    let key = agentfleet_shared::store::tenants::create(&env.pool, "bench")
-        .await?
-        .api_key;
+    let tenant = agentfleet_shared::store::tenants::create(&env.pool, "bench").await?;
+    if args.max_active_runs > 0 {
+        sqlx::query("UPDATE tenants SET limits = jsonb_build_object('max_active_runs', $2::int8) WHERE id = $1")
+            .bind(tenant.tenant_id)
+            .bind(i64::from(args.max_active_runs))
+            .execute(&env.pool)
+            .await?;
+    }
+    let key = tenant.api_key;
     let ctx = Ctx {
         env,
         args: args.clone(),
@@ -349,6 +361,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     if ctx.wants("storage") {
         storage::storage(&ctx, &mut report).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("auth") {
+        auth::flood(&ctx, &mut report).await?;
         ctx.settle().await;
     }
     if ctx.wants("load") {

@@ -1,6 +1,9 @@
-//! Failed admin authentications, counted per source address: past `api.admin_max_failures`
-//! within `api.admin_failure_window_ms`, the source is answered 429 (with `Retry-After`) until
-//! its window ends, whatever token it sends, so the operator token cannot be guessed at speed.
+//! Failed authentications, counted per source address: past a number of failures within a
+//! window, the source is answered 429 (with `Retry-After`) until its window ends. One table for
+//! the admin token (`api.admin_max_failures`: whatever token it sends, so the operator token
+//! cannot be guessed at speed), one for `/v1` API keys (`api.auth_max_failures`: only keys that
+//! would need a Postgres lookup are refused, so a flood of made-up keys costs Postgres at most
+//! that many lookups per source and window).
 //!
 //! Sources are IPv4 addresses, or IPv6 /64 networks (one host usually holds a whole /64). At
 //! most `api.admin_max_sources` are tracked: when full, expired windows are dropped, and if
@@ -34,7 +37,7 @@ impl FailedAttempts {
 
     /// How long `source` must wait before it may try again, if it is locked out.
     pub fn locked_out(&self, source: IpAddr, now: Instant) -> Option<Duration> {
-        let windows = self.windows.lock().expect("admin attempts lock");
+        let windows = self.windows.lock().expect("attempts lock");
         let key = if windows.contains_key(&source_of(source)) {
             source_of(source)
         } else if windows.len() >= self.max_sources {
@@ -49,7 +52,7 @@ impl FailedAttempts {
 
     /// Counts one failed attempt of `source`.
     pub fn fail(&self, source: IpAddr, now: Instant) {
-        let mut windows = self.windows.lock().expect("admin attempts lock");
+        let mut windows = self.windows.lock().expect("attempts lock");
         let mut key = source_of(source);
         if !windows.contains_key(&key) && windows.len() >= self.max_sources {
             let window = self.window;
@@ -63,6 +66,18 @@ impl FailedAttempts {
             *entry = (now, 0);
         }
         entry.1 = entry.1.saturating_add(1);
+    }
+}
+
+/// The answer to a locked-out source: 429 `too_many_attempts`, `Retry-After` its wait.
+pub fn locked_out(wait: Duration, message: &str) -> crate::error::ApiError {
+    crate::error::ApiError {
+        retry_after_secs: Some(wait.as_secs_f64().ceil().max(1.0) as u64),
+        ..crate::error::ApiError::new(
+            axum::http::StatusCode::TOO_MANY_REQUESTS,
+            "too_many_attempts",
+            message,
+        )
     }
 }
 
