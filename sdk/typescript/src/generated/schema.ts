@@ -44,7 +44,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Ready only when Postgres, Redis and RabbitMQ all answer: a 202 needs all three. */
+        /**
+         * Ready only when Postgres, Redis and RabbitMQ all answer: a 202 needs all three. Answered
+         *     from the last background round (`crate::readiness`), so a call touches none of them.
+         */
         get: operations["readyz"];
         put?: never;
         post?: never;
@@ -1037,7 +1040,10 @@ export interface components {
         TenantView: components["schemas"]["TenantInfo"] & {
             /** @description Its own limits over the configured `[limits]` (0 = no limit). */
             effective_limits: Record<string, unknown>;
-            /** @description Its own retention windows over the configured `[retention]`, in days (0 = kept for ever). */
+            /**
+             * @description Its own retention windows over the configured `[retention]`, in seconds (0 = kept for
+             *     ever).
+             */
             effective_retention: Record<string, unknown>;
         };
         /** @enum {string} */
@@ -1191,7 +1197,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Ready: every backing service answers */
+            /** @description Ready: every backing service answered the last check (made every `api.readiness_interval_ms`) */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -1200,7 +1206,7 @@ export interface operations {
                     "application/json": components["schemas"]["Readiness"];
                 };
             };
-            /** @description Not ready: the flags say which service does not answer */
+            /** @description Not ready: the flags say which service did not answer */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1261,7 +1267,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -1287,7 +1293,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -1415,7 +1421,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited` (with `Retry-After`), or `too_many_active_runs`: the batch would take the tenant past its `max_active_runs`; nothing was created */
+            /** @description `rate_limited` (with `Retry-After`), `too_many_active_runs`: the batch would take the tenant past its `max_active_runs`, or `too_many_large_requests`: the tenant already has `api.max_large_bodies_per_tenant` bodies over `api.max_body_bytes` in flight on this API process; nothing was created */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -1441,7 +1447,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -1511,7 +1517,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -1537,7 +1543,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -1607,7 +1613,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -1633,7 +1639,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -1708,7 +1714,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -1734,7 +1740,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -1807,7 +1813,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -1833,7 +1839,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -1891,7 +1897,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -1917,7 +1923,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -1975,7 +1981,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -2001,7 +2007,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -2099,7 +2105,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -2125,7 +2131,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -2195,7 +2201,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -2221,7 +2227,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -2291,7 +2297,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -2317,7 +2323,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -2386,7 +2392,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -2412,7 +2418,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -2557,7 +2563,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -2699,7 +2705,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -2762,7 +2768,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -2788,7 +2794,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -2858,7 +2864,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -2884,7 +2890,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -2963,7 +2969,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -2989,7 +2995,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -3071,7 +3077,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -3097,7 +3103,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -3216,7 +3222,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -3242,7 +3248,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -3312,7 +3318,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -3338,7 +3344,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -3417,7 +3423,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -3443,7 +3449,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -3518,7 +3524,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -3544,7 +3550,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -3607,7 +3613,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -3633,7 +3639,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -3691,7 +3697,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -3717,7 +3723,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -3815,7 +3821,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -3841,7 +3847,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -3911,7 +3917,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -3937,7 +3943,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -4007,7 +4013,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -4033,7 +4039,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -4108,7 +4114,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -4134,7 +4140,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -4215,7 +4221,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -4241,7 +4247,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */
@@ -4342,7 +4348,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; retry after `Retry-After` */
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
             429: {
                 headers: {
                     /** @description Requests the tenant's bucket holds (its burst) */
@@ -4368,7 +4374,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `unavailable`: a backing service cannot be reached; retry */
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
             503: {
                 headers: {
                     /** @description Seconds to wait */

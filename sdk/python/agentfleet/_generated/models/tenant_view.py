@@ -33,7 +33,8 @@ class TenantView:
             `[retention]`.
         effective_limits (TenantViewEffectiveLimits): Its own limits over the configured `[limits]` (0 = no limit).
         effective_retention (TenantViewEffectiveRetention): Its own retention windows over the configured `[retention]`,
-            in days (0 = kept for ever).
+            in seconds (0 = kept for
+            ever).
         erased_at (datetime.datetime | None | Unset): Set when its erasure was requested (`DELETE
             /admin/v1/tenants/{id}`): its keys are
             refused, its data is being (or has been) removed, and the row stays as a tombstone

@@ -11,7 +11,10 @@ T = TypeVar("T", bound="TenantViewEffectiveRetention")
 
 @_attrs_define
 class TenantViewEffectiveRetention:
-    """Its own retention windows over the configured `[retention]`, in days (0 = kept for ever)."""
+    """Its own retention windows over the configured `[retention]`, in seconds (0 = kept for
+    ever).
+
+    """
 
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 

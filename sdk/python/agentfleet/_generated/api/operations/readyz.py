@@ -53,7 +53,8 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
 ) -> Response[Readiness]:
-    """Ready only when Postgres, Redis and RabbitMQ all answer: a 202 needs all three.
+    """Ready only when Postgres, Redis and RabbitMQ all answer: a 202 needs all three. Answered
+    from the last background round (`crate::readiness`), so a call touches none of them.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -76,7 +77,8 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
 ) -> Readiness | None:
-    """Ready only when Postgres, Redis and RabbitMQ all answer: a 202 needs all three.
+    """Ready only when Postgres, Redis and RabbitMQ all answer: a 202 needs all three. Answered
+    from the last background round (`crate::readiness`), so a call touches none of them.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -95,7 +97,8 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
 ) -> Response[Readiness]:
-    """Ready only when Postgres, Redis and RabbitMQ all answer: a 202 needs all three.
+    """Ready only when Postgres, Redis and RabbitMQ all answer: a 202 needs all three. Answered
+    from the last background round (`crate::readiness`), so a call touches none of them.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -116,7 +119,8 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
 ) -> Readiness | None:
-    """Ready only when Postgres, Redis and RabbitMQ all answer: a 202 needs all three.
+    """Ready only when Postgres, Redis and RabbitMQ all answer: a 202 needs all three. Answered
+    from the last background round (`crate::readiness`), so a call touches none of them.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
