@@ -724,12 +724,16 @@ async fn removal_flat_out_never_makes_a_turn_commit_wait() {
         let pool = remover_pool.clone();
         let settings = settings.retention.clone();
         let threads = threads.clone();
+        // The old rows are added on the harness's connections, not the remover's: their inserts
+        // take key-share locks on the threads (the foreign keys), which a create's thread lock
+        // waits for, and the watch would count that wait against removal.
+        let adder = env.pool.clone();
         tokio::spawn(async move {
             let mut total = Removed::default();
             let mut passes = 0u32;
             while running.load(Ordering::Relaxed) {
                 if passes > 0 {
-                    add_old_rows(&pool, tenant, 200, &threads).await;
+                    add_old_rows(&adder, tenant, 200, &threads).await;
                 }
                 let removed = retention::remove_due(&pool, &settings)
                     .await
