@@ -55,9 +55,11 @@ $$;
 -- `dispatch_held` (0016) with the fair-share window: a tenant's free places are its window
 -- (or its `max_running_runs`, whichever is lower) minus its runs in flight. Only tenants with
 -- held runs are locked: every run's end asks for a dispatch of its tenant, and most find
--- nothing held. A run held by a create racing this probe is dispatched by that create's own
--- dispatch (a creator of a held run always asks for one). The 0016 version stays for
--- processes of the previous release during a rolling upgrade.
+-- nothing held. A tenant held back by the fair share alone is dispatched in chunks: only once
+-- an eighth of its window is free (counted before the lock; a tenant with a window of 2 × the
+-- slots then still has 3/4 of the slots' worth queued), so a backlog drains with one dispatch
+-- per chunk, not one per run's end. The sweeper dispatches what a race left held. The 0016
+-- version stays for processes of the previous release during a rolling upgrade.
 CREATE FUNCTION dispatch_held(tenant_ids uuid[], default_limit bigint, max_per_tenant bigint,
                               share_window bigint)
 RETURNS TABLE (tenant_id uuid, run_id uuid)
@@ -71,7 +73,13 @@ BEGIN
     FROM tenants tn
     WHERE tn.id = ANY(tenant_ids)
       AND EXISTS (SELECT 1 FROM runs h
-                  WHERE h.tenant_id = tn.id AND h.status = 'queued' AND h.held);
+                  WHERE h.tenant_id = tn.id AND h.status = 'queued' AND h.held)
+      AND (COALESCE((tn.limits->>'max_running_runs')::bigint, default_limit) > 0
+           OR share_window <= 0
+           OR share_window - (SELECT count(*) FROM (
+                  SELECT 1 FROM runs a
+                  WHERE a.tenant_id = tn.id AND a.status IN ('queued', 'running') AND NOT a.held
+                  LIMIT share_window) inflight) >= GREATEST(1, share_window / 8));
     IF waiting IS NULL THEN
         RETURN;
     END IF;

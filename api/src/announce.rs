@@ -20,7 +20,7 @@ pub fn queued_data() -> Value {
 /// trip, then every message as one burst on the confirm channel, the confirms awaited
 /// together, within the same bound as one run's publish. The runs are already durable, so
 /// failures are logged, not returned: the sweeper re-publishes queued runs it finds idle.
-pub async fn announce_all(state: &AppState, runs: &[RunRow]) {
+pub async fn announce_all(state: &AppState, runs: &[RunRow], limited: bool) {
     let data = queued_data();
     let events: Vec<NewEvent<'_>> = runs
         .iter()
@@ -47,13 +47,14 @@ pub async fn announce_all(state: &AppState, runs: &[RunRow]) {
             tracing::warn!(runs = runs.len(), error = %e, "could not append run_queued for a batch");
         }
     }
-    // The runs inside their tenant's window go out at once; past it, they wait held, and what
-    // fits the window is dispatched, oldest first.
+    // The runs inside their tenant's window go out at once; past it, they wait held. Held by a
+    // running limit (`limited`), what fits it is dispatched now, oldest first; held by the fair
+    // share, the window was full and the runs in flight dispatch them as they end.
     let ids: Vec<Uuid> = runs.iter().filter(|r| !r.held).map(|r| r.id).collect();
     if !ids.is_empty() {
         publish_bounded(state, &ids).await;
     }
-    if let Some(held) = runs.iter().find(|r| r.held) {
+    if limited && let Some(held) = runs.iter().find(|r| r.held) {
         crate::fair_dispatch::dispatch_and_publish(state, held.tenant_id).await;
     }
 }

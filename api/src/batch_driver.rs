@@ -99,7 +99,7 @@ async fn drive(state: &AppState, batch: Uuid, owner: &str) -> Result<(), StoreEr
                 agentfleet_shared::failpoint::hit("batch_after_chunk");
                 metrics::counter!("agentfleet_runs_created_total")
                     .increment(chunk.created.len() as u64);
-                crate::announce::announce_all(state, &chunk.created).await;
+                crate::announce::announce_all(state, &chunk.created, held.fair).await;
                 if chunk.done {
                     return Ok(());
                 }

@@ -10,7 +10,7 @@
 //! The queue so holds only runnable work, which is what an autoscaler should look at; the held
 //! backlog is a metric of its own.
 //!
-//! Who dispatches: the creator of a held run (the API, after the create commits), whoever ends,
+//! Who dispatches: the creator of a run held by a running limit (the API, after the commit), whoever ends,
 //! pauses or cancels a run (the worker or the API, right after that commit), a resume, and the
 //! sweeper, which heals whatever was missed (a process that died between the two commits, a
 //! raised limit, a tenant no longer suspended, workers that joined). Dispatching is one call of
@@ -18,9 +18,11 @@
 //! runs are locked first, so two dispatchers of one tenant count one after the other and never
 //! both fill the same free place.
 //!
-//! A single run's create decides in its insert whether it waits (`fair_share_full`: the tenant
-//! has held runs, or its window is full), without the lock: the common case, a tenant within
-//! its window, costs no dispatch at all, and the window is soft by the creates in flight.
+//! A create decides in its insert which runs wait (`fair_share_room`: none published while the
+//! tenant has held runs, else what is left of its window), without the lock: the common case, a
+//! tenant within its window, costs no dispatch at all, and the window is soft by the creates in
+//! flight. A tenant held back by the fair share alone is dispatched in chunks of an eighth of
+//! its window, so a backlog drains with one dispatch per chunk rather than per run's end.
 
 use std::sync::Arc;
 

@@ -39,7 +39,7 @@ pub struct NewRun {
     /// by its creator).
     pub fair: bool,
     /// The fair share, when on: the run is created held only if its tenant's window is full or
-    /// the tenant has held runs already (`fair_share_full`, migration 0031), and whoever ends it
+    /// the tenant has held runs already (`fair_share_room`, migration 0031), and whoever ends it
     /// dispatches its tenant's next.
     pub share: Option<crate::domain::FairShare>,
     /// W3C `traceparent` of the creating request (`runs.traceparent`); every attempt joins it.

@@ -129,7 +129,7 @@ pub async fn create_batch(
     )
     .await?;
     metrics::counter!("agentfleet_runs_created_total").increment(created.len() as u64);
-    crate::announce::announce_all(&state, &created).await;
+    crate::announce::announce_all(&state, &created, fair).await;
     let runs = created.iter().map(view::run).collect();
     Ok((
         StatusCode::ACCEPTED,

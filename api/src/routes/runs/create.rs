@@ -380,7 +380,7 @@ pub async fn submit(
     };
     agentfleet_shared::failpoint::hit("api_after_commit");
     metrics::counter!("agentfleet_runs_created_total").increment(1);
-    announce(state, &run).await;
+    announce(state, &run, fair).await;
     Ok(run)
 }
 
@@ -474,7 +474,7 @@ fn is_idempotency_race(e: &sqlx::Error) -> bool {
 /// not returned: the sweeper re-publishes queued runs it finds idle. The publish is bounded
 /// so a stalled broker cannot hold the request. A held run (its tenant has a running limit)
 /// is not published: its tenant's runs are dispatched in turn instead (`crate::fair_dispatch`).
-pub async fn announce(state: &AppState, run: &RunRow) {
+pub async fn announce(state: &AppState, run: &RunRow, limited: bool) {
     let data = crate::announce::queued_data();
     let event = NewEvent {
         run_id: run.id,
@@ -494,7 +494,12 @@ pub async fn announce(state: &AppState, run: &RunRow) {
         return;
     }
     if run.held {
-        crate::fair_dispatch::dispatch_and_publish(state, run.tenant_id).await;
+        // Held by its tenant's running limit: a slot may be free (the limit is exact, counted
+        // under the tenant's lock). Held by the fair share: the window was full when the insert
+        // counted, and the runs in flight dispatch it as they end (the sweeper, after a race).
+        if limited {
+            crate::fair_dispatch::dispatch_and_publish(state, run.tenant_id).await;
+        }
         return;
     }
     // Bounded by the publisher's `amqp.timeout_ms`: a stalled broker cannot hold the request.
