@@ -71,11 +71,12 @@ mod tests {
         let first = tally.take(a, 3, 5).unwrap();
         assert!(tally.take(a, 3, 5).is_none());
         let second = tally.take(a, 2, 5).unwrap();
-        assert!(tally.take(b, 5, 5).is_some(), "each tenant its own");
+        let of_b = tally.take(b, 5, 5);
+        assert!(of_b.is_some(), "each tenant its own");
         assert_eq!(tally.snapshot().len(), 2);
         drop(first);
         let third = tally.take(a, 3, 5).unwrap();
-        drop((second, third));
+        drop((second, third, of_b));
         assert!(tally.is_empty());
     }
 }
