@@ -5,10 +5,11 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use agentfleet_shared::store::tenants;
 use agentfleet_tests::harness::*;
+
+use crate::fairness::{batch, count};
 
 /// Each test worker's slots (the harness's `worker.concurrency`).
 const SLOTS_PER_WORKER: i64 = 8;
@@ -16,34 +17,6 @@ const SLOTS_PER_WORKER: i64 = 8;
 /// A's runs dispatch while B's create commits and publishes (a few, on a loaded machine) stays
 /// small beside the bound (2 × the slots).
 const BACKLOG_SLOTS_PER_WORKER: i64 = 32;
-
-async fn batch(app: &TestApp, key: &str, n: usize) {
-    let run = scripted_run(json!([{"content": "done"}]), json!([]));
-    let runs: Vec<Value> = (0..n).map(|_| run.clone()).collect();
-    let resp = app
-        .http
-        .post(app.url("/v1/runs/batch"))
-        .bearer_auth(key)
-        .json(&json!({ "runs": runs }))
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(
-        resp.status(),
-        202,
-        "{}",
-        resp.text().await.unwrap_or_default()
-    );
-}
-
-async fn count(env: &TestEnv, sql: &str, tenant: Uuid) -> i64 {
-    sqlx::query_as::<_, (i64,)>(sqlx::AssertSqlSafe(sql.to_owned()))
-        .bind(tenant)
-        .fetch_one(&env.pool)
-        .await
-        .expect("count")
-        .0
-}
 
 /// Waits until `n` workers have registered their slots: the windows count them from then on.
 async fn workers_registered(env: &TestEnv, n: i64) {

@@ -11,7 +11,8 @@ use agentfleet_tests::harness::*;
 
 const LIMIT: i64 = 8;
 
-async fn batch(app: &TestApp, key: &str, n: usize) {
+/// Submits `n` one-turn runs for the tenant of `key` in one `POST /v1/runs/batch`.
+pub(crate) async fn batch(app: &TestApp, key: &str, n: usize) {
     let run = scripted_run(json!([{"content": "done"}]), json!([]));
     let runs: Vec<Value> = (0..n).map(|_| run.clone()).collect();
     let resp = app
@@ -30,7 +31,8 @@ async fn batch(app: &TestApp, key: &str, n: usize) {
     );
 }
 
-async fn count(env: &TestEnv, sql: &str, tenant: Uuid) -> i64 {
+/// `sql`'s count, with `$1` the tenant.
+pub(crate) async fn count(env: &TestEnv, sql: &str, tenant: Uuid) -> i64 {
     sqlx::query_as::<_, (i64,)>(sqlx::AssertSqlSafe(sql.to_owned()))
         .bind(tenant)
         .fetch_one(&env.pool)
