@@ -3,23 +3,22 @@
 //! (`limits.max_active_runs`). The request rate is a layer of its own (`rate_limit`).
 //!
 //! **Active runs** are the tenant's runs `queued`, `running`, `waiting_for_input` or
-//! `waiting_for_confirmation`, counted in Postgres (index `runs_active_by_tenant`, counting no
-//! further than the limit) only when the limit is above 0, together with the items of its
-//! batches whose runs are not created yet (each will be a run). A create that would take the count
-//! past the limit is refused with 429 `too_many_active_runs` and `Retry-After: 1`; nothing is
-//! written. The count is made twice: here, before the request is validated (a tenant at its
-//! limit costs one query), and again in the transaction that inserts the runs, under the
-//! tenant's creation lock (`store::runs::reserve_active`), so creates of one tenant arriving
-//! at once, on one replica or several, can never together pass the limit. The price is paid
-//! by tenants with a limit only: their creates take that lock and a transaction of their own
-//! instead of joining the grouped insert of `POST /v1/runs`.
+//! `waiting_for_confirmation`, with the items of its batches whose runs are not created yet
+//! (each will be a run), read from the counts triggers keep (`store::active_runs`) only when
+//! the limit is above 0. A create that would take the count past the limit is refused with 429
+//! `too_many_active_runs` and `Retry-After: 1`; nothing is written. The check is exact: it is
+//! made in the transaction that inserts the runs, under the tenant's creation lock
+//! (`store::active_runs::reserve`; single creates grouped together take the locks of all their
+//! tenants at once), so creates of one tenant arriving at once, on one replica or several, can
+//! never together pass the limit. A batch is also checked once before its runs are parsed and
+//! validated, without the lock, so a tenant at its limit costs one query.
 
 use axum::http::StatusCode;
 use uuid::Uuid;
 
 use agentfleet_shared::domain::Limits;
 use agentfleet_shared::store::tenants::Principal;
-use agentfleet_shared::store::{StoreError, runs};
+use agentfleet_shared::store::{StoreError, active_runs};
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -67,30 +66,23 @@ pub fn check_batch_len(runs: usize, max: usize) -> Result<(), ApiError> {
 }
 
 /// Refuses `new_runs` more runs when the tenant's active runs would exceed
-/// `limits.max_active_runs`. A create naming an `Idempotency-Key` the tenant already used is let
-/// through: it creates nothing, and answers the run it made before.
+/// `limits.max_active_runs` (without the creation lock: the exact check is [`reserve`]).
 pub async fn check_active_runs(
     state: &AppState,
     principal: &Principal,
     new_runs: usize,
-    idempotency_key: Option<&str>,
 ) -> Result<(), ApiError> {
     let max = limits_of(state, principal).max_active_runs;
     if max == 0 {
         return Ok(());
     }
-    let active = runs::count_active_upto(&state.pool, principal.tenant_id, i64::from(max))
+    let active = active_runs::count(&state.pool, principal.tenant_id)
         .await
         .map_err(ApiError::unexpected)?;
-    if !exceeds(active, new_runs, max) {
-        return Ok(());
+    match active_runs::check(active, max, new_runs) {
+        Ok(()) => Ok(()),
+        Err(_) => Err(too_many_active_runs(max, active, new_runs)),
     }
-    if let Some(key) = idempotency_key
-        && is_replay(state, principal.tenant_id, key).await?
-    {
-        return Ok(());
-    }
-    Err(too_many_active_runs(max, active, new_runs))
 }
 
 /// The answer to a create refused by `limits.max_active_runs` (counted as limited).
@@ -110,31 +102,19 @@ pub fn too_many_active_runs(max: u32, active: i64, new_runs: usize) -> ApiError 
 }
 
 /// The tenant's `max_active_runs` when it has one (0: none), for the create's transaction to
-/// reserve under its lock (`store::runs::reserve_active`).
+/// reserve under its lock (`store::active_runs::reserve`).
 pub fn active_runs_limit(state: &AppState, principal: &Principal) -> Option<u32> {
     Some(limits_of(state, principal).max_active_runs).filter(|max| *max > 0)
 }
 
-/// Whether `active` runs and `new_runs` more go past `max`.
-fn exceeds(active: i64, new_runs: usize, max: u32) -> bool {
-    active.saturating_add(new_runs as i64) > i64::from(max)
-}
-
-async fn is_replay(state: &AppState, tenant: Uuid, key: &str) -> Result<bool, ApiError> {
-    runs::by_idempotency_key(&state.pool, tenant, key)
-        .await
-        .map(|found| found.is_some())
-        .map_err(ApiError::unexpected)
-}
-
-/// `store::runs::reserve_active` in `tx`, its refusal answered as [`too_many_active_runs`].
+/// `store::active_runs::reserve` in `tx`, its refusal answered as [`too_many_active_runs`].
 pub async fn reserve(
     tx: &mut sqlx::PgConnection,
     tenant: Uuid,
     max: u32,
     new_runs: usize,
 ) -> Result<(), ApiError> {
-    match runs::reserve_active(tx, tenant, max, new_runs).await {
+    match active_runs::reserve(tx, tenant, max, new_runs).await {
         Ok(()) => Ok(()),
         Err(StoreError::TooManyActiveRuns {
             max,
@@ -165,13 +145,5 @@ mod tests {
         assert_eq!(max_batch_runs(&limits(0), 1000), 1000);
         assert_eq!(max_batch_runs(&limits(10), 1000), 10);
         assert_eq!(max_batch_runs(&limits(5000), 1000), 1000);
-    }
-
-    #[test]
-    fn the_limit_itself_may_be_reached_not_passed() {
-        assert!(!exceeds(0, 3, 3));
-        assert!(exceeds(1, 3, 3));
-        assert!(!exceeds(2, 1, 3));
-        assert!(exceeds(3, 1, 3));
     }
 }

@@ -17,8 +17,8 @@ use agentfleet_shared::config::Settings;
 use agentfleet_shared::events::{EventBus, Keys};
 use agentfleet_shared::infra;
 use agentfleet_shared::queue::Topology;
+use agentfleet_shared::store::create_many::LimitedRun;
 use agentfleet_shared::store::group_commit::{Batcher, write_fn};
-use agentfleet_shared::store::transitions::NewRun;
 use agentfleet_shared::store::{create_many, fair_dispatch};
 use agentfleet_shared::{db, telemetry};
 
@@ -112,8 +112,8 @@ impl Application {
             settings.api.create_groups_in_flight,
             settings.api.max_create_group,
             settings.database.write_timeout(),
-            write_fn(|conn, runs: Arc<Vec<NewRun>>| {
-                Box::pin(async move { create_many::create_on_new_threads(conn, &runs).await })
+            write_fn(|conn, runs: Arc<Vec<LimitedRun>>| {
+                Box::pin(async move { create_many::create_within_limits(conn, &runs).await })
             }),
         );
         let dispatches = fair_dispatch::grouped(

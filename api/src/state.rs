@@ -6,9 +6,10 @@ use std::sync::Arc;
 use agentfleet_shared::config::Settings;
 use agentfleet_shared::events::EventBus;
 use agentfleet_shared::queue::Publisher;
+use agentfleet_shared::store::StoreError;
+use agentfleet_shared::store::create_many::LimitedRun;
 use agentfleet_shared::store::group_commit::Batcher;
 use agentfleet_shared::store::runs::RunRow;
-use agentfleet_shared::store::transitions::NewRun;
 use sqlx::PgPool;
 
 use crate::stream::hub::Hub;
@@ -36,7 +37,7 @@ impl std::ops::Deref for AppState {
 pub struct AppStateInner {
     pub pool: PgPool,
     /// Run creations on new threads, written together when they arrive at once.
-    pub creates: Batcher<NewRun, RunRow>,
+    pub creates: Batcher<LimitedRun, Result<RunRow, StoreError>>,
     /// Fair dispatch of limited tenants' held runs (`crate::fair_dispatch`): per tenant, the runs
     /// to publish.
     pub dispatches: Batcher<uuid::Uuid, Vec<uuid::Uuid>>,

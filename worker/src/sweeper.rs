@@ -1,20 +1,23 @@
 //! The sweeper: in every worker, one active at a time. Each tick, whoever takes a
 //! transaction-scoped Postgres advisory lock sweeps; the lock is never held between ticks, so
 //! a worker that is stopped or partitioned cannot block sweeping. It re-enqueues runs whose
-//! lease expired and queued runs whose message seems lost, and dispatches held runs of
-//! tenants with room in their running limit (`crate::fair_dispatch`).
+//! lease expired and queued runs whose message seems lost, dispatches held runs of
+//! tenants with room in their running limit (`crate::fair_dispatch`), and folds the
+//! active-run counts (`store::active_runs`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use agentfleet_shared::store::runs;
+use agentfleet_shared::store::{active_runs, runs};
 
 use crate::deps::Deps;
 
 /// Runs re-enqueued per tick at most; the next tick takes the rest.
 const SWEEP_LIMIT: i64 = 500;
+/// Tenants whose active-run deltas one tick folds at most; the next tick takes the rest.
+const FOLD_TENANTS: i64 = 1000;
 
 pub fn spawn(deps: Arc<Deps>, shutdown: CancellationToken) {
     tokio::spawn(async move {
@@ -50,6 +53,7 @@ async fn sweep_if_elected(deps: &Deps) -> anyhow::Result<()> {
     publish(deps, &ids).await?;
     agentfleet_shared::store::fair_dispatch::prune_workers(&deps.pool).await?;
     crate::fair_dispatch::heal(deps).await?;
+    active_runs::fold(&deps.pool, FOLD_TENANTS).await?;
     Ok(())
 }
 

@@ -53,8 +53,9 @@ fn invalid_value_names_the_key() {
 fn request_limits_are_checked_naming_the_key() {
     let s = load(&[]).unwrap();
     assert_eq!(
-        s.limits.requests_per_second, 0,
-        "unlimited unless configured"
+        (s.limits.requests_per_second, s.limits.request_burst),
+        (1000, 0),
+        "the shipped default rate"
     );
     let err = load(&[
         ("limits.requests_per_second", "100"),

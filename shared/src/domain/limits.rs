@@ -11,15 +11,16 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// API requests per second on `/v1` (token bucket refill rate), shared by every API replica; 0:
-    /// no limit, at most 1000000. Off by default: a fitting rate depends on the deployment's size,
-    /// and a single-tenant install should not be throttled by surprise; set it when tenants share
-    /// the fleet. Past it: 429 `rate_limited`.
+    /// no limit, at most 1000000. The default stops a runaway client, not a busy one: about a
+    /// fifth of what one API replica creates per second, far above what a product's users send
+    /// through one key. Past it: 429 `rate_limited`.
     pub requests_per_second: u32,
     /// Requests the bucket holds: how large a burst may be after a quiet period. 0 is one second's
     /// worth; when set, at least `requests_per_second` (and only with a rate).
     pub request_burst: u32,
     /// Runs not yet ended (queued, running, waiting) a tenant may have at once; a create beyond it
-    /// is 429 `too_many_active_runs`. 0: no limit.
+    /// is 429 `too_many_active_runs`. 0: no limit. The default holds five of the largest batches
+    /// (`api.max_batch_items`) and bounds what one tenant can pile up in Postgres.
     pub max_active_runs: u32,
     /// Runs of the tenant dispatched to workers at once (queued and published, or running); its
     /// other runs wait `held` in Postgres and are dispatched in turn (fair dispatch). 0: off.

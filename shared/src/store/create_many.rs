@@ -5,10 +5,14 @@
 //! lock and active-run check), in the same transaction as this statement when a batch mixes
 //! both.
 
+use std::borrow::Borrow;
+
 use sqlx::types::Json;
+use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
 use super::StoreError;
+use super::active_runs;
 use super::messages;
 use super::runs::RunRow;
 use super::transitions::NewRun;
@@ -60,24 +64,24 @@ SELECT * FROM run";
 /// the run and its user message per run, all in one statement, so all or none are written.
 /// Returns the rows in the order of `runs`. Pass a transaction to make it part of a larger
 /// all-or-nothing write, or the pool for a single round trip.
-pub async fn create_on_new_threads<'e>(
+pub async fn create_on_new_threads<'e, R: Borrow<NewRun>>(
     executor: impl sqlx::PgExecutor<'e>,
-    runs: &[NewRun],
+    runs: &[R],
 ) -> Result<Vec<RunRow>, StoreError> {
     create_on_new_threads_in(executor, runs, None).await
 }
 
 /// [`create_on_new_threads`], the runs belonging to batch `batch` (`runs.batch_id`; `None`:
 /// no batch) from their insert on, so no later update touches the hot rows.
-pub async fn create_on_new_threads_in<'e>(
+pub async fn create_on_new_threads_in<'e, R: Borrow<NewRun>>(
     executor: impl sqlx::PgExecutor<'e>,
-    runs: &[NewRun],
+    runs: &[R],
     batch: Option<Uuid>,
 ) -> Result<Vec<RunRow>, StoreError> {
     if runs.is_empty() {
         return Ok(Vec::new());
     }
-    debug_assert!(runs.iter().all(|r| r.thread_id.is_none()));
+    debug_assert!(runs.iter().all(|r| r.borrow().thread_id.is_none()));
     let n = runs.len();
     let mut ids = Vec::with_capacity(n);
     let mut tenants = Vec::with_capacity(n);
@@ -92,8 +96,9 @@ pub async fn create_on_new_threads_in<'e>(
     let mut traceparents = Vec::with_capacity(n);
     let mut windowed = Vec::with_capacity(n);
     // One configuration per process: the first run under the fair share gives its arguments.
-    let share = super::fair_dispatch::share_args(runs.iter().find_map(|r| r.share));
+    let share = super::fair_dispatch::share_args(runs.iter().find_map(|r| r.borrow().share));
     for run in runs {
+        let run = run.borrow();
         ids.push(run.id);
         tenants.push(run.tenant_id);
         threads.push(Uuid::now_v7());
@@ -127,6 +132,72 @@ pub async fn create_on_new_threads_in<'e>(
         .fetch_all(executor)
         .await?;
     in_order(&ids, rows)
+}
+
+/// A run to create on a new thread, with its tenant's `limits.max_active_runs` (`None`: no
+/// limit).
+#[derive(Clone)]
+pub struct LimitedRun {
+    pub run: NewRun,
+    pub max_active: Option<u32>,
+}
+
+/// [`create_on_new_threads`] for single creates grouped together (`POST /v1/runs`), each within
+/// its tenant's `max_active_runs`: per run, in order, its row, or
+/// [`StoreError::TooManyActiveRuns`] for a run that would take its tenant past the limit
+/// (nothing of it is written). With a limited tenant in the group, the write is a transaction
+/// that takes the creation locks of the limited tenants first (`active_runs::lock_and_count`,
+/// one round trip for all of them), so concurrent creates can never together pass a limit;
+/// without one it is the single statement.
+pub async fn create_within_limits(
+    conn: &mut PgConnection,
+    items: &[LimitedRun],
+) -> Result<Vec<Result<RunRow, StoreError>>, StoreError> {
+    let mut limited: Vec<Uuid> = items
+        .iter()
+        .filter(|i| i.max_active.is_some())
+        .map(|i| i.run.tenant_id)
+        .collect();
+    if limited.is_empty() {
+        let runs: Vec<&NewRun> = items.iter().map(|i| &i.run).collect();
+        return Ok(create_on_new_threads(conn, &runs)
+            .await?
+            .into_iter()
+            .map(Ok)
+            .collect());
+    }
+    limited.sort_unstable();
+    limited.dedup();
+    let mut tx = conn.begin().await?;
+    let mut active = active_runs::lock_and_count(&mut tx, &limited).await?;
+    let mut refusals = Vec::with_capacity(items.len());
+    let mut admitted = Vec::with_capacity(items.len());
+    for item in items {
+        if let Some(max) = item.max_active {
+            let n = active.entry(item.run.tenant_id).or_default();
+            if let Err(refused) = active_runs::check(*n, max, 1) {
+                refusals.push(Some(refused));
+                continue;
+            }
+            *n += 1;
+        }
+        refusals.push(None);
+        admitted.push(&item.run);
+    }
+    let rows = create_on_new_threads(&mut *tx, &admitted).await?;
+    tx.commit().await?;
+    let mut rows = rows.into_iter();
+    refusals
+        .into_iter()
+        .map(|refused| match refused {
+            Some(e) => Ok(Err(e)),
+            None => rows.next().map(Ok).ok_or_else(|| {
+                StoreError::Db(sqlx::Error::Protocol(
+                    "a created run was not returned".into(),
+                ))
+            }),
+        })
+        .collect()
 }
 
 /// `RETURNING` promises no order: the rows, arranged as `ids` lists them.

@@ -31,7 +31,7 @@ use uuid::Uuid;
 use super::StoreError;
 
 /// Every table an erasure empties of the tenant, in the order the counts list them.
-pub const TABLES: [&str; 13] = [
+pub const TABLES: [&str; 14] = [
     "api_keys",
     "threads",
     "runs",
@@ -45,6 +45,7 @@ pub const TABLES: [&str; 13] = [
     "webhook_endpoints",
     "webhook_deliveries",
     "mcp_servers",
+    "tenant_active_deltas",
 ];
 
 /// Rows per table.
@@ -579,7 +580,7 @@ pub async fn delete_runs(
 }
 
 /// After the runs: deletes up to `limit` rows of the first table that still has some of the
-/// tenant: its daily usage (old and sharded), its keys (after its tool calls, which name the
+/// tenant: its active-run counts, its daily usage (old and sharded), its keys (after its tool calls, which name the
 /// key of their decision), then threads that no run leads to (found by a scan of `threads`:
 /// normally none), with their messages. `None` once all are empty.
 pub async fn delete_after_runs(
@@ -587,6 +588,18 @@ pub async fn delete_after_runs(
     tenant: Uuid,
     limit: i64,
 ) -> Result<Option<(&'static str, u64)>, StoreError> {
+    let n = sqlx::query(
+        "DELETE FROM tenant_active_deltas WHERE ctid IN (
+            SELECT ctid FROM tenant_active_deltas WHERE tenant_id = $1 LIMIT $2)",
+    )
+    .bind(tenant)
+    .bind(limit)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if n > 0 {
+        return Ok(Some(("tenant_active_deltas", n)));
+    }
     let n = sqlx::query(
         "DELETE FROM usage_daily WHERE (tenant_id, day) IN (
             SELECT tenant_id, day FROM usage_daily WHERE tenant_id = $1 LIMIT $2)",
@@ -687,7 +700,8 @@ pub async fn counts(pool: &PgPool, tenant: Uuid) -> Result<Counts, StoreError> {
             (SELECT count(*) FROM webhook_endpoints WHERE tenant_id = $1),
             (SELECT count(*) FROM webhook_deliveries WHERE endpoint_id IN (
                 SELECT id FROM webhook_endpoints WHERE tenant_id = $1)),
-            (SELECT count(*) FROM mcp_servers WHERE tenant_id = $1)]",
+            (SELECT count(*) FROM mcp_servers WHERE tenant_id = $1),
+            (SELECT count(*) FROM tenant_active_deltas WHERE tenant_id = $1)]",
     )
     .bind(tenant)
     .fetch_one(&mut *tx)

@@ -38,6 +38,7 @@ macro_rules! timing_cte {
     };
 }
 
+pub mod active_runs;
 pub mod agents;
 pub mod batches;
 pub mod group_commit;
@@ -84,7 +85,7 @@ pub enum StoreError {
     ThreadBusy { thread_id: Uuid, run_id: Uuid },
     #[error("thread {thread_id} already has {limit} runs waiting")]
     ThreadQueueFull { thread_id: Uuid, limit: i64 },
-    /// A create would take its tenant past `limits.max_active_runs` ([`runs::reserve_active`]).
+    /// A create would take its tenant past `limits.max_active_runs` ([`active_runs::reserve`]).
     #[error("{active} active runs and {new_runs} more would pass the limit of {max}")]
     TooManyActiveRuns {
         max: u32,

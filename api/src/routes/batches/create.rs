@@ -148,7 +148,7 @@ pub async fn submit_batch(
             .map(|(i, r)| (format!("runs[{i}]."), &r.agent)),
     )
     .await?;
-    crate::quota::check_active_runs(&state, &caller, body.runs.len(), None).await?;
+    crate::quota::check_active_runs(&state, &caller, body.runs.len()).await?;
     let owner = crate::batch_driver::new_owner();
     let new = NewBatch {
         id: Uuid::now_v7(),

@@ -63,7 +63,7 @@ pub async fn create_batch(
 ) -> Result<(StatusCode, Json<view::BatchCreated>), ApiError> {
     crate::suspension::require_active(&caller)?;
     crate::quota::check_batch_size(&state, &caller, body.runs.len())?;
-    crate::quota::check_active_runs(&state, &caller, body.runs.len(), None).await?;
+    crate::quota::check_active_runs(&state, &caller, body.runs.len()).await?;
     let mut schemas = RequestSchemas::new(
         state.settings.api.schema_limits(),
         "the batch's distinct tool schemas together",

@@ -12,10 +12,11 @@ use uuid::Uuid;
 
 use agentfleet_shared::domain::{AgentSpec, AgentSpecError, RunStatus, ToolKind};
 use agentfleet_shared::events::{EventType, Expiry, Floor, NewEvent};
+use agentfleet_shared::store::create_many::LimitedRun;
 use agentfleet_shared::store::double_text::{self, IfBusy};
 use agentfleet_shared::store::runs::RunRow;
 use agentfleet_shared::store::transitions::{self, NewRun};
-use agentfleet_shared::store::{StoreError, mcp_servers, runs};
+use agentfleet_shared::store::{StoreError, active_runs, mcp_servers, runs};
 use agentfleet_shared::tool_schema::{RequestSchemas, SchemaError};
 
 use crate::auth::caller::Caller;
@@ -129,7 +130,6 @@ pub async fn create_run(
 ) -> Result<(StatusCode, Json<view::Run>), ApiError> {
     crate::suspension::require_active(&caller)?;
     let key = idempotency_key(&headers)?;
-    crate::quota::check_active_runs(&state, &caller, 1, key.as_deref()).await?;
     let fair = crate::fair_dispatch::is_fair(&state.settings, &caller);
     let limit = crate::quota::active_runs_limit(&state, &caller);
     // Boxed: `submit`'s future is ~17.6 KB (sqlx's), and every layer of the router moved the
@@ -340,9 +340,17 @@ pub async fn submit(
     };
     let created = if new.thread_id.is_none() {
         match limit {
+            // Grouped with other creations arriving at once (one transaction, one commit),
+            // within the tenant's `max_active_runs`.
+            _ if new.idempotency_key.is_none() => state
+                .creates
+                .write(LimitedRun {
+                    run: new,
+                    max_active: limit,
+                })
+                .await
+                .and_then(|created| created),
             Some(max) => create_reserved(state, new, max).await,
-            // Grouped with other creations arriving at once (one statement, one commit).
-            None if new.idempotency_key.is_none() => state.creates.write(new).await,
             None => transitions::create_on_new_thread(&state.pool, new).await,
         }
     } else {
@@ -388,7 +396,7 @@ pub async fn submit(
 /// creation lock, and inserted, in one transaction.
 async fn create_reserved(state: &AppState, new: NewRun, max: u32) -> Result<RunRow, StoreError> {
     let mut tx = state.pool.begin().await?;
-    runs::reserve_active(&mut tx, new.tenant_id, max, 1).await?;
+    active_runs::reserve(&mut tx, new.tenant_id, max, 1).await?;
     let run = transitions::create_on_new_thread(&mut *tx, new).await?;
     tx.commit().await?;
     Ok(run)
@@ -410,7 +418,7 @@ async fn create_on_thread(
     for attempt in 1.. {
         let mut tx = state.pool.begin().await?;
         if let Some(max) = limit {
-            runs::reserve_active(&mut tx, new.tenant_id, max, 1).await?;
+            active_runs::reserve(&mut tx, new.tenant_id, max, 1).await?;
         }
         match double_text::create(&mut tx, new.clone(), if_busy, max_waiting).await {
             Ok(created) => {

@@ -122,11 +122,16 @@ struct Args {
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench.json")]
     out: String,
-    /// The benchmark tenant's own `limits.max_active_runs` (0: none, the default): its creates
-    /// then count its active runs and write under its creation lock
-    /// (`store::runs::reserve_active`), as a limited tenant's do.
+    /// The benchmark tenant's own `limits.max_active_runs` (0: none). Without it the tenant has
+    /// the shipped default, so its creates count its active runs under its creation lock
+    /// (`store::active_runs`) as every tenant's do.
+    #[arg(long)]
+    max_active_runs: Option<u32>,
+    /// The benchmark tenant's own `limits.requests_per_second` (default 0: none, so the sections
+    /// measure the fleet rather than one tenant's rate; any other value makes every request
+    /// take the rate limiter's Redis round trip).
     #[arg(long, default_value_t = 0)]
-    max_active_runs: u32,
+    requests_per_second: u32,
     /// Run only these sections (limits, enqueue, batch, framework, e2e, fairness, faults,
     /// events, resume, recovery, memory, redis, storage, auth, load).
     #[arg(long)]
@@ -290,13 +295,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let (api, base) = env.spawn_api_process(&[("RUST_LOG", "error")]).await;
     let tenant = agentfleet_shared::store::tenants::create(&env.pool, "bench").await?;
-    if args.max_active_runs > 0 {
-        sqlx::query("UPDATE tenants SET limits = jsonb_build_object('max_active_runs', $2::int8) WHERE id = $1")
-            .bind(tenant.tenant_id)
-            .bind(i64::from(args.max_active_runs))
-            .execute(&env.pool)
-            .await?;
-    }
+    sqlx::query(
+        "UPDATE tenants SET limits = jsonb_strip_nulls(jsonb_build_object(
+             'max_active_runs', $2::int8, 'requests_per_second', $3::int8)) WHERE id = $1",
+    )
+    .bind(tenant.tenant_id)
+    .bind(args.max_active_runs.map(i64::from))
+    .bind(i64::from(args.requests_per_second))
+    .execute(&env.pool)
+    .await?;
     let key = tenant.api_key;
     let ctx = Ctx {
         env,

@@ -1,0 +1,68 @@
+-- Every tenant's runs not yet ended, kept by triggers as deltas (shared/src/store/active_runs.rs),
+-- so `limits.max_active_runs` is checked by summing a few rows instead of counting the
+-- tenant's active runs (a count of 12,000 active runs, made under the tenant's creation lock,
+-- held a limited tenant's creates to about 35 a second).
+--
+-- Deltas, not one counter row per tenant: an insert takes no row lock, so the ends of one
+-- tenant's runs on many connections never queue behind each other, and no two transactions
+-- can deadlock over counters of several tenants. The sweeper folds each tenant's deltas into
+-- one row (`store::active_runs::fold`), so a sum reads a handful of rows.
+CREATE TABLE tenant_active_deltas (
+    tenant_id uuid   NOT NULL,
+    delta     bigint NOT NULL
+);
+CREATE INDEX tenant_active_deltas_tenant ON tenant_active_deltas (tenant_id) INCLUDE (delta);
+
+-- A run is active while `queued`, `running`, `waiting_for_input` or
+-- `waiting_for_confirmation` (the predicate of `runs_active_by_tenant`).
+
+-- Inserts: one delta per tenant and statement (a batch of 1,000 runs writes one row).
+CREATE FUNCTION runs_active_inserted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO tenant_active_deltas (tenant_id, delta)
+    SELECT tenant_id, count(*) FROM inserted_runs
+    WHERE status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation')
+    GROUP BY tenant_id;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER runs_active_inserted AFTER INSERT ON runs
+    REFERENCING NEW TABLE AS inserted_runs
+    FOR EACH STATEMENT EXECUTE FUNCTION runs_active_inserted();
+
+-- Updates and deletes: per row, but `WHEN` is evaluated by the executor before anything is
+-- queued, so only a run that starts or stops being active (an end, a promotion from
+-- `waiting_for_thread`, a deletion of an active run) calls the function; claims, turn commits
+-- and lease renewals do not.
+CREATE FUNCTION runs_active_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO tenant_active_deltas (tenant_id, delta) VALUES (OLD.tenant_id, -1);
+    ELSIF NEW.status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation') THEN
+        INSERT INTO tenant_active_deltas (tenant_id, delta) VALUES (NEW.tenant_id, 1);
+    ELSE
+        INSERT INTO tenant_active_deltas (tenant_id, delta) VALUES (NEW.tenant_id, -1);
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER runs_active_updated AFTER UPDATE OF status ON runs
+    FOR EACH ROW
+    WHEN ((OLD.status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation'))
+          IS DISTINCT FROM
+          (NEW.status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation')))
+    EXECUTE FUNCTION runs_active_changed();
+CREATE TRIGGER runs_active_deleted AFTER DELETE ON runs
+    FOR EACH ROW
+    WHEN (OLD.status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation'))
+    EXECUTE FUNCTION runs_active_changed();
+
+-- The runs already there, counted while no run can be written (the triggers count every later
+-- change).
+LOCK TABLE runs IN SHARE ROW EXCLUSIVE MODE;
+INSERT INTO tenant_active_deltas (tenant_id, delta)
+SELECT tenant_id, count(*) FROM runs
+WHERE status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation')
+GROUP BY tenant_id;
