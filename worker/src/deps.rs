@@ -47,6 +47,8 @@ pub struct Deps {
     /// this worker writes carries them (statistics; the sweeper's tick writes what no turn
     /// took, and a turn that fails loses them).
     pub late_timings: std::sync::Mutex<Vec<agentfleet_shared::store::turns::IterationTiming>>,
+    /// The tenants whose dispatches are running or spaced (`crate::fair_dispatch`).
+    pub dispatch_spacing: crate::fair_dispatch::Spacing,
 }
 
 /// The writes every run makes, grouped across this worker's runs (`store::group_commit`).

@@ -158,6 +158,7 @@ impl Worker {
             catalogs: Default::default(),
             writes,
             late_timings: Default::default(),
+            dispatch_spacing: Default::default(),
             pool,
             bus,
             publisher,

@@ -23,6 +23,12 @@ pub struct FairShareSettings {
     /// workers refresh it every `worker.sweep_interval_ms`, and a worker killed without a goodbye
     /// stops counting after this. At least twice `worker.sweep_interval_ms`.
     pub worker_ttl_ms: u64,
+    /// How long a worker waits after dispatching a tenant's held runs before it dispatches that
+    /// tenant again: the first run to end dispatches at once, the runs ending meanwhile by one
+    /// dispatch at the end of the wait. Each tenant keeps at least an eighth of its window queued
+    /// beyond the slots, so a short wait idles no slot while it saves a statement per run's end
+    /// of a tenant draining a backlog. 0: every end dispatches. At most 1000.
+    pub dispatch_spacing_ms: u64,
 }
 
 impl FairShareSettings {
@@ -46,6 +52,12 @@ impl FairShareSettings {
             return Err(invalid(
                 "fair_share.min_window",
                 "must be within 1..=1000000",
+            ));
+        }
+        if self.dispatch_spacing_ms > 1000 {
+            return Err(invalid(
+                "fair_share.dispatch_spacing_ms",
+                "must be at most 1000 (0: every run's end dispatches)",
             ));
         }
         if self.worker_ttl_ms < 2 * sweep_interval_ms {
@@ -78,6 +90,7 @@ mod tests {
             ("fair_share.window_per_slot", "101"),
             ("fair_share.min_window", "0"),
             ("fair_share.worker_ttl_ms", "1000"),
+            ("fair_share.dispatch_spacing_ms", "1001"),
         ] {
             let err = load(&[(key, value)]).unwrap_err().to_string();
             assert!(err.contains(&format!("`{key}`")), "{key}: {err}");
