@@ -39,6 +39,7 @@ use crate::state::AppState;
         crate::routes::runs::events::run_events,
         crate::routes::runs::resume::resume_run,
         crate::routes::runs::cancel::cancel_run,
+        crate::routes::runs::tasks::list_tasks,
         crate::routes::runs::stream_token::issue_stream_token,
         crate::routes::threads::messages::list_messages,
         crate::routes::threads::events::thread_events,
@@ -91,12 +92,19 @@ use crate::state::AppState;
         ResumeBody,
         DecisionBody,
         AgentSpec,
+        agentfleet_shared::domain::AgentMode,
+        agentfleet_shared::domain::PlanSpec,
         ToolSpec,
         ToolKind,
         Risk,
         RunStatus,
         agentfleet_shared::store::double_text::IfBusy,
         view::Run,
+        view::TaskPlace,
+        view::PlanView,
+        view::PlanRound,
+        view::Task,
+        view::TaskList,
         view::Usage,
         view::UsageReport,
         view::UsageDay,
@@ -187,6 +195,17 @@ fn this_deployment(doc: &mut Value, settings: &Settings) {
         "maximum",
         json!(api.max_tokens_total),
     );
+    for (property, cap) in [
+        ("max_rounds", api.max_plan_rounds),
+        ("max_tasks", api.max_plan_tasks),
+        ("max_parallel", api.max_plan_parallel),
+    ] {
+        field(
+            &format!("PlanSpec/properties/{property}"),
+            "maximum",
+            json!(cap),
+        );
+    }
     field(
         "SubmitBatch/properties/runs",
         "maxItems",

@@ -200,28 +200,50 @@ pub fn validate<'a>(
             api.max_tools_per_agent,
         )
         .map_err(|AgentSpecError { field, message }| ApiError::invalid(&f(&field), message))?;
-    if run
+    let limits = agentfleet_shared::domain::PlanLimits {
+        max_rounds: api.max_plan_rounds,
+        max_tasks: api.max_plan_tasks,
+        max_parallel: api.max_plan_parallel,
+    };
+    run.agent
+        .validate_plan(
+            limits,
+            |m| state.settings.models.contains_key(m),
+            api.max_tools_per_agent,
+        )
+        .map_err(|AgentSpecError { field, message }| ApiError::invalid(&f(&field), message))?;
+    let executor = run
         .agent
-        .max_tokens_total
-        .is_some_and(|n| n > api.max_tokens_total)
-    {
-        return Err(ApiError::invalid(
-            &f("agent.max_tokens_total"),
-            format!(
-                "must be at most {} (api.max_tokens_total)",
-                api.max_tokens_total
-            ),
-        ));
-    }
-    let egress = state.settings.egress_policy();
-    for (i, tool) in run.agent.tools.iter().enumerate() {
-        if egress.refuses_literal(&tool.url) {
+        .plan
+        .as_ref()
+        .and_then(|p| p.executor.as_deref())
+        .map(|e| ("agent.plan.executor.", e));
+    for (prefix, agent) in std::iter::once(("agent.", run.agent)).chain(executor) {
+        if agent
+            .max_tokens_total
+            .is_some_and(|n| n > api.max_tokens_total)
+        {
             return Err(ApiError::invalid(
-                &f(&format!("agent.tools[{i}].url")),
-                "this address is not allowed by the deployment's egress policy",
+                &f(&format!("{prefix}max_tokens_total")),
+                format!(
+                    "must be at most {} (api.max_tokens_total)",
+                    api.max_tokens_total
+                ),
             ));
         }
-        schemas.add(f(&format!("agent.tools[{i}].parameters")), &tool.parameters);
+        let egress = state.settings.egress_policy();
+        for (i, tool) in agent.tools.iter().enumerate() {
+            if egress.refuses_literal(&tool.url) {
+                return Err(ApiError::invalid(
+                    &f(&format!("{prefix}tools[{i}].url")),
+                    "this address is not allowed by the deployment's egress policy",
+                ));
+            }
+            schemas.add(
+                f(&format!("{prefix}tools[{i}].parameters")),
+                &tool.parameters,
+            );
+        }
     }
     Ok(())
 }

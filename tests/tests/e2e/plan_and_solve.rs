@@ -1,0 +1,432 @@
+//! Plan-and-solve: a planner fans rounds of tasks out as child runs across the fleet, takes
+//! their results up when the round's last task ends, and a summary turn writes the answer.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use agentfleet_tests::harness::*;
+use agentfleet_tests::mock_llm::script;
+
+const T: Duration = Duration::from_secs(60);
+
+/// A task whose model answers `answer` after `delay_ms`.
+fn task(title: &str, answer: &str, delay_ms: u64) -> Value {
+    json!({"title": title, "input": script(json!([{"content": answer, "delay_ms": delay_ms}]))})
+}
+
+fn plan_call(tasks: Value) -> Value {
+    json!({"tool_calls": [{"name": "plan", "arguments": {"tasks": tasks}}]})
+}
+
+fn complete_call() -> Value {
+    json!({"tool_calls": [{"name": "complete", "arguments": {"summary": "done"}}]})
+}
+
+/// A plan-and-solve run of the scripted planner `turns`, with `plan` settings.
+fn planner_run(turns: Value, plan: Value) -> Value {
+    let mut body = scripted_run(turns, json!([]));
+    body["agent"]["mode"] = json!("plan_and_solve");
+    body["agent"]["plan"] = plan;
+    body
+}
+
+/// The model requests of the run whose input is `input` (its first user message).
+fn requests_of(env: &TestEnv, input: &str) -> Vec<Value> {
+    env.llm
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r["messages"]
+                .as_array()
+                .and_then(|m| m.iter().find(|m| m["role"] == "user"))
+                .is_some_and(|m| m["content"] == input)
+        })
+        .collect()
+}
+
+/// The tool results of a request, in order.
+fn tool_results(request: &Value) -> Vec<String> {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+async fn tasks(app: &TestApp, run_id: &str) -> Vec<Value> {
+    let resp = app.get(&format!("/v1/runs/{run_id}/tasks")).await;
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    body["data"].as_array().unwrap().clone()
+}
+
+/// Three tasks in parallel, then a round of one, then `complete`: the three run at once on both
+/// workers, the planner's stream is gap-free with the documented events, the results reach the
+/// planner as the `plan` calls' results, and the summary turn's text is the output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_parallel_tasks_then_one_then_a_summary() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    // Two slots each: three tasks at once cannot all be on one worker.
+    let extra = [("worker.concurrency", "2")];
+    let _workers = [
+        env.spawn_worker_process(&extra),
+        env.spawn_worker_process(&extra),
+    ];
+    let turns = json!([
+        plan_call(json!([task("a", "alpha done", 1500), task("b", "beta done", 1500),
+                          task("c", "gamma done", 1500)])),
+        plan_call(json!([task("d", "delta done", 0)])),
+        complete_call(),
+        {"content": "SUMMARY: alpha beta gamma delta"}
+    ]);
+    let body = planner_run(turns, json!({"max_parallel": 3}));
+    let input = body["input"].as_str().unwrap().to_owned();
+    let run = app.start_run(&body).await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    assert_eq!(run["mode"], "plan_and_solve");
+
+    let events = app.events(&run_id, 0, T).await;
+    assert_gap_free(&events);
+    let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let kinds = types(&events);
+    assert_eq!(kinds.last().map(String::as_str), Some("run_completed"));
+    let plans: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "plan_created")
+        .collect();
+    assert_eq!(plans.len(), 2, "{kinds:?}");
+    assert_eq!(plans[0]["data"]["round"], 1);
+    assert_eq!(plans[0]["data"]["tasks"].as_array().unwrap().len(), 3);
+    assert_eq!(plans[1]["data"]["round"], 2);
+    let completed: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "task_completed")
+        .collect();
+    assert_eq!(completed.len(), 4, "{kinds:?}");
+    assert_eq!(completed[0]["data"]["status"], "completed");
+    assert_eq!(completed[0]["data"]["output"], "alpha done");
+    assert_eq!(
+        completed[0]["data"]["run_id"],
+        plans[0]["data"]["tasks"][0]["run_id"]
+    );
+    let rounds: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "round_completed")
+        .collect();
+    assert_eq!(rounds.len(), 2);
+    // Each round's events in their order: created, its tasks' ends, its end.
+    let at = |kind: &str, nth: usize| {
+        kinds
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| *k == kind)
+            .nth(nth)
+            .map(|(i, _)| i)
+            .unwrap()
+    };
+    assert!(at("plan_created", 0) < at("task_completed", 0));
+    assert!(at("task_completed", 2) < at("round_completed", 0));
+    assert!(at("round_completed", 0) < at("plan_created", 1));
+    assert!(at("round_completed", 1) < at("run_completed", 0));
+
+    // The output is the summary turn's text, as the planner's last message.
+    let messages = app.messages(done["thread_id"].as_str().unwrap()).await;
+    let last = messages
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "assistant")
+        .unwrap();
+    assert_eq!(last["body"]["content"], "SUMMARY: alpha beta gamma delta");
+
+    // The planner read every task's result once, as its `plan` calls' results.
+    let planner = requests_of(&env, &input);
+    assert_eq!(planner.len(), 4, "plan, plan, complete, summary");
+    let results = tool_results(planner.last().unwrap());
+    assert_eq!(results.len(), 3, "{results:?}");
+    for (answer, round) in [
+        ("alpha done", 0),
+        ("beta done", 0),
+        ("gamma done", 0),
+        ("delta done", 1),
+    ] {
+        assert_eq!(results[round].matches(answer).count(), 1, "{results:?}");
+    }
+    // The planner is offered `plan` and `complete`, the summary turn nothing.
+    let offered: Vec<&str> = planner[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(offered, ["plan", "complete"]);
+    assert!(
+        planner[3]["tools"].as_array().is_none_or(|t| t.is_empty()),
+        "{}",
+        planner[3]["tools"]
+    );
+
+    // The plan as the API shows it, and each task as a run of its own.
+    let view = app.run(&run_id).await;
+    let rounds = view["plan"]["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 2, "{view}");
+    assert_eq!(rounds[0]["tasks"].as_array().unwrap().len(), 3);
+    assert!(view["plan"]["task_tokens"].as_i64().unwrap() > 0, "{view}");
+    let listed = tasks(&app, &run_id).await;
+    assert_eq!(listed.len(), 4);
+    assert!(
+        listed.iter().all(|t| t["status"] == "completed"),
+        "{listed:?}"
+    );
+    let first = app.run(listed[0]["run_id"].as_str().unwrap()).await;
+    assert_eq!(first["parent_run_id"], run_id.as_str());
+    assert_eq!(first["task"]["round"], 1);
+    assert_eq!(first["task"]["title"], "a");
+
+    // The first round's three tasks ran at once, on both workers.
+    let times = |t: &Value, field: &str| {
+        chrono::DateTime::parse_from_rfc3339(t[field].as_str().unwrap()).unwrap()
+    };
+    let latest_start = listed[..3]
+        .iter()
+        .map(|t| times(t, "started_at"))
+        .max()
+        .unwrap();
+    let first_end = listed[..3]
+        .iter()
+        .map(|t| times(t, "finished_at"))
+        .min()
+        .unwrap();
+    assert!(
+        latest_start < first_end,
+        "all three started before any ended"
+    );
+    let mut workers = Vec::new();
+    for t in &listed[..3] {
+        let events = app.events(t["run_id"].as_str().unwrap(), 0, T).await;
+        let started = events.iter().find(|e| e["type"] == "run_started").unwrap();
+        workers.push(started["data"]["worker"].as_str().unwrap().to_owned());
+    }
+    workers.sort();
+    workers.dedup();
+    assert_eq!(workers.len(), 2, "the round ran on both workers");
+}
+
+/// A `plan` call the run cannot start gets the model a tool error it can act on, creates no
+/// task, and the planner goes on: no tasks, too many, a wrong shape, and a round past
+/// `max_rounds`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_plan_calls_get_the_model_a_tool_error() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker_process(&[]);
+    let one = json!([task("only", "one done", 0)]);
+    let turns = json!([
+        plan_call(json!([])),
+        plan_call(json!([task("a", "x", 0), task("b", "x", 0), task("c", "x", 0)])),
+        {"tool_calls": [{"name": "plan", "arguments": {"tasks": "everything"}}]},
+        plan_call(one.clone()),
+        plan_call(one),
+        complete_call(),
+        {"content": "the answer"}
+    ]);
+    let body = planner_run(turns, json!({"max_tasks": 2, "max_rounds": 1}));
+    let input = body["input"].as_str().unwrap().to_owned();
+    let run = app.start_run(&body).await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let planner = requests_of(&env, &input);
+    assert_eq!(planner.len(), 7);
+    let results = tool_results(planner.last().unwrap());
+    assert_eq!(results.len(), 6, "{results:?}");
+    assert!(results[0].contains("`tasks` is empty"), "{}", results[0]);
+    assert!(results[1].contains("at most 2 per round"), "{}", results[1]);
+    assert!(
+        results[2].contains("`tasks` must be an array"),
+        "{}",
+        results[2]
+    );
+    assert!(results[3].contains("one done"), "{}", results[3]);
+    assert!(results[4].contains("no round left"), "{}", results[4]);
+    assert_eq!(
+        tasks(&app, &run_id).await.len(),
+        1,
+        "only the valid round made a task"
+    );
+}
+
+/// A task that asks a question waits like any run while its planner keeps waiting; the answer
+/// through the API lets the plan go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_asks_is_answered_through_the_api_and_the_plan_goes_on() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker_process(&[]);
+    let asking = script(json!([
+        {"tool_calls": [{"name": "ask", "arguments": {"text": "Which city?"}}]},
+        {"content": "Paris it is"}
+    ]));
+    let turns = json!([
+        plan_call(json!([{"title": "city", "input": asking}])),
+        complete_call(),
+        {"content": "we go to Paris"}
+    ]);
+    let run = app.start_run(&planner_run(turns, json!({}))).await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    let task_id = wait_for("the task to ask", T, || async {
+        let listed = tasks(&app, &run_id).await;
+        let t = listed.first()?;
+        (t["status"] == "waiting_for_input").then(|| t["run_id"].as_str().unwrap().to_owned())
+    })
+    .await;
+    assert_eq!(app.run(&run_id).await["status"], "waiting_for_tasks");
+    let resp = app
+        .post(
+            &format!("/v1/runs/{task_id}/resume"),
+            &json!({"input": "Paris"}),
+        )
+        .await;
+    assert_eq!(resp.status(), 202);
+    let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let events = app.events(&run_id, 0, T).await;
+    let completed = events
+        .iter()
+        .find(|e| e["type"] == "task_completed")
+        .unwrap();
+    assert_eq!(completed["data"]["output"], "Paris it is");
+}
+
+/// Cancelling the planner cancels its running and waiting tasks in the same transaction; each
+/// task's stream ends with `run_cancelled` and its worker stops within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_the_planner_cancels_its_tasks() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker_process(&[]);
+    let slow = |t: &str| task(t, "never", 60_000);
+    let turns = json!([
+        plan_call(json!([slow("a"), slow("b"), slow("c")])),
+        complete_call()
+    ]);
+    let run = app
+        .start_run(&planner_run(turns, json!({"max_parallel": 2})))
+        .await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    wait_for("two tasks running", T, || async {
+        let listed = tasks(&app, &run_id).await;
+        let running = listed.iter().filter(|t| t["status"] == "running").count();
+        (running == 2 && listed.len() == 3).then_some(())
+    })
+    .await;
+    let listed = tasks(&app, &run_id).await;
+    assert_eq!(listed[2]["status"], "waiting_for_slot");
+    let resp = app
+        .post(&format!("/v1/runs/{run_id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let listed = tasks(&app, &run_id).await;
+    assert!(
+        listed.iter().all(|t| t["status"] == "cancelled"),
+        "{listed:?}"
+    );
+    for t in &listed {
+        let events = app
+            .events(t["run_id"].as_str().unwrap(), 0, Duration::from_secs(1))
+            .await;
+        assert_eq!(
+            events.last().map(|e| e["type"].clone()),
+            Some(json!("run_cancelled"))
+        );
+    }
+}
+
+/// The tasks' tokens count towards the planner's budget: a planner over it after a round
+/// stops before its next model call with `budget_exceeded`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planner_over_its_budget_stops_between_rounds() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker_process(&[]);
+    let costly = script(json!([
+        {"content": "expensive", "usage": {"prompt_tokens": 100, "completion_tokens": 10}}
+    ]));
+    let mut first = plan_call(json!([{"title": "costly", "input": costly}]));
+    first["usage"] = json!({"prompt_tokens": 10, "completion_tokens": 5});
+    let turns = json!([
+        first,
+        plan_call(json!([task("more", "x", 0)])),
+        complete_call()
+    ]);
+    let mut body = planner_run(turns, json!({}));
+    body["agent"]["max_tokens_total"] = json!(100);
+    let input = body["input"].as_str().unwrap().to_owned();
+    let run = app.start_run(&body).await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["error"]["code"], "budget_exceeded", "{done}");
+    assert_eq!(
+        requests_of(&env, &input).len(),
+        1,
+        "no model call after the round"
+    );
+    assert_eq!(done["plan"]["task_tokens"], 110, "{done}");
+    assert_eq!(done["plan"]["total_tokens"], 125, "{done}");
+    assert_eq!(tasks(&app, &run_id).await.len(), 1);
+}
+
+/// Invalid plan settings are refused with 422 naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_plan_settings_are_refused_naming_the_field() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let cases = [
+        (json!({"mode": "react", "plan": {}}), "agent.plan"),
+        (
+            json!({"mode": "plan_and_solve", "plan": {"max_tasks": 0}}),
+            "agent.plan.max_tasks",
+        ),
+        (
+            json!({"mode": "plan_and_solve", "plan": {"max_parallel": 100000}}),
+            "agent.plan.max_parallel",
+        ),
+        (
+            json!({"mode": "plan_and_solve", "plan": {"max_rounds": 0}}),
+            "agent.plan.max_rounds",
+        ),
+        (
+            json!({"mode": "plan_and_solve", "plan": {"executor": {"model": "nope"}}}),
+            "agent.plan.executor.model",
+        ),
+        (
+            json!({"mode": "plan_and_solve",
+                   "plan": {"executor": {"model": "mock", "mode": "plan_and_solve"}}}),
+            "agent.plan.executor.mode",
+        ),
+        (
+            json!({"mode": "plan_and_solve",
+                   "plan": {"executor": {"model": "mock", "plan": {}}}}),
+            "agent.plan.executor.plan",
+        ),
+    ];
+    for (fields, field) in cases {
+        let mut body = scripted_run(json!([]), json!([]));
+        for (k, v) in fields.as_object().unwrap() {
+            body["agent"][k] = v.clone();
+        }
+        let resp = app.post("/v1/runs", &body).await;
+        let status = resp.status();
+        let answer: Value = resp.json().await.unwrap();
+        assert_eq!(status, 422, "{fields}: {answer}");
+        assert!(
+            answer.to_string().contains(field),
+            "{fields}: {answer} should name {field}"
+        );
+    }
+}
