@@ -430,3 +430,153 @@ async fn invalid_plan_settings_are_refused_naming_the_field() {
         );
     }
 }
+
+/// The tasks of the scripted planner's round, its run id, and what the test waits for: the
+/// planner completed, with exactly `n` tasks, each task's result once in the history the
+/// summary turn was sent, and the planner claimed exactly `claims` times.
+async fn completes_with_each_result_once(
+    env: &TestEnv,
+    app: &TestApp,
+    run_id: &str,
+    input: &str,
+    answers: &[&str],
+    claims: i64,
+) {
+    let done = app.wait_status(run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let (tasks, rounds): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT plan_round) FROM runs WHERE parent_run_id = $1::uuid",
+    )
+    .bind(run_id)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (tasks, rounds),
+        (answers.len() as i64, 1),
+        "no task created twice"
+    );
+    assert_eq!(
+        done["attempt"], claims,
+        "the planner resumed once per round"
+    );
+    let planner = requests_of(env, input);
+    assert_eq!(planner.len(), 3, "plan, complete, summary");
+    let results = tool_results(planner.last().unwrap());
+    assert_eq!(
+        results.len(),
+        2,
+        "the plan's result and complete's: {results:?}"
+    );
+    for answer in answers {
+        assert_eq!(results[0].matches(answer).count(), 1, "{results:?}");
+    }
+    let events = app.events(run_id, 0, T).await;
+    let ended: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "task_completed")
+        .collect();
+    assert_eq!(ended.len(), answers.len(), "{:?}", types(&events));
+}
+
+/// A worker killed right after the planner's round committed (before anything was announced
+/// or dispatched): the tasks are dispatched by another worker's sweeper, each is created and
+/// run once, and the planner resumes once, with every result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_right_after_the_plan_commit_loses_nothing() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let crashing = env.spawn_worker_process_with_failpoints(&[], "plan:after_commit");
+    let answers = ["alpha done", "beta done", "gamma done"];
+    let turns = json!([
+        plan_call(json!([task("a", answers[0], 0), task("b", answers[1], 0),
+                          task("c", answers[2], 0)])),
+        complete_call(),
+        {"content": "summary"}
+    ]);
+    let body = planner_run(turns, json!({}));
+    let input = body["input"].as_str().unwrap().to_owned();
+    let run = app.start_run(&body).await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    let crashing = std::sync::Mutex::new(crashing);
+    wait_for("the worker to crash at the failpoint", T, || {
+        let exited = crashing.lock().unwrap().has_exited();
+        async move { exited.then_some(()) }
+    })
+    .await;
+    assert_eq!(app.run(&run_id).await["status"], "waiting_for_tasks");
+    assert_eq!(tasks(&app, &run_id).await.len(), 3);
+    let _healthy = env.spawn_worker_process(&[]);
+    completes_with_each_result_once(&env, &app, &run_id, &input, &answers, 2).await;
+}
+
+/// A worker killed while it holds the round's tasks: mid tool call in one task (the failpoint),
+/// the others ended or in flight. Another worker takes the unfinished ones over when their
+/// leases expire; the planner resumes once, after the last of them, with every result once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_of_the_worker_holding_the_tasks_loses_no_result() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let crashing = env.spawn_worker_process_with_failpoints(&[], "tool:probe");
+    let probing = script(json!([
+        {"tool_calls": [{"name": "probe", "arguments": {"q": 1}}]},
+        {"content": "probe done"}
+    ]));
+    let answers = ["probe done", "beta done", "gamma done"];
+    let turns = json!([
+        plan_call(json!([{"title": "probe", "input": probing}, task("b", answers[1], 300),
+                          task("c", answers[2], 3000)])),
+        complete_call(),
+        {"content": "summary"}
+    ]);
+    let mut body = planner_run(turns, json!({}));
+    // The tasks run the run's own agent without the plan: with this tool.
+    body["agent"]["tools"] = json!([http_tool(&env, "probe", "/echo")]);
+    let input = body["input"].as_str().unwrap().to_owned();
+    let run = app.start_run(&body).await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    let crashing = std::sync::Mutex::new(crashing);
+    wait_for("the worker to crash in the task's tool call", T, || {
+        let exited = crashing.lock().unwrap().has_exited();
+        async move { exited.then_some(()) }
+    })
+    .await;
+    assert_eq!(app.run(&run_id).await["status"], "waiting_for_tasks");
+    let _healthy = env.spawn_worker_process(&[]);
+    completes_with_each_result_once(&env, &app, &run_id, &input, &answers, 2).await;
+    let probed = tasks(&app, &run_id).await;
+    let probe = app.run(probed[0]["run_id"].as_str().unwrap()).await;
+    assert!(
+        probe["attempt"].as_i64().unwrap() >= 2,
+        "the probing task was taken over: {probe}"
+    );
+}
+
+/// A worker killed right after the end of a round's last task committed (which made the
+/// planner runnable), before it published or dispatched anything: another worker's sweeper
+/// sends the planner on, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_last_tasks_end_and_the_planners_dispatch_is_healed() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let crashing = env.spawn_worker_process_with_failpoints(&[], "task:before_publish");
+    let answers = ["only done"];
+    let turns = json!([
+        plan_call(json!([task("only", answers[0], 0)])),
+        complete_call(),
+        {"content": "summary"}
+    ]);
+    let body = planner_run(turns, json!({}));
+    let input = body["input"].as_str().unwrap().to_owned();
+    let run = app.start_run(&body).await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    let crashing = std::sync::Mutex::new(crashing);
+    wait_for("the worker to crash after the task's end", T, || {
+        let exited = crashing.lock().unwrap().has_exited();
+        async move { exited.then_some(()) }
+    })
+    .await;
+    assert_eq!(app.run(&run_id).await["status"], "queued");
+    let _healthy = env.spawn_worker_process(&[]);
+    completes_with_each_result_once(&env, &app, &run_id, &input, &answers, 2).await;
+}
