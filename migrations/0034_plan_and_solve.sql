@@ -49,6 +49,15 @@ CREATE UNIQUE INDEX runs_one_active_per_thread_0034 ON runs (thread_id)
 DROP INDEX runs_one_active_per_thread;
 ALTER INDEX runs_one_active_per_thread_0034 RENAME TO runs_one_active_per_thread;
 
+-- A batch's runs not yet ended (0008), a planner waiting for its tasks included: the batch
+-- is not finished while it waits. (Tasks belong to no batch.)
+CREATE INDEX runs_batch_active_0034 ON runs (batch_id)
+    WHERE batch_id IS NOT NULL
+      AND status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation',
+                     'waiting_for_tasks');
+DROP INDEX runs_batch_active;
+ALTER INDEX runs_batch_active_0034 RENAME TO runs_batch_active;
+
 -- The promotion of double-texting (0010) also when a waiting planner ends (a cancel).
 DROP TRIGGER runs_promote_waiting ON runs;
 CREATE TRIGGER runs_promote_waiting AFTER UPDATE OF status ON runs

@@ -314,7 +314,8 @@ pub struct Batch {
 
 /// Items per status: `pending` = no run created yet; the others are the statuses of the
 /// items' runs (an item that could get no run, its thread busy or gone, counts as `failed`;
-/// after a cancel, items never created count as `cancelled`).
+/// after a cancel, items never created count as `cancelled`; a plan-and-solve run waiting for
+/// its tasks counts as `running`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, ToSchema)]
 pub struct BatchCounts {
     pub pending: i64,
@@ -340,7 +341,7 @@ pub fn batch(row: &BatchRow, counts: &Counts) -> Batch {
     let mut c = BatchCounts {
         pending: counts.pending,
         queued: counts.of("queued"),
-        running: counts.of("running"),
+        running: counts.of("running") + counts.of("waiting_for_tasks"),
         waiting_for_input: counts.of("waiting_for_input"),
         waiting_for_confirmation: counts.of("waiting_for_confirmation"),
         completed: counts.of("completed"),

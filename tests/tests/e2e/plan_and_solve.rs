@@ -580,3 +580,63 @@ async fn a_crash_between_the_last_tasks_end_and_the_planners_dispatch_is_healed(
     let _healthy = env.spawn_worker_process(&[]);
     completes_with_each_result_once(&env, &app, &run_id, &input, &answers, 2).await;
 }
+
+/// A planner in a batch keeps its batch open while it waits for its tasks; the batch finishes
+/// once the planner completes, and its result is the summary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_not_finished_while_its_planner_waits_for_tasks() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker_process(&[]);
+    let turns = json!([
+        plan_call(json!([task("slow", "slow done", 3000)])),
+        complete_call(),
+        {"content": "the batch's answer"}
+    ]);
+    let resp = app
+        .post(
+            "/v1/runs/batch",
+            &json!({"runs": [planner_run(turns, json!({}))]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 202);
+    let created: Value = resp.json().await.unwrap();
+    let batch_id = created["batch_id"].as_str().unwrap().to_owned();
+    let run_id = created["runs"][0]["id"].as_str().unwrap().to_owned();
+    app.wait_status(&run_id, &["waiting_for_tasks"], T).await;
+    // Past a batch sweep (every second) while the planner waits.
+    let waiting_since = std::time::Instant::now();
+    let batch = wait_for("a sweep while the planner waits", T, || async {
+        let batch: Value = app
+            .get(&format!("/v1/batches/{batch_id}"))
+            .await
+            .json()
+            .await
+            .ok()?;
+        (waiting_since.elapsed() > Duration::from_millis(1500)).then_some(batch)
+    })
+    .await;
+    if app.run(&run_id).await["status"] == "waiting_for_tasks" {
+        assert_eq!(batch["status"], "in_progress", "{batch}");
+        assert_eq!(batch["counts"]["running"], 1, "{batch}");
+    }
+    let done = wait_for("the batch to finish", T, || async {
+        let batch: Value = app
+            .get(&format!("/v1/batches/{batch_id}"))
+            .await
+            .json()
+            .await
+            .ok()?;
+        (batch["status"] == "completed").then_some(batch)
+    })
+    .await;
+    assert_eq!(done["counts"]["completed"], 1, "{done}");
+    assert_eq!(app.run(&run_id).await["status"], "completed");
+    let results = app
+        .get(&format!("/v1/batches/{batch_id}/results"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(results.contains("the batch's answer"), "{results}");
+}
