@@ -89,11 +89,14 @@ BEGIN
     IF parent_status <> 'waiting_for_tasks' OR parent_round <> NEW.plan_round THEN
         RETURN NULL;
     END IF;
+    -- A waiting task another transaction has locked is passed over: only a cancel of the
+    -- planner locks them (before the planner's row, so waiting for it here could deadlock),
+    -- and it cancels them.
     UPDATE runs SET status = 'queued', held = fair, enqueued_at = now(), updated_at = now()
      WHERE id = (SELECT id FROM runs
                   WHERE parent_run_id = NEW.parent_run_id AND plan_round = NEW.plan_round
                     AND status = 'waiting_for_slot'
-                  ORDER BY task_index LIMIT 1);
+                  ORDER BY task_index LIMIT 1 FOR UPDATE SKIP LOCKED);
     IF NOT EXISTS (SELECT 1 FROM runs
                     WHERE parent_run_id = NEW.parent_run_id AND plan_round = NEW.plan_round
                       AND status NOT IN ('completed', 'failed', 'cancelled')) THEN
