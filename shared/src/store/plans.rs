@@ -204,3 +204,197 @@ pub async fn runnable_after_task(pool: &PgPool, parent: Uuid) -> Result<Vec<Uuid
     .fetch_all(pool)
     .await?)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::store::transitions::{self, Cancelled, Ending, NewRun};
+    use crate::store::{Fence, runs, tenants};
+
+    const LEASE: Duration = Duration::from_secs(10);
+
+    /// A claimed planner (`fair` = false, so nothing is held).
+    async fn planner(pool: &PgPool) -> runs::RunRow {
+        let tenant = tenants::create(pool, "t").await.unwrap();
+        let mut new = NewRun::for_test(tenant.tenant_id);
+        new.agent =
+            serde_json::from_value(json!({"model": "m", "mode": "plan_and_solve"})).expect("agent");
+        new.max_iterations = 5;
+        let run = transitions::create_on_new_thread(pool, new).await.unwrap();
+        let claimed = transitions::claim(pool, run.id, "w", LEASE).await.unwrap();
+        claimed.expect("claimed").run
+    }
+
+    fn plan_turn(run: &runs::RunRow) -> Turn {
+        Turn {
+            fence: Fence {
+                run_id: run.id,
+                attempt: run.attempt,
+            },
+            thread_id: run.thread_id,
+            iteration: 1,
+            message: json!({"role": "assistant", "content": null}),
+            tool_calls: vec![json!({
+                "id": Uuid::now_v7(), "tool_call_id": "call_plan", "position": 0,
+                "name": "plan", "raw_arguments": "{}", "arguments": {}, "risk": "low",
+                "status": "running", "dispatch_count": 1})],
+            prompt_tokens: 1,
+            completion_tokens: 1,
+            estimated_tokens: 0,
+            last_event_id: 3,
+            timing: None,
+            carried: Vec::new(),
+            ends: false,
+        }
+    }
+
+    fn round(n: usize, max_parallel: i32) -> NewRound {
+        NewRound {
+            round: 1,
+            tasks: (0..n)
+                .map(|i| NewTask {
+                    title: format!("t{i}"),
+                    input: format!("do {i}"),
+                })
+                .collect(),
+            executor: serde_json::from_value(json!({"model": "m"})).unwrap(),
+            max_iterations: 3,
+            max_parallel,
+        }
+    }
+
+    async fn status(pool: &PgPool, id: Uuid) -> RunStatus {
+        runs::get(pool, id).await.unwrap().status
+    }
+
+    /// Ends a claimed task (`completed`, as a holder's end does).
+    async fn end(pool: &PgPool, task: &runs::RunRow) {
+        let ended = transitions::end_many(
+            pool,
+            &[Ending {
+                fence: Fence {
+                    run_id: task.id,
+                    attempt: task.attempt,
+                },
+                status: RunStatus::Completed,
+                last_event_id: 1,
+                timing: None,
+            }],
+        )
+        .await
+        .unwrap();
+        assert!(ended[0].held);
+    }
+
+    /// The round commits with the turn, once: the tasks up to `max_parallel` queued, the rest
+    /// waiting, the planner waiting for them; the same turn again (a stale holder) writes
+    /// nothing.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_round_is_created_once_with_its_turn(pool: PgPool) {
+        let run = planner(&pool).await;
+        let (_, created) = commit_round(&pool, plan_turn(&run), round(3, 2))
+            .await
+            .unwrap()
+            .expect("the fence held");
+        let statuses: Vec<RunStatus> = created.iter().map(|c| c.status).collect();
+        assert_eq!(
+            statuses,
+            [
+                RunStatus::Queued,
+                RunStatus::Queued,
+                RunStatus::WaitingForSlot
+            ]
+        );
+        let parent = runs::get(&pool, run.id).await.unwrap();
+        assert_eq!(
+            (parent.status, parent.plan_round, parent.lease_owner),
+            (RunStatus::WaitingForTasks, 1, None)
+        );
+        assert!(
+            commit_round(&pool, plan_turn(&run), round(3, 2))
+                .await
+                .unwrap()
+                .is_none(),
+            "a replayed turn creates nothing"
+        );
+        assert_eq!(
+            tasks_of(&pool, run.tenant_id, run.id).await.unwrap().len(),
+            3
+        );
+        let task = runs::get(&pool, created[0].id).await.unwrap();
+        assert_eq!(task.parent_run_id, Some(run.id));
+        assert_eq!(task.task_title.as_deref(), Some("t0"));
+    }
+
+    /// Each end releases the round's next waiting task; the planner becomes runnable exactly
+    /// when the last task ended, also when two tasks end at once, and counts their tokens.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn the_last_end_of_a_round_makes_the_planner_runnable(pool: PgPool) {
+        let run = planner(&pool).await;
+        let (_, created) = commit_round(&pool, plan_turn(&run), round(3, 2))
+            .await
+            .unwrap()
+            .unwrap();
+        let claim = |id| transitions::claim(&pool, id, "w", LEASE);
+        let a = claim(created[0].id).await.unwrap().unwrap().run;
+        let b = claim(created[1].id).await.unwrap().unwrap().run;
+        end(&pool, &a).await;
+        assert_eq!(status(&pool, created[2].id).await, RunStatus::Queued);
+        assert_eq!(status(&pool, run.id).await, RunStatus::WaitingForTasks);
+        let c = claim(created[2].id).await.unwrap().unwrap().run;
+        // The round's last two end at once, in two transactions.
+        tokio::join!(end(&pool, &b), end(&pool, &c));
+        let parent = runs::get(&pool, run.id).await.unwrap();
+        assert_eq!(parent.status, RunStatus::Queued);
+        assert!(!parent.held);
+        assert_eq!(
+            runnable_after_task(&pool, run.id).await.unwrap(),
+            [run.id],
+            "the planner, to publish"
+        );
+        let results = round_results(&pool, run.id, 1).await.unwrap();
+        assert_eq!(results.len(), 3);
+        assert!(results.iter().all(|r| r.status == RunStatus::Completed));
+    }
+
+    /// Cancelling the planner cancels its unfinished tasks, running or waiting, with it.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn cancelling_the_planner_cancels_its_tasks(pool: PgPool) {
+        let run = planner(&pool).await;
+        let (_, created) = commit_round(&pool, plan_turn(&run), round(3, 1))
+            .await
+            .unwrap()
+            .unwrap();
+        transitions::claim(&pool, created[0].id, "w", LEASE)
+            .await
+            .unwrap()
+            .unwrap();
+        let Cancelled::Now {
+            previous, tasks, ..
+        } = transitions::cancel(&pool, run.tenant_id, run.id)
+            .await
+            .unwrap()
+        else {
+            panic!("not cancelled now");
+        };
+        assert_eq!(previous, RunStatus::WaitingForTasks);
+        let mut was: Vec<RunStatus> = tasks.iter().map(|t| t.previous).collect();
+        was.sort_by_key(|s| s.as_str());
+        assert_eq!(
+            was,
+            [
+                RunStatus::Running,
+                RunStatus::WaitingForSlot,
+                RunStatus::WaitingForSlot
+            ]
+        );
+        for c in &created {
+            assert_eq!(status(&pool, c.id).await, RunStatus::Cancelled);
+        }
+        assert_eq!(status(&pool, run.id).await, RunStatus::Cancelled);
+    }
+}
