@@ -159,6 +159,7 @@ pub async fn openapi(State(state): State<AppState>) -> Json<Value> {
 /// The document served for these settings.
 pub fn document(settings: &Settings) -> Value {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
+    plan_needs_its_mode(&mut doc);
     this_deployment(&mut doc, settings);
     if settings.api.admin_token.is_empty() {
         // The admin API does not exist in this deployment (its paths answer 404).
@@ -170,6 +171,24 @@ pub fn document(settings: &Settings) -> Value {
     add_error_responses(&mut doc);
     add_links(&mut doc);
     doc
+}
+
+/// `agent.plan` only with `mode: plan_and_solve`: a rule between two properties, which the
+/// derived schema cannot state (`if`/`then` on the object).
+fn plan_needs_its_mode(doc: &mut Value) {
+    let pointer = "/components/schemas/AgentSpec";
+    set(
+        doc,
+        pointer,
+        "if",
+        json!({"required": ["plan"], "properties": {"plan": {"type": "object"}}}),
+    );
+    set(
+        doc,
+        pointer,
+        "then",
+        json!({"required": ["mode"], "properties": {"mode": {"const": "plan_and_solve"}}}),
+    );
 }
 
 /// What this deployment's configuration decides, which no type can say: the models

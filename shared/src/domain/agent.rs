@@ -119,8 +119,26 @@ fn default_max_parallel() -> u32 {
     4
 }
 
-fn executor_schema() -> Ref {
-    Ref::from_schema_name("AgentSpec")
+/// An agent spec (or null) in `react` mode without a plan.
+fn executor_schema() -> OneOfBuilder {
+    let react = ObjectBuilder::new()
+        .property(
+            "mode",
+            ObjectBuilder::new()
+                .schema_type(SchemaType::AnyValue)
+                .enum_values(Some(["react"])),
+        )
+        .property("plan", ObjectBuilder::new().schema_type(Type::Null));
+    OneOfBuilder::new()
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .item(
+            AllOfBuilder::new()
+                .item(Ref::from_schema_name("AgentSpec"))
+                .item(react),
+        )
+        .description(Some(
+            "The agent of every task (`react`, without `plan`); the run's own agent without the plan when absent",
+        ))
 }
 
 /// The deployment's caps of a plan's bounds (`api.max_plan_*`).

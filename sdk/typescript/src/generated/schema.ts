@@ -899,7 +899,8 @@ export interface components {
          *     (`api.max_plan_rounds`, `api.max_plan_tasks`, `api.max_plan_parallel`).
          */
         PlanSpec: {
-            executor?: components["schemas"]["AgentSpec"];
+            /** @description The agent of every task (`react`, without `plan`); the run's own agent without the plan when absent */
+            executor?: null | components["schemas"]["AgentSpec"];
             /**
              * Format: int32
              * @description Tasks of a round in flight at once; the others wait for a place.

@@ -20,7 +20,8 @@ class PlanSpec:
     (`api.max_plan_rounds`, `api.max_plan_tasks`, `api.max_plan_parallel`).
 
         Attributes:
-            executor (AgentSpec | Unset):
+            executor (AgentSpec | None | Unset): The agent of every task (`react`, without `plan`); the run's own agent
+                without the plan when absent
             max_parallel (int | Unset): Tasks of a round in flight at once; the others wait for a place. Default: 4.
             max_rounds (int | Unset): Rounds of tasks at most; after the last, the planner must call `complete`. Default: 5.
             max_tasks (int | Unset): Tasks one `plan` call may create at most. Default: 8.
@@ -31,7 +32,7 @@ class PlanSpec:
                 when absent). At most 200000 bytes.
     """
 
-    executor: AgentSpec | Unset = UNSET
+    executor: AgentSpec | None | Unset = UNSET
     max_parallel: int | Unset = 4
     max_rounds: int | Unset = 5
     max_tasks: int | Unset = 8
@@ -39,9 +40,15 @@ class PlanSpec:
     summary_prompt: None | str | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:
-        executor: dict[str, Any] | Unset = UNSET
-        if not isinstance(self.executor, Unset):
+        from ..models.agent_spec import AgentSpec
+
+        executor: dict[str, Any] | None | Unset
+        if isinstance(self.executor, Unset):
+            executor = UNSET
+        elif isinstance(self.executor, AgentSpec):
             executor = self.executor.to_dict()
+        else:
+            executor = self.executor
 
         max_parallel = self.max_parallel
 
@@ -84,12 +91,23 @@ class PlanSpec:
         from ..models.agent_spec import AgentSpec
 
         d = dict(src_dict)
-        _executor = d.pop("executor", UNSET)
-        executor: AgentSpec | Unset
-        if isinstance(_executor, Unset):
-            executor = UNSET
-        else:
-            executor = AgentSpec.from_dict(_executor)
+
+        def _parse_executor(data: object) -> AgentSpec | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                executor_type_1 = AgentSpec.from_dict(data)
+
+                return executor_type_1
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(AgentSpec | None | Unset, data)
+
+        executor = _parse_executor(d.pop("executor", UNSET))
 
         max_parallel = d.pop("max_parallel", UNSET)
 
