@@ -86,8 +86,28 @@ pub async fn fan_in(ctx: &RunCtx) -> Result<(Value, String), RunError> {
     ))
     .await?;
     let limit = ctx.deps.settings.worker.max_tool_result_bytes;
-    // Each task's output gets an equal share of the limit (the envelope takes its part).
-    let share = (limit / (results.len() + 1)).max(64);
+    // What the result takes without the outputs; each completed task's output gets an equal
+    // share of the rest (as JSON text: escapes count).
+    let bare: Vec<Value> = results
+        .iter()
+        .map(|t| {
+            let mut bare = json!({"task_index": t.task_index, "title": t.title,
+                                  "run_id": t.id, "status": t.status});
+            match t.status {
+                RunStatus::Completed => bare["output"] = json!(""),
+                _ => bare["error"] = error_of(t),
+            }
+            bare
+        })
+        .collect();
+    let envelope = json!({"round": round, "tasks": bare}).to_string().len();
+    let outputs = results
+        .iter()
+        .filter(|t| t.status == RunStatus::Completed)
+        .count()
+        .max(1);
+    // (`"truncated":true,` takes 18 bytes more where an output is cut.)
+    let share = limit.saturating_sub(envelope + 18 * outputs) / outputs;
     let mut listed = Vec::with_capacity(results.len());
     let mut counts = std::collections::BTreeMap::<&str, usize>::new();
     for task in &results {
@@ -102,16 +122,14 @@ pub async fn fan_in(ctx: &RunCtx) -> Result<(Value, String), RunError> {
         event["round"] = json!(round);
         if task.status == RunStatus::Completed {
             let output = task.output.as_deref().unwrap_or_default();
-            let (kept, cut) = cut(output, share);
+            let (kept, cut) = cut_encoded(output, share);
             entry["output"] = json!(kept);
             if cut {
                 entry["truncated"] = json!(true);
             }
             event["output"] = json!(cut_text(output, EVENT_OUTPUT_BYTES));
         } else {
-            let error = task.error.as_ref().map(|e| e.0.clone()).unwrap_or_else(|| {
-                json!({"code": task.status.as_str(), "message": format!("the task was {}", task.status)})
-            });
+            let error = error_of(task);
             entry["error"] = error.clone();
             event["error"] = error;
         }
@@ -129,6 +147,13 @@ pub async fn fan_in(ctx: &RunCtx) -> Result<(Value, String), RunError> {
     Ok((result, content))
 }
 
+/// A task's error as the planner reads it: the run's, else its status said.
+fn error_of(task: &plans::TaskResult) -> Value {
+    task.error.as_ref().map(|e| e.0.clone()).unwrap_or_else(|| {
+        json!({"code": task.status.as_str(), "message": format!("the task was {}", task.status)})
+    })
+}
+
 /// `text` cut to at most `max` bytes (on a character boundary), and whether it was cut.
 fn cut(text: &str, max: usize) -> (&str, bool) {
     if text.len() <= max {
@@ -139,6 +164,18 @@ fn cut(text: &str, max: usize) -> (&str, bool) {
         end -= 1;
     }
     (&text[..end], true)
+}
+
+/// `text` cut so that its JSON string (quotes and escapes included) takes at most `max` bytes.
+fn cut_encoded(text: &str, max: usize) -> (&str, bool) {
+    let encoded = |t: &str| serde_json::to_string(t).map_or(usize::MAX, |e| e.len());
+    let (mut kept, mut was_cut) = cut(text, max);
+    while !kept.is_empty() && encoded(kept) > max {
+        let excess = encoded(kept) - max;
+        kept = cut(kept, kept.len().saturating_sub(excess.max(1))).0;
+        was_cut = true;
+    }
+    (kept, was_cut)
 }
 
 fn cut_text(text: &str, max: usize) -> &str {
@@ -154,5 +191,16 @@ mod tests {
         assert_eq!(cut("abc", 5), ("abc", false));
         assert_eq!(cut("abcdef", 3), ("abc", true));
         assert_eq!(cut("ééé", 3), ("é", true));
+    }
+
+    #[test]
+    fn encoded_outputs_fit_their_share() {
+        assert_eq!(cut_encoded("abc", 5), ("abc", false));
+        let (kept, cut) = cut_encoded("\"\"\"\"", 6);
+        assert!(
+            cut && serde_json::to_string(kept).unwrap().len() <= 6,
+            "{kept}"
+        );
+        assert_eq!(cut_encoded("abc", 1), ("", true));
     }
 }

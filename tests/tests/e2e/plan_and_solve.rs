@@ -640,3 +640,32 @@ async fn a_batch_is_not_finished_while_its_planner_waits_for_tasks() {
         .unwrap();
     assert!(results.contains("the batch's answer"), "{results}");
 }
+
+/// The round's results reach the planner within `worker.max_tool_result_bytes`: long outputs
+/// are cut, each to its share, and marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rounds_results_are_bounded_by_the_tool_result_limit() {
+    let env = TestEnv::with(&[("worker.max_tool_result_bytes", "1000")]).await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker_process(&[]);
+    let long = "x".repeat(2000);
+    let turns = json!([
+        plan_call(json!([task("a", &long, 0), task("b", "short", 0), task("c", &long, 0)])),
+        complete_call(),
+        {"content": "done"}
+    ]);
+    let body = planner_run(turns, json!({}));
+    let input = body["input"].as_str().unwrap().to_owned();
+    let run = app.start_run(&body).await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let planner = requests_of(&env, &input);
+    let result = &tool_results(planner.last().unwrap())[0];
+    assert!(result.len() <= 1000, "{} bytes", result.len());
+    let parsed: Value = serde_json::from_str(result).unwrap();
+    let tasks = parsed["tasks"].as_array().unwrap();
+    assert_eq!(tasks[1]["output"], "short");
+    assert_eq!(tasks[0]["truncated"], true);
+    assert!(tasks[0]["output"].as_str().unwrap().len() > 100, "{result}");
+}
