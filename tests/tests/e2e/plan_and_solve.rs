@@ -431,9 +431,10 @@ async fn invalid_plan_settings_are_refused_naming_the_field() {
     }
 }
 
-/// The tasks of the scripted planner's round, its run id, and what the test waits for: the
-/// planner completed, with exactly `n` tasks, each task's result once in the history the
-/// summary turn was sent, and the planner claimed exactly `claims` times.
+/// What a crash test waits for: the planner completed, with exactly one task per answer,
+/// each task's result once in the history the summary turn was sent, the planner claimed
+/// exactly `claims` times, and each task's end announced `announced` times (a take-over of
+/// the fan-in announces the round again).
 async fn completes_with_each_result_once(
     env: &TestEnv,
     app: &TestApp,
@@ -441,6 +442,7 @@ async fn completes_with_each_result_once(
     input: &str,
     answers: &[&str],
     claims: i64,
+    announced: usize,
 ) {
     let done = app.wait_status(run_id, &["completed", "failed"], T).await;
     assert_eq!(done["status"], "completed", "{done}");
@@ -476,7 +478,12 @@ async fn completes_with_each_result_once(
         .iter()
         .filter(|e| e["type"] == "task_completed")
         .collect();
-    assert_eq!(ended.len(), answers.len(), "{:?}", types(&events));
+    assert_eq!(
+        ended.len(),
+        answers.len() * announced,
+        "{:?}",
+        types(&events)
+    );
 }
 
 /// A worker killed right after the planner's round committed (before anything was announced
@@ -507,7 +514,7 @@ async fn a_crash_right_after_the_plan_commit_loses_nothing() {
     assert_eq!(app.run(&run_id).await["status"], "waiting_for_tasks");
     assert_eq!(tasks(&app, &run_id).await.len(), 3);
     let _healthy = env.spawn_worker_process(&[]);
-    completes_with_each_result_once(&env, &app, &run_id, &input, &answers, 2).await;
+    completes_with_each_result_once(&env, &app, &run_id, &input, &answers, 2, 1).await;
 }
 
 /// A worker killed while it holds the round's tasks: mid tool call in one task (the failpoint),
@@ -543,7 +550,7 @@ async fn a_crash_of_the_worker_holding_the_tasks_loses_no_result() {
     .await;
     assert_eq!(app.run(&run_id).await["status"], "waiting_for_tasks");
     let _healthy = env.spawn_worker_process(&[]);
-    completes_with_each_result_once(&env, &app, &run_id, &input, &answers, 2).await;
+    completes_with_each_result_once(&env, &app, &run_id, &input, &answers, 2, 1).await;
     let probed = tasks(&app, &run_id).await;
     let probe = app.run(probed[0]["run_id"].as_str().unwrap()).await;
     assert!(
@@ -578,7 +585,7 @@ async fn a_crash_between_the_last_tasks_end_and_the_planners_dispatch_is_healed(
     .await;
     assert_eq!(app.run(&run_id).await["status"], "queued");
     let _healthy = env.spawn_worker_process(&[]);
-    completes_with_each_result_once(&env, &app, &run_id, &input, &answers, 2).await;
+    completes_with_each_result_once(&env, &app, &run_id, &input, &answers, 2, 1).await;
 }
 
 /// A planner in a batch keeps its batch open while it waits for its tasks; the batch finishes
@@ -668,4 +675,33 @@ async fn the_rounds_results_are_bounded_by_the_tool_result_limit() {
     assert_eq!(tasks[1]["output"], "short");
     assert_eq!(tasks[0]["truncated"], true);
     assert!(tasks[0]["output"].as_str().unwrap().len() > 100, "{result}");
+}
+
+/// A worker killed while the planner takes its round up (the round's ends announced, the
+/// `plan` call's result not yet recorded): another worker takes the planner over when its lease
+/// expires and does the fan-in again; the history holds each result once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_during_the_fan_in_is_redone_by_the_next_holder() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let crashing = env.spawn_worker_process_with_failpoints(&[], "plan:before_result");
+    let answers = ["alpha done", "beta done"];
+    let turns = json!([
+        plan_call(json!([task("a", answers[0], 0), task("b", answers[1], 0)])),
+        complete_call(),
+        {"content": "summary"}
+    ]);
+    let body = planner_run(turns, json!({}));
+    let input = body["input"].as_str().unwrap().to_owned();
+    let run = app.start_run(&body).await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    let crashing = std::sync::Mutex::new(crashing);
+    wait_for("the worker to crash in the fan-in", T, || {
+        let exited = crashing.lock().unwrap().has_exited();
+        async move { exited.then_some(()) }
+    })
+    .await;
+    assert_eq!(app.run(&run_id).await["status"], "running");
+    let _healthy = env.spawn_worker_process(&[]);
+    completes_with_each_result_once(&env, &app, &run_id, &input, &answers, 3, 2).await;
 }

@@ -234,6 +234,8 @@ pub async fn settle(
         },
         Then::Plan(call) if call.status == ToolCallStatus::Running => {
             let (result, content) = crate::plan::fan_in(ctx).await?;
+            // The fault suite crashes here: the round announced, its result not recorded.
+            agentfleet_shared::failpoint::hit("plan:before_result");
             let completed = json!({
                 "tool_call_id": call.tool_call_id, "name": call.name, "ok": true,
                 "result": result, "truncated": false,
