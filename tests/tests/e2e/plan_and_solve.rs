@@ -429,6 +429,20 @@ async fn invalid_plan_settings_are_refused_naming_the_field() {
             "{fields}: {answer} should name {field}"
         );
     }
+    // An executor's MCP server must be registered, as the run's own tools' must.
+    let mut body = scripted_run(json!([]), json!([]));
+    body["agent"]["mode"] = json!("plan_and_solve");
+    body["agent"]["plan"] = json!({"executor": {"model": "mock", "tools": [
+        {"name": "docs", "kind": "mcp", "server": "unregistered"}]}});
+    let resp = app.post("/v1/runs", &body).await;
+    assert_eq!(resp.status(), 404);
+    let answer: Value = resp.json().await.unwrap();
+    assert!(
+        answer
+            .to_string()
+            .contains("agent.plan.executor.tools[0].server"),
+        "{answer}"
+    );
 }
 
 /// What a crash test waits for: the planner completed, with exactly one task per answer,

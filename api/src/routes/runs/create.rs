@@ -267,8 +267,9 @@ pub async fn compile_schemas(
         })
 }
 
-/// Every MCP server the runs' tools name (`kind: mcp` with `server`) must be registered by the
-/// tenant: else 404 naming `<prefix>agent.tools[j].server` (as for an unknown `thread_id`),
+/// Every MCP server the runs' tools name (`kind: mcp` with `server`; a plan's executor's
+/// included) must be registered by the tenant: else 404 naming `<prefix>agent.tools[j].server`
+/// (as for an unknown `thread_id`),
 /// before anything is written. One
 /// query for all the runs, none when no tool names a server. (A server deleted later fails the
 /// runs that name it when they list their tools: docs/tools.md.)
@@ -279,11 +280,17 @@ pub async fn check_servers<'a>(
 ) -> Result<(), ApiError> {
     let named = |runs: &mut dyn Iterator<Item = (String, &'a AgentSpec)>| {
         runs.flat_map(|(prefix, agent)| {
-            agent.tools.iter().enumerate().filter_map(move |(j, t)| {
-                (t.kind == ToolKind::Mcp)
-                    .then_some(t.server.as_ref())
-                    .flatten()
-                    .map(|name| (format!("{prefix}agent.tools[{j}].server"), name.clone()))
+            // A plan's executor names its servers too.
+            let executor = agent.plan.as_ref().and_then(|p| p.executor.as_deref());
+            let agents = std::iter::once((format!("{prefix}agent."), agent))
+                .chain(executor.map(|e| (format!("{prefix}agent.plan.executor."), e)));
+            agents.flat_map(|(base, agent)| {
+                agent.tools.iter().enumerate().filter_map(move |(j, t)| {
+                    (t.kind == ToolKind::Mcp)
+                        .then_some(t.server.as_ref())
+                        .flatten()
+                        .map(|name| (format!("{base}tools[{j}].server"), name.clone()))
+                })
             })
         })
         .collect::<Vec<_>>()
