@@ -135,6 +135,7 @@ async fn publish_after_task(ctx: &RunCtx, parent: Uuid) {
     let runnable = match Box::pin(agentfleet_shared::store::plans::runnable_after_task(
         &ctx.deps.pool,
         parent,
+        ctx.run.plan_round,
     ))
     .await
     {

@@ -191,16 +191,22 @@ pub async fn tasks_of(
     .await?)
 }
 
-/// After a task's end: the planner and the tasks of its plan that are `queued` and not held
-/// (made runnable by the end's trigger when its planner is not `fair`), to publish. Publishing
-/// one twice is harmless (the second claim finds nothing).
-pub async fn runnable_after_task(pool: &PgPool, parent: Uuid) -> Result<Vec<Uuid>, StoreError> {
+/// After the end of a task of `round`: the planner and the round's tasks that are `queued` and
+/// not held (made runnable by the end's trigger when its planner is not `fair`), to publish.
+/// Publishing one twice is harmless (the second claim finds nothing).
+pub async fn runnable_after_task(
+    pool: &PgPool,
+    parent: Uuid,
+    round: i32,
+) -> Result<Vec<Uuid>, StoreError> {
     Ok(sqlx::query_scalar(
         "SELECT id FROM runs WHERE id = $1 AND status = 'queued' AND NOT held
          UNION ALL
-         SELECT id FROM runs WHERE parent_run_id = $1 AND status = 'queued' AND NOT held",
+         SELECT id FROM runs WHERE parent_run_id = $1 AND plan_round = $2
+            AND status = 'queued' AND NOT held",
     )
     .bind(parent)
+    .bind(round)
     .fetch_all(pool)
     .await?)
 }
@@ -352,7 +358,7 @@ mod tests {
         assert_eq!(parent.status, RunStatus::Queued);
         assert!(!parent.held);
         assert_eq!(
-            runnable_after_task(&pool, run.id).await.unwrap(),
+            runnable_after_task(&pool, run.id, 1).await.unwrap(),
             [run.id],
             "the planner, to publish"
         );

@@ -719,3 +719,45 @@ async fn a_crash_during_the_fan_in_is_redone_by_the_next_holder() {
     let _healthy = env.spawn_worker_process(&[]);
     completes_with_each_result_once(&env, &app, &run_id, &input, &answers, 3, 2).await;
 }
+
+/// Without the fair share (no run is `fair`), the planner publishes its round's tasks itself,
+/// each end publishes the round's next waiting task and, at the last, the planner: a round of
+/// three tasks one at a time completes in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_fair_share_tasks_and_planner_are_published_by_their_enders() {
+    let env = TestEnv::with(&[("fair_share.window_per_slot", "0")]).await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker_process(&[]);
+    let turns = json!([
+        plan_call(json!([task("a", "one", 0), task("b", "two", 0), task("c", "three", 0)])),
+        complete_call(),
+        {"content": "done"}
+    ]);
+    let run = app
+        .start_run(&planner_run(turns, json!({"max_parallel": 1})))
+        .await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let (fair,): (bool,) = sqlx::query_as("SELECT fair FROM runs WHERE id = $1::uuid")
+        .bind(&run_id)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert!(!fair, "the planner is not fair: its enders publish");
+    let listed = tasks(&app, &run_id).await;
+    assert!(
+        listed.iter().all(|t| t["status"] == "completed"),
+        "{listed:?}"
+    );
+    // One at a time, in task order.
+    let at = |t: &Value, field: &str| {
+        chrono::DateTime::parse_from_rfc3339(t[field].as_str().unwrap()).unwrap()
+    };
+    for pair in listed.windows(2) {
+        assert!(
+            at(&pair[0], "finished_at") <= at(&pair[1], "started_at"),
+            "{listed:?}"
+        );
+    }
+}
