@@ -224,8 +224,9 @@ async fn call_model(
     if phase == Phase::Turn && ctx.compaction.lock().expect("compaction lock").active() {
         tools.to_mut().push(tools::builtin::expand_definition());
     }
-    if xml && phase == Phase::Turn {
-        // The fitted history without the counted system message, rendered with the real one.
+    if xml {
+        // The fitted history without the counted system message, rendered with the real one
+        // (a summary turn's too: such a model reads its history's calls as XML).
         let history = History::into_messages(messages.history);
         messages = Messages::from(crate::xml_calls::to_xml_history(
             system.iter().cloned().chain(history).collect(),

@@ -761,3 +761,48 @@ async fn without_the_fair_share_tasks_and_planner_are_published_by_their_enders(
         );
     }
 }
+
+/// A planner on a model without native tool calls (`tool_calling = "xml"`): it is offered
+/// `plan` and `complete` in its system prompt, its XML `plan` call starts the round, and the
+/// summary turn reads the history as XML too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planner_on_an_xml_mode_model() {
+    let env = TestEnv::new().await;
+    let url = env.llm.base_url();
+    let models = [
+        ("models.mockx.base_url", url.as_str()),
+        ("models.mockx.model", "mock-x"),
+        ("models.mockx.tool_calling", "xml"),
+    ];
+    let app = env.spawn_api_with(&models).await;
+    let _worker = env.spawn_worker_with(&models).await;
+    let tasks = json!([{"title": "a", "input": script(json!([{"content": "alpha done"}]))}]);
+    let plan = format!(
+        "<function_calls>\n<invoke name=\"plan\">\n<parameter name=\"tasks\">{tasks}</parameter>\n\
+         </invoke>\n</function_calls>"
+    );
+    let complete = "<function_calls>\n<invoke name=\"complete\">\n\
+        <parameter name=\"summary\">done</parameter>\n</invoke>\n</function_calls>";
+    let turns = json!([{"content": plan}, {"content": complete}, {"content": "the answer"}]);
+    let mut body = planner_run(turns, json!({}));
+    body["agent"]["model"] = json!("mockx");
+    let input = body["input"].as_str().unwrap().to_owned();
+    let run = app.start_run(&body).await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let planner = requests_of(&env, &input);
+    assert_eq!(planner.len(), 3);
+    let system = planner[0]["messages"][0]["content"].as_str().unwrap();
+    assert!(system.contains("- plan:"), "{system}");
+    let last = planner[2]["messages"].to_string();
+    assert!(last.contains("alpha done"), "{last}");
+    assert!(
+        !planner[2]["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["role"] == "tool"),
+        "the summary turn's history is rendered as XML"
+    );
+}
