@@ -4,9 +4,10 @@ should not be built on, written with sorted keys so that the same document is th
 The served document is exact enough to generate invalid requests from (scripts/fuzz does); a
 client needs the shapes, and the server checks the rest. So this removes:
 - what a deployment decides: the configured model names (an enum) become a free string;
-- refinements that only validate: `not`, `propertyNames`, an `allOf` of a schema and a
-  constraint on properties it already has (the tool kinds' required fields, a batch item's
-  `if_busy`, a resume's `minProperties`);
+- refinements that only validate: `not`, `propertyNames`, `if`/`then` (an agent's `plan`
+  only with its mode), an `allOf` of a schema and a constraint on properties it already has
+  (the tool kinds' required fields, a batch item's `if_busy`, a resume's `minProperties`, a
+  plan's executor in `react` mode);
 - the recursive description of a JSON value (no NUL, numbers within ±1e300): any JSON value,
   and a JSON object of any values.
 
@@ -37,7 +38,11 @@ def _simplify(node, schemas):
     if _refined(node, schemas):
         rest = {k: v for k, v in node.items() if k != "allOf"}
         node = {**rest, "$ref": node["allOf"][0]["$ref"]}
-    return {k: _simplify(v, schemas) for k, v in node.items() if k not in ("not", "propertyNames")}
+    return {
+        k: _simplify(v, schemas)
+        for k, v in node.items()
+        if k not in ("not", "propertyNames", "if", "then")
+    }
 
 
 def normalize(doc: dict) -> dict:

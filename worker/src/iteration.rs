@@ -13,6 +13,7 @@ use tracing::Instrument;
 use agentfleet_shared::config::ToolCalling;
 use agentfleet_shared::domain::{Risk, ToolCallStatus};
 use agentfleet_shared::events::{EventType, Expiry};
+use agentfleet_shared::store::plans::{self, NewTask};
 use agentfleet_shared::store::tool_calls::{NewToolCall, ToolCallRow};
 use agentfleet_shared::store::turns::{self, Turn};
 use agentfleet_shared::store::{StoreError, messages};
@@ -31,6 +32,17 @@ pub enum Turned {
     /// A final answer: the statement that recorded it also ended the run `completed`
     /// ([`Turn::ends`]); `promoted` is the run waiting for the thread that the end started.
     Completed { promoted: Option<uuid::Uuid> },
+    /// A planner's `plan` call: its round of tasks was committed with the turn, and the run
+    /// now waits for them (`waiting_for_tasks`).
+    Planned,
+}
+
+/// Which turn of the run: the agent's (or planner's) own, or a planner's summary turn,
+/// which offers no tools and whose answer ends the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Turn,
+    Summary,
 }
 
 /// Calls the model and commits its turn; `started` is when the iteration began (a final
@@ -39,6 +51,7 @@ pub async fn model_turn(
     ctx: &RunCtx,
     iteration: i32,
     started: DateTime<Utc>,
+    phase: Phase,
 ) -> Result<Turned, RunError> {
     let turn_started = Instant::now();
     // Goes out alongside the preparation and the model call it announces (see the emitter's
@@ -46,14 +59,25 @@ pub async fn model_turn(
     let announce = ctx
         .emitter
         .emit_ahead(EventType::IterationStarted, json!({"iteration": iteration}));
-    let (announced, called) = tokio::join!(biased; announce, call_model(ctx, iteration));
+    let (announced, called) = tokio::join!(biased; announce, call_model(ctx, iteration, phase));
     announced?;
-    let (response, usage, summary_usage) = called?;
+    let (mut response, usage, summary_usage) = called?;
     // Summaries made to fit this call's history are billed with it.
     let billed = usage.plus(summary_usage).bounded();
-    // A final answer ends the run in the statement that records it.
-    let ending = response.tool_calls.is_empty();
-    let (recorded, promoted) = persist(ctx, iteration, &response, &billed, ending).await?;
+    let round = match phase {
+        // The summary's text is the answer: no call of it is run.
+        Phase::Summary => {
+            response.tool_calls.clear();
+            None
+        }
+        Phase::Turn if ctx.planner() => planned_round(ctx, &mut response),
+        Phase::Turn => None,
+    };
+    // A final answer ends the run in the statement that records it; a planner's answer
+    // without calls is followed by its summary turn.
+    let ending = response.tool_calls.is_empty() && (phase == Phase::Summary || !ctx.planner());
+    let (recorded, promoted, created) =
+        persist(ctx, iteration, &response, &billed, ending, round.as_ref()).await?;
     let calls: Vec<Value> = response
         .tool_calls
         .iter()
@@ -86,7 +110,45 @@ pub async fn model_turn(
     ctx.emitter
         .emit(EventType::MessageCompleted, completed)
         .await?;
+    if let (Some(tasks), Some(created)) = (round, created) {
+        crate::plan::announce(ctx, ctx.run.plan_round + 1, &tasks, &created).await?;
+        if !ctx.run.fair {
+            // A `fair` planner's tasks are held: the dispatch after this holding sends them.
+            let ready: Vec<uuid::Uuid> = created
+                .iter()
+                .filter(|c| c.status == agentfleet_shared::domain::RunStatus::Queued && !c.held)
+                .map(|c| c.id)
+                .collect();
+            // The fault suite crashes here: the round is committed, its tasks not published
+            // (the sweeper publishes them).
+            agentfleet_shared::failpoint::hit("plan:before_publish");
+            for id in ready {
+                if let Err(e) = ctx.deps.publisher.publish_run(id).await {
+                    tracing::warn!(run_id = %id, error = %e, "publish of a task failed; the sweeper will re-enqueue");
+                }
+            }
+        }
+        return Ok(Turned::Planned);
+    }
     Ok(Turned::Calls(recorded))
+}
+
+/// A planner's response that starts a round: its first terminating call is a `plan` whose
+/// arguments hold a valid round. The response then keeps that call alone (calls after it
+/// would be skipped, and the run will not be running to record them). `None` leaves the
+/// response as it is: a refused `plan` is answered with its error when settled.
+fn planned_round(ctx: &RunCtx, response: &mut ModelResponse) -> Option<Vec<NewTask>> {
+    let first = response
+        .tool_calls
+        .iter()
+        .position(|c| tools::builtin::is_terminating(&c.name) || c.name == tools::builtin::PLAN)?;
+    if response.tool_calls[first].name != tools::builtin::PLAN {
+        return None;
+    }
+    let tasks = crate::plan::checked(ctx, &response.tool_calls[first].arguments).ok()?;
+    let call = response.tool_calls.swap_remove(first);
+    response.tool_calls = vec![call];
+    Some(tasks)
 }
 
 /// Reads the history, fits it into the context budget and calls the model: the model's
@@ -94,6 +156,7 @@ pub async fn model_turn(
 async fn call_model(
     ctx: &RunCtx,
     iteration: i32,
+    phase: Phase,
 ) -> Result<(ModelResponse, TurnUsage, TurnUsage), RunError> {
     let history = history(ctx).await?;
     let taken = tool_call_ids(&history);
@@ -104,16 +167,39 @@ async fn call_model(
         .models
         .get(&agent.model)
         .ok_or_else(|| ModelError::UnknownModel(agent.model.clone()))?;
-    let system = Arc::clone(ctx.system.get_or_init(|| {
-        let prompt = agent.system_prompt.as_deref().filter(|s| !s.is_empty());
-        let message = prompt.map(|prompt| json!({"role": "system", "content": prompt}));
+    let system_of = |prompt: Option<&str>| {
+        let message = prompt
+            .filter(|s| !s.is_empty())
+            .map(|prompt| json!({"role": "system", "content": prompt}));
         Arc::new(History::from(message.into_iter().collect::<Vec<_>>()))
-    }));
+    };
+    let plan = agent.planning();
+    let system = match (phase, &plan) {
+        (Phase::Summary, plan) => system_of(Some(
+            plan.as_ref()
+                .and_then(|p| p.summary_prompt.as_deref())
+                .unwrap_or(crate::plan::SUMMARY_PROMPT),
+        )),
+        (Phase::Turn, Some(plan)) => Arc::clone(ctx.system.get_or_init(|| {
+            system_of(Some(
+                plan.planner_prompt
+                    .as_deref()
+                    .unwrap_or(crate::plan::PLANNER_PROMPT),
+            ))
+        })),
+        (Phase::Turn, None) => Arc::clone(
+            ctx.system
+                .get_or_init(|| system_of(agent.system_prompt.as_deref())),
+        ),
+    };
     let catalog = ctx.catalog().await?;
-    let mut tools = Cow::Borrowed(catalog.definitions());
+    let mut tools = match phase {
+        Phase::Turn => Cow::Borrowed(catalog.definitions()),
+        Phase::Summary => Cow::Borrowed(&[][..]),
+    };
     let xml = model.tool_calling == ToolCalling::Xml;
     // An XML-mode model reads the tools in its system prompt: that is what is counted.
-    let (counted_system, counted_tools) = if xml {
+    let (counted_system, counted_tools) = if xml && phase == Phase::Turn {
         let mut all = tools.to_vec();
         all.push(tools::builtin::expand_definition());
         let section = crate::xml_calls::tools_section(&all);
@@ -124,7 +210,7 @@ async fn call_model(
         let system = json!({"role": "system", "content": format!("{text}\n\n{section}")});
         (Arc::new(History::from(vec![system])), &[][..])
     } else {
-        (Arc::clone(&system), catalog.definitions())
+        (Arc::clone(&system), &tools[..])
     };
     let (mut messages, summary_usage) = crate::context_summary::prompt(
         ctx,
@@ -135,11 +221,12 @@ async fn call_model(
         iteration,
     )
     .await?;
-    if ctx.compaction.lock().expect("compaction lock").active() {
+    if phase == Phase::Turn && ctx.compaction.lock().expect("compaction lock").active() {
         tools.to_mut().push(tools::builtin::expand_definition());
     }
     if xml {
-        // The fitted history without the counted system message, rendered with the real one.
+        // The fitted history without the counted system message, rendered with the real one
+        // (a summary turn's too: such a model reads its history's calls as XML).
         let history = History::into_messages(messages.history);
         messages = Messages::from(crate::xml_calls::to_xml_history(
             system.iter().cloned().chain(history).collect(),
@@ -275,7 +362,8 @@ async fn persist(
     response: &ModelResponse,
     usage: &TurnUsage,
     ending: bool,
-) -> Result<(Vec<ToolCallRow>, Option<uuid::Uuid>), RunError> {
+    round: Option<&Vec<NewTask>>,
+) -> Result<Persisted, RunError> {
     if agentfleet_shared::failpoint::error("store:turn") {
         return Err(StoreError::Db(sqlx::Error::PoolTimedOut).into());
     }
@@ -293,7 +381,15 @@ async fn persist(
             .collect();
     }
     let mut rows = new_rows(ctx, iteration, response);
-    tools::settle::mark_dispatchable(ctx, &mut rows).await;
+    if round.is_some() {
+        // The round's creation is the call's dispatch: `running` until its results are in.
+        let row = &mut rows[0];
+        row.status = ToolCallStatus::Running;
+        row.dispatch_count = 1;
+        row.started_at = Some(Utc::now());
+    } else {
+        tools::settle::mark_dispatchable(ctx, &mut rows).await;
+    }
     let tool_calls = rows
         .iter()
         .map(|row| {
@@ -329,7 +425,8 @@ async fn persist(
         estimated_tokens,
         // An ending records the id its `run_completed` will get (after `message_completed`),
         // as a separate end would.
-        last_event_id: match ending {
+        // (A round records the id of its `plan_created`, which follows `message_completed`.)
+        last_event_id: match ending || round.is_some() {
             true => ctx.emitter.next_id().await + 1,
             false => ctx.emitter.last_id().await,
         },
@@ -337,11 +434,36 @@ async fn persist(
         carried: std::mem::take(&mut *ctx.deps.late_timings.lock().expect("timings lock")),
         ends: ending,
     };
-    let Some(committed) = ctx.deps.writes.turns.write(turn).await? else {
-        return Err(ctx.fence.lost().into());
+    let (committed, created) = match round {
+        None => match ctx.deps.writes.turns.write(turn).await? {
+            Some(committed) => (committed, None),
+            None => return Err(ctx.fence.lost().into()),
+        },
+        Some(tasks) => {
+            let plan = ctx.run.agent.planning().unwrap_or_default();
+            let executor = ctx.run.agent.executor();
+            let new = plans::NewRound {
+                round: ctx.run.plan_round + 1,
+                tasks: tasks.clone(),
+                max_iterations: executor
+                    .max_iterations
+                    .unwrap_or(ctx.deps.settings.worker.default_max_iterations),
+                executor,
+                max_parallel: plan.max_parallel as i32,
+            };
+            match Box::pin(plans::commit_round(&ctx.deps.pool, turn, new)).await? {
+                Some((committed, created)) => (committed, Some(created)),
+                None => return Err(ctx.fence.lost().into()),
+            }
+        }
     };
+    // The fault suite crashes here: the round is committed, nothing announced.
+    if created.is_some() {
+        agentfleet_shared::failpoint::hit("plan:after_commit");
+    }
     ctx.budget.update(Spent::read(
-        committed.run_tokens,
+        // A planner's ended tasks count towards its budget.
+        committed.run_tokens + ctx.run.task_tokens,
         committed.tenant_tokens_today,
         committed.tenant_tokens_per_day.as_ref(),
         ctx.deps.settings.limits.tokens_per_day,
@@ -356,8 +478,16 @@ async fn persist(
     metrics::counter!("agentfleet_tokens_total", "kind" => "completion", "source" => kind)
         .increment(completion_tokens as u64);
     ctx.remember(body);
-    Ok((rows, committed.promoted))
+    Ok((rows, committed.promoted, created))
 }
+
+/// What [`persist`] committed: the calls as recorded, the run an ending promoted, and the
+/// tasks of a round.
+type Persisted = (
+    Vec<ToolCallRow>,
+    Option<uuid::Uuid>,
+    Option<Vec<plans::CreatedTask>>,
+);
 
 /// The response's calls as rows, `pending`, before anything is decided about them.
 fn new_rows(ctx: &RunCtx, iteration: i32, response: &ModelResponse) -> Vec<ToolCallRow> {

@@ -27,6 +27,7 @@ pub mod model_call;
 pub mod model_http;
 pub mod model_stream;
 pub mod pause;
+pub mod plan;
 pub mod quarantine;
 pub mod retention;
 pub mod run;

@@ -26,7 +26,7 @@ use agentfleet_shared::store::{StoreError, double_text};
 use crate::budget::{Budget, Exceeded, Spent};
 use crate::deps::Deps;
 use crate::emitter::Emitter;
-use crate::iteration::{self, Turned};
+use crate::iteration::{self, Phase, Turned};
 use crate::run_ctx::{IterationTiming, RunCtx, RunError};
 use crate::stop::{StopReason, StopSignal};
 use crate::tools::settle::{Settled, settle};
@@ -46,6 +46,8 @@ enum Outcome {
     BudgetExceeded(Exceeded),
     /// `if_busy = interrupt`: a newer message on the thread; ended at a safe point.
     Interrupted,
+    /// A planner committed a round of tasks and waits for them, holding nothing.
+    WaitingForTasks,
 }
 
 pub async fn execute(
@@ -59,7 +61,9 @@ pub async fn execute(
         claimed
             .run
             .prompt_tokens
-            .saturating_add(claimed.run.completion_tokens),
+            .saturating_add(claimed.run.completion_tokens)
+            // A planner's ended tasks count towards its budget (0 for any other run).
+            .saturating_add(claimed.run.task_tokens),
         claimed.tenant_tokens_today,
         claimed.tenant_tokens_per_day.as_ref(),
         deps.settings.limits.tokens_per_day,
@@ -112,9 +116,39 @@ pub async fn execute(
     };
     drop(holding);
     finish(&ctx, result).await;
+    if let Some(parent) = ctx.run.parent_run_id {
+        // A task's end may have made its planner or the round's next task runnable (held
+        // ones go with the dispatch below).
+        publish_after_task(&ctx, parent).await;
+    }
     if ctx.run.fair {
         // Its slot of the tenant's running limit may be free now (ended, paused, cancelled).
         crate::fair_dispatch::after_holding(ctx.deps.clone(), ctx.run.tenant_id);
+    }
+}
+
+/// Publishes what a task's end made runnable and not held: its planner, the round's next
+/// task. The sweeper re-publishes them if this is lost.
+async fn publish_after_task(ctx: &RunCtx, parent: Uuid) {
+    // The fault suite crashes here: the task's end is committed, its planner not published.
+    agentfleet_shared::failpoint::hit("task:before_publish");
+    let runnable = match Box::pin(agentfleet_shared::store::plans::runnable_after_task(
+        &ctx.deps.pool,
+        parent,
+        ctx.run.plan_round,
+    ))
+    .await
+    {
+        Ok(ids) => ids,
+        Err(e) => {
+            tracing::debug!(error = %e, "runs made runnable by a task's end not looked up; the sweeper publishes them");
+            return;
+        }
+    };
+    for id in runnable {
+        if let Err(e) = ctx.deps.publisher.publish_run(id).await {
+            tracing::warn!(run_id = %id, error = %e, "publish failed; the sweeper will re-enqueue");
+        }
     }
 }
 
@@ -152,6 +186,9 @@ async fn drive(
     } else {
         tracing::Span::none()
     };
+    // A planner that is done (`complete`, or an answer without calls) writes its answer in a
+    // summary turn.
+    let mut phase = Phase::Turn;
     loop {
         if iteration > 0 {
             let settled = settle(ctx, iteration, fresh_calls.take())
@@ -160,6 +197,7 @@ async fn drive(
             iteration::finish_timing(ctx, iteration, started, ctx.timing.take());
             match settled {
                 Settled::Paused => return Ok(Outcome::Paused),
+                Settled::Complete if ctx.planner() => phase = Phase::Summary,
                 // An iteration an earlier holding committed without calls.
                 Settled::Complete => {
                     let ended = None;
@@ -197,7 +235,7 @@ async fn drive(
         iteration += 1;
         started = chrono::Utc::now();
         span = iteration_span(iteration, false);
-        match iteration::model_turn(ctx, iteration, started)
+        match iteration::model_turn(ctx, iteration, started, phase)
             .instrument(span.clone())
             .await?
         {
@@ -206,6 +244,7 @@ async fn drive(
                 let ended = Some(promoted);
                 return Ok(Outcome::Completed { iteration, ended });
             }
+            Turned::Planned => return Ok(Outcome::WaitingForTasks),
         }
     }
 }
@@ -231,7 +270,7 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
     let next_id = ctx.emitter.next_id().await;
     let run_id = ctx.fence.run_id;
     let outcome = match result {
-        Ok(Outcome::Paused) => return,
+        Ok(Outcome::Paused | Outcome::WaitingForTasks) => return,
         Ok(Outcome::Completed { iteration, ended }) => {
             let ended = match ended {
                 Some(promoted) => Ok(promoted),

@@ -59,6 +59,9 @@ impl RunCtx {
     pub async fn catalog(&self) -> Result<Arc<Catalog>, RunError> {
         self.catalog
             .get_or_try_init(|| async {
+                if self.planner() {
+                    return Ok(Catalog::planner());
+                }
                 let (tenant, agent) = (self.run.tenant_id, &self.run.agent.0);
                 let build = offer::build(&self.deps, tenant, agent);
                 self.deps
@@ -95,6 +98,11 @@ impl RunCtx {
             first_error.get_or_insert(error);
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// The run is a plan-and-solve planner.
+    pub fn planner(&self) -> bool {
+        !self.run.agent.mode.is_react()
     }
 
     pub fn take_finished_timing(&self) -> Option<turns::IterationTiming> {

@@ -36,6 +36,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/v1/runs/{id}", get(runs::get::get_run))
         .route("/v1/runs/{id}/cancel", post(runs::cancel::cancel_run))
         .route("/v1/runs/{id}/resume", post(runs::resume::resume_run))
+        .route("/v1/runs/{id}/tasks", get(runs::tasks::list_tasks))
         .route(
             "/v1/runs/{id}/stream-token",
             post(runs::stream_token::issue_stream_token),

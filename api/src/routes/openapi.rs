@@ -39,6 +39,7 @@ use crate::state::AppState;
         crate::routes::runs::events::run_events,
         crate::routes::runs::resume::resume_run,
         crate::routes::runs::cancel::cancel_run,
+        crate::routes::runs::tasks::list_tasks,
         crate::routes::runs::stream_token::issue_stream_token,
         crate::routes::threads::messages::list_messages,
         crate::routes::threads::events::thread_events,
@@ -91,12 +92,19 @@ use crate::state::AppState;
         ResumeBody,
         DecisionBody,
         AgentSpec,
+        agentfleet_shared::domain::AgentMode,
+        agentfleet_shared::domain::PlanSpec,
         ToolSpec,
         ToolKind,
         Risk,
         RunStatus,
         agentfleet_shared::store::double_text::IfBusy,
         view::Run,
+        view::TaskPlace,
+        view::PlanView,
+        view::PlanRound,
+        view::Task,
+        view::TaskList,
         view::Usage,
         view::UsageReport,
         view::UsageDay,
@@ -151,6 +159,7 @@ pub async fn openapi(State(state): State<AppState>) -> Json<Value> {
 /// The document served for these settings.
 pub fn document(settings: &Settings) -> Value {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
+    plan_needs_its_mode(&mut doc);
     this_deployment(&mut doc, settings);
     if settings.api.admin_token.is_empty() {
         // The admin API does not exist in this deployment (its paths answer 404).
@@ -162,6 +171,24 @@ pub fn document(settings: &Settings) -> Value {
     add_error_responses(&mut doc);
     add_links(&mut doc);
     doc
+}
+
+/// `agent.plan` only with `mode: plan_and_solve`: a rule between two properties, which the
+/// derived schema cannot state (`if`/`then` on the object).
+fn plan_needs_its_mode(doc: &mut Value) {
+    let pointer = "/components/schemas/AgentSpec";
+    set(
+        doc,
+        pointer,
+        "if",
+        json!({"required": ["plan"], "properties": {"plan": {"type": "object"}}}),
+    );
+    set(
+        doc,
+        pointer,
+        "then",
+        json!({"required": ["mode"], "properties": {"mode": {"const": "plan_and_solve"}}}),
+    );
 }
 
 /// What this deployment's configuration decides, which no type can say: the models
@@ -187,6 +214,17 @@ fn this_deployment(doc: &mut Value, settings: &Settings) {
         "maximum",
         json!(api.max_tokens_total),
     );
+    for (property, cap) in [
+        ("max_rounds", api.max_plan_rounds),
+        ("max_tasks", api.max_plan_tasks),
+        ("max_parallel", api.max_plan_parallel),
+    ] {
+        field(
+            &format!("PlanSpec/properties/{property}"),
+            "maximum",
+            json!(cap),
+        );
+    }
     field(
         "SubmitBatch/properties/runs",
         "maxItems",

@@ -31,6 +31,9 @@ pub fn event_types() -> Vec<&'static str> {
         E::RunCancelled,
         E::StreamRebuilt,
         E::ContextCompacted,
+        E::PlanCreated,
+        E::TaskCompleted,
+        E::RoundCompleted,
     ];
     for e in all {
         match e {
@@ -49,7 +52,10 @@ pub fn event_types() -> Vec<&'static str> {
             | E::RunFailed
             | E::RunCancelled
             | E::StreamRebuilt
-            | E::ContextCompacted => {}
+            | E::ContextCompacted
+            | E::PlanCreated
+            | E::TaskCompleted
+            | E::RoundCompleted => {}
         }
     }
     all.iter().map(|e| e.as_str()).collect()

@@ -7,9 +7,10 @@ use serde_json::Value;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use agentfleet_shared::domain::{AgentSpec, RunStatus};
+use agentfleet_shared::domain::{AgentMode, AgentSpec, RunStatus};
 use agentfleet_shared::store::batches::{BatchRow, Counts};
 use agentfleet_shared::store::messages::MessageRow;
+use agentfleet_shared::store::plans::TaskRow;
 use agentfleet_shared::store::runs::RunRow;
 
 /// A run, as every endpoint returns it.
@@ -46,6 +47,100 @@ pub struct Run {
     pub updated_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// `react` or `plan_and_solve` (the agent's `mode`).
+    pub mode: AgentMode,
+    /// A plan-and-solve run, on `GET /v1/runs/{id}`: its rounds and their tasks, and the
+    /// tokens its tasks used; otherwise (and in lists) null.
+    pub plan: Option<PlanView>,
+    /// A plan's task: the plan-and-solve run that created it; otherwise null.
+    pub parent_run_id: Option<Uuid>,
+    /// A plan's task: its round, place and title; otherwise null.
+    pub task: Option<TaskPlace>,
+}
+
+/// Where a task stands in its plan.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskPlace {
+    pub round: i32,
+    pub task_index: i32,
+    pub title: Option<String>,
+}
+
+/// A plan-and-solve run's plan as it stands.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PlanView {
+    /// Rounds created so far.
+    pub rounds_created: i32,
+    /// Prompt + completion tokens of its ended tasks (they count towards the run's budget).
+    pub task_tokens: i64,
+    /// The run's own tokens plus its tasks'.
+    pub total_tokens: i64,
+    pub rounds: Vec<PlanRound>,
+}
+
+/// One round of a plan.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PlanRound {
+    pub round: i32,
+    pub tasks: Vec<Task>,
+}
+
+/// A task of a plan: a run of its own (`GET /v1/runs/{run_id}`, its events and messages).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Task {
+    pub run_id: Uuid,
+    pub thread_id: Uuid,
+    pub round: i32,
+    pub task_index: i32,
+    pub title: Option<String>,
+    pub status: RunStatus,
+    pub total_tokens: i64,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// The tasks of a plan-and-solve run, by round and place (none for another run).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskList {
+    pub data: Vec<Task>,
+}
+
+impl From<&TaskRow> for Task {
+    fn from(t: &TaskRow) -> Task {
+        Task {
+            run_id: t.id,
+            thread_id: t.thread_id,
+            round: t.plan_round,
+            task_index: t.task_index,
+            title: t.title.clone(),
+            status: t.status,
+            total_tokens: t.prompt_tokens + t.completion_tokens,
+            created_at: t.created_at,
+            started_at: t.started_at,
+            finished_at: t.finished_at,
+        }
+    }
+}
+
+/// The plan of a plan-and-solve run, from its tasks.
+pub fn plan(run: &RunRow, tasks: &[TaskRow]) -> PlanView {
+    let mut rounds: Vec<PlanRound> = Vec::new();
+    for t in tasks {
+        match rounds.last_mut() {
+            Some(r) if r.round == t.plan_round => r.tasks.push(Task::from(t)),
+            _ => rounds.push(PlanRound {
+                round: t.plan_round,
+                tasks: vec![Task::from(t)],
+            }),
+        }
+    }
+    PlanView {
+        rounds_created: run.plan_round,
+        task_tokens: run.task_tokens,
+        total_tokens: run.prompt_tokens + run.completion_tokens + run.task_tokens,
+        rounds,
+    }
 }
 
 /// What the run's model calls used. Where a provider reported no usage for a call, the
@@ -122,6 +217,14 @@ impl From<&RunRow> for Run {
             updated_at: run.updated_at,
             started_at: run.started_at,
             finished_at: run.finished_at,
+            mode: run.agent.mode,
+            plan: None,
+            parent_run_id: run.parent_run_id,
+            task: run.task_index.map(|task_index| TaskPlace {
+                round: run.plan_round,
+                task_index,
+                title: run.task_title.clone(),
+            }),
         }
     }
 }
@@ -211,7 +314,8 @@ pub struct Batch {
 
 /// Items per status: `pending` = no run created yet; the others are the statuses of the
 /// items' runs (an item that could get no run, its thread busy or gone, counts as `failed`;
-/// after a cancel, items never created count as `cancelled`).
+/// after a cancel, items never created count as `cancelled`; a plan-and-solve run waiting for
+/// its tasks counts as `running`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, ToSchema)]
 pub struct BatchCounts {
     pub pending: i64,
@@ -237,7 +341,7 @@ pub fn batch(row: &BatchRow, counts: &Counts) -> Batch {
     let mut c = BatchCounts {
         pending: counts.pending,
         queued: counts.of("queued"),
-        running: counts.of("running"),
+        running: counts.of("running") + counts.of("waiting_for_tasks"),
         waiting_for_input: counts.of("waiting_for_input"),
         waiting_for_confirmation: counts.of("waiting_for_confirmation"),
         completed: counts.of("completed"),

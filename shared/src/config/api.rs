@@ -135,6 +135,12 @@ pub struct ApiSettings {
     pub metrics_listen: String,
     /// Largest `agent.max_tokens_total` (a run's own token budget) a run may ask for; at least 1.
     pub max_tokens_total: i64,
+    /// Largest `agent.plan.max_rounds` a plan-and-solve run may ask for. 1–1000.
+    pub max_plan_rounds: u32,
+    /// Largest `agent.plan.max_tasks` (tasks one `plan` call may create). 1–1000.
+    pub max_plan_tasks: u32,
+    /// Largest `agent.plan.max_parallel` (a plan's tasks in flight at once). 1–1000.
+    pub max_plan_parallel: u32,
     /// The most days one `GET /v1/usage` covers (a longer range is cut to its last days).
     pub max_usage_days: NonZeroU32,
     /// Most items of one `POST /v1/batches` (a tenant's `limits.max_batch_size` lowers it); more is
@@ -240,6 +246,15 @@ impl ApiSettings {
         }
         if self.max_tokens_total < 1 {
             return Err(invalid("api.max_tokens_total", "must be at least 1"));
+        }
+        for (key, n) in [
+            ("api.max_plan_rounds", self.max_plan_rounds),
+            ("api.max_plan_tasks", self.max_plan_tasks),
+            ("api.max_plan_parallel", self.max_plan_parallel),
+        ] {
+            if !(1..=1000).contains(&n) {
+                return Err(invalid(key, "must be within 1..=1000"));
+            }
         }
         if !(1..=1_000_000).contains(&self.max_batch_items) {
             return Err(invalid("api.max_batch_items", "must be within 1..=1000000"));

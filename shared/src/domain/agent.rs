@@ -39,6 +39,114 @@ pub struct AgentSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 1024)]
     pub max_parallel_tool_calls: Option<u32>,
+    /// `react` (the default): one agent loop. `plan_and_solve`: a planner splits the request
+    /// into rounds of tasks, each run as a child run by the executor agent, then a summary
+    /// turn writes the answer.
+    #[serde(default, skip_serializing_if = "AgentMode::is_react")]
+    pub mode: AgentMode,
+    /// The plan's settings; only with `mode: plan_and_solve` (defaults when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanSpec>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentMode {
+    #[default]
+    React,
+    PlanAndSolve,
+}
+
+impl AgentMode {
+    pub fn is_react(&self) -> bool {
+        *self == AgentMode::React
+    }
+}
+
+/// How a plan-and-solve run plans. Every bound is also capped by the deployment
+/// (`api.max_plan_rounds`, `api.max_plan_tasks`, `api.max_plan_parallel`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSpec {
+    /// Rounds of tasks at most; after the last, the planner must call `complete`.
+    #[serde(default = "default_max_rounds")]
+    #[schema(minimum = 1, default = 5)]
+    pub max_rounds: u32,
+    /// Tasks one `plan` call may create at most.
+    #[serde(default = "default_max_tasks")]
+    #[schema(minimum = 1, default = 8)]
+    pub max_tasks: u32,
+    /// Tasks of a round in flight at once; the others wait for a place.
+    #[serde(default = "default_max_parallel")]
+    #[schema(minimum = 1, default = 4)]
+    pub max_parallel: u32,
+    /// The planner's system prompt (a built-in one when absent). At most 200000 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[^\u{0}]*$")]
+    pub planner_prompt: Option<String>,
+    /// The agent each task runs (model, tools, prompt), in `react` mode without a plan; the
+    /// run's own agent without the plan when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = executor_schema)]
+    pub executor: Option<Box<AgentSpec>>,
+    /// The system prompt of the summary turn that writes the run's answer (a built-in one
+    /// when absent). At most 200000 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[^\u{0}]*$")]
+    pub summary_prompt: Option<String>,
+}
+
+impl Default for PlanSpec {
+    fn default() -> PlanSpec {
+        PlanSpec {
+            max_rounds: default_max_rounds(),
+            max_tasks: default_max_tasks(),
+            max_parallel: default_max_parallel(),
+            planner_prompt: None,
+            executor: None,
+            summary_prompt: None,
+        }
+    }
+}
+
+fn default_max_rounds() -> u32 {
+    5
+}
+fn default_max_tasks() -> u32 {
+    8
+}
+fn default_max_parallel() -> u32 {
+    4
+}
+
+/// An agent spec (or null) in `react` mode without a plan.
+fn executor_schema() -> OneOfBuilder {
+    let react = ObjectBuilder::new()
+        .property(
+            "mode",
+            ObjectBuilder::new()
+                .schema_type(SchemaType::AnyValue)
+                .enum_values(Some(["react"])),
+        )
+        .property("plan", ObjectBuilder::new().schema_type(Type::Null));
+    OneOfBuilder::new()
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .item(
+            AllOfBuilder::new()
+                .item(Ref::from_schema_name("AgentSpec"))
+                .item(react),
+        )
+        .description(Some(
+            "The agent of every task (`react`, without `plan`); the run's own agent without the plan when absent",
+        ))
+}
+
+/// The deployment's caps of a plan's bounds (`api.max_plan_*`).
+#[derive(Debug, Clone, Copy)]
+pub struct PlanLimits {
+    pub max_rounds: u32,
+    pub max_tasks: u32,
+    pub max_parallel: u32,
 }
 
 /// An agent's tools, with what each `kind` implies (see `validate`): an `http` tool has a
@@ -322,6 +430,103 @@ impl AgentSpec {
             {
                 return Err(err(field("timeout_ms"), "must be within 1..=3600000"));
             }
+        }
+        Ok(())
+    }
+
+    /// The plan of a `plan_and_solve` agent (its defaults when none was given); `None` for
+    /// `react`.
+    pub fn planning(&self) -> Option<std::borrow::Cow<'_, PlanSpec>> {
+        match self.mode {
+            AgentMode::React => None,
+            AgentMode::PlanAndSolve => Some(match &self.plan {
+                Some(plan) => std::borrow::Cow::Borrowed(plan),
+                None => std::borrow::Cow::Owned(PlanSpec::default()),
+            }),
+        }
+    }
+
+    /// The agent a plan's tasks run: the executor, else this agent without the plan.
+    pub fn executor(&self) -> AgentSpec {
+        match self.plan.as_ref().and_then(|p| p.executor.as_deref()) {
+            Some(executor) => executor.clone(),
+            None => AgentSpec {
+                mode: AgentMode::React,
+                plan: None,
+                ..self.clone()
+            },
+        }
+    }
+
+    /// The plan's rules, after [`AgentSpec::validate`]: `mode` and `plan` agree, every bound
+    /// is within 1 and the deployment's cap, and the executor is a valid `react` agent.
+    pub fn validate_plan(
+        &self,
+        limits: PlanLimits,
+        model_known: impl Fn(&str) -> bool,
+        max_tools: usize,
+    ) -> Result<(), AgentSpecError> {
+        let Some(plan) = &self.plan else {
+            return Ok(());
+        };
+        if self.mode == AgentMode::React {
+            return Err(err("agent.plan", "only with `mode: plan_and_solve`"));
+        }
+        let bounded = |field: &str, n: u32, cap: u32, key: &str| {
+            if (1..=cap).contains(&n) {
+                Ok(())
+            } else {
+                Err(err(
+                    format!("agent.plan.{field}"),
+                    format!("must be within 1..={cap} (api.{key})"),
+                ))
+            }
+        };
+        bounded(
+            "max_rounds",
+            plan.max_rounds,
+            limits.max_rounds,
+            "max_plan_rounds",
+        )?;
+        bounded(
+            "max_tasks",
+            plan.max_tasks,
+            limits.max_tasks,
+            "max_plan_tasks",
+        )?;
+        bounded(
+            "max_parallel",
+            plan.max_parallel,
+            limits.max_parallel,
+            "max_plan_parallel",
+        )?;
+        for (field, prompt) in [
+            ("planner_prompt", &plan.planner_prompt),
+            ("summary_prompt", &plan.summary_prompt),
+        ] {
+            if prompt.as_ref().is_some_and(|p| p.len() > 200_000) {
+                return Err(err(
+                    format!("agent.plan.{field}"),
+                    "longer than 200000 bytes",
+                ));
+            }
+        }
+        if let Some(executor) = &plan.executor {
+            if executor.mode != AgentMode::React {
+                return Err(err(
+                    "agent.plan.executor.mode",
+                    "an executor runs in `react` mode",
+                ));
+            }
+            if executor.plan.is_some() {
+                return Err(err("agent.plan.executor.plan", "an executor has no plan"));
+            }
+            executor
+                .validate(model_known, max_tools)
+                .map_err(|e| AgentSpecError {
+                    field: e.field.replacen("agent.", "agent.plan.executor.", 1),
+                    message: e.message,
+                })?;
         }
         Ok(())
     }

@@ -8,8 +8,9 @@ pub mod schema;
 mod tool_call_status;
 
 pub use agent::{
-    AgentSpec, AgentSpecError, BUILTIN_TOOLS, MAX_MCP_SERVER_NAME, MAX_MCP_TOOL_PICKS,
-    MAX_TOOL_URL_BYTES, Risk, ToolKind, ToolSpec, check_mcp_server_name, check_tool_url,
+    AgentMode, AgentSpec, AgentSpecError, BUILTIN_TOOLS, MAX_MCP_SERVER_NAME, MAX_MCP_TOOL_PICKS,
+    MAX_TOOL_URL_BYTES, PlanLimits, PlanSpec, Risk, ToolKind, ToolSpec, check_mcp_server_name,
+    check_tool_url,
 };
 pub use limits::{FairShare, LimitError, LimitOverrides, Limits, MAX_REQUESTS_PER_SECOND};
 pub use retention::{

@@ -17,10 +17,16 @@ pub enum RunStatus {
     /// Submitted with `if_busy = enqueue | interrupt` while its thread had an active run: it
     /// becomes `queued` when that run ends (docs/architecture.md "Double-texting").
     WaitingForThread,
+    /// A plan-and-solve planner whose round of tasks is running: it holds no worker and
+    /// becomes `queued` when the round's last task ends (docs/architecture.md "Plan and solve").
+    WaitingForTasks,
+    /// A plan's task beyond the plan's `max_parallel`: it becomes `queued` as a task of its
+    /// round ends.
+    WaitingForSlot,
 }
 
 impl RunStatus {
-    pub const ALL: [RunStatus; 8] = [
+    pub const ALL: [RunStatus; 10] = [
         RunStatus::Queued,
         RunStatus::Running,
         RunStatus::WaitingForInput,
@@ -29,6 +35,8 @@ impl RunStatus {
         RunStatus::Failed,
         RunStatus::Cancelled,
         RunStatus::WaitingForThread,
+        RunStatus::WaitingForTasks,
+        RunStatus::WaitingForSlot,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -41,6 +49,8 @@ impl RunStatus {
             RunStatus::Failed => "failed",
             RunStatus::Cancelled => "cancelled",
             RunStatus::WaitingForThread => "waiting_for_thread",
+            RunStatus::WaitingForTasks => "waiting_for_tasks",
+            RunStatus::WaitingForSlot => "waiting_for_slot",
         }
     }
 

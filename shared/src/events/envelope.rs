@@ -27,6 +27,12 @@ pub enum EventType {
     StreamRebuilt,
     /// The history sent to the model was compacted to fit its context budget.
     ContextCompacted,
+    /// A plan-and-solve planner created a round of tasks (child runs) and waits for them.
+    PlanCreated,
+    /// A task of the planner's round ended (appended when the planner takes the round up).
+    TaskCompleted,
+    /// Every task of a round ended; the planner goes on with their results.
+    RoundCompleted,
 }
 
 impl EventType {
@@ -48,6 +54,9 @@ impl EventType {
             EventType::RunCancelled => "run_cancelled",
             EventType::StreamRebuilt => "stream_rebuilt",
             EventType::ContextCompacted => "context_compacted",
+            EventType::PlanCreated => "plan_created",
+            EventType::TaskCompleted => "task_completed",
+            EventType::RoundCompleted => "round_completed",
         }
     }
 

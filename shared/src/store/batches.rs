@@ -20,7 +20,7 @@ use super::StoreError;
 /// (the planner matches the predicate by its text).
 macro_rules! active {
     () => {
-        "('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation')"
+        "('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation', 'waiting_for_tasks')"
     };
 }
 

@@ -81,7 +81,9 @@ pub async fn create(
     // transaction, so its promotion sees the run inserted here.
     let mut active = active_run(conn, thread_id).await?;
     if let (IfBusy::Interrupt, Some((id, status, last_event_id))) = (if_busy, active) {
-        if status == RunStatus::Running {
+        // A planner waiting for its tasks ends likewise at its next safe point, once its
+        // round is done (its tasks are not cut short).
+        if matches!(status, RunStatus::Running | RunStatus::WaitingForTasks) {
             sqlx::query("UPDATE runs SET interrupt_requested_at = now() WHERE id = $1")
                 .bind(id)
                 .execute(&mut *conn)
@@ -142,7 +144,8 @@ async fn active_run(
 ) -> Result<Option<(Uuid, RunStatus, i64)>, StoreError> {
     let row: Option<(Uuid, RunStatus, i64)> = sqlx::query_as(
         "SELECT id, status, last_event_id FROM runs WHERE thread_id = $1 AND status IN
-         ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation') FOR UPDATE",
+         ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation',
+          'waiting_for_tasks', 'waiting_for_slot') FOR UPDATE",
     )
     .bind(thread_id)
     .fetch_optional(&mut *conn)

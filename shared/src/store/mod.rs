@@ -60,6 +60,7 @@ pub mod fair_dispatch;
 pub mod keys;
 pub mod mcp_servers;
 pub mod messages;
+pub mod plans;
 pub mod retention;
 pub mod runs;
 pub mod tenants;

@@ -64,6 +64,20 @@ pub struct RunRow {
     /// The attempt that holds (or last held) the run alone in quarantine.
     #[sqlx(default)]
     pub quarantine_attempt: Option<i32>,
+    /// A plan's task: the planner run that created it (migration 0034).
+    #[sqlx(default)]
+    pub parent_run_id: Option<Uuid>,
+    /// A task: its round. A planner: the rounds created so far.
+    #[sqlx(default)]
+    pub plan_round: i32,
+    /// A task: its place in its round.
+    #[sqlx(default)]
+    pub task_index: Option<i32>,
+    #[sqlx(default)]
+    pub task_title: Option<String>,
+    /// A planner: prompt + completion tokens of its ended tasks.
+    #[sqlx(default)]
+    pub task_tokens: i64,
 }
 
 pub async fn get(pool: &PgPool, id: Uuid) -> Result<RunRow, StoreError> {

@@ -83,7 +83,8 @@ pub async fn create(conn: &mut PgConnection, new: NewRun) -> Result<RunRow, Stor
             owned.ok_or(StoreError::NotFound)?;
             let active: Option<(Uuid,)> = sqlx::query_as(
                 "SELECT id FROM runs WHERE thread_id = $1 AND status IN
-                 ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation')",
+                 ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation',
+                  'waiting_for_tasks', 'waiting_for_slot')",
             )
             .bind(id)
             .fetch_optional(&mut *conn)
@@ -661,9 +662,20 @@ pub enum Cancelled {
         thread_id: Uuid,
         /// The last event id recorded for the run before the cancel.
         last_event_id: i64,
+        /// A plan-and-solve planner's unfinished tasks, cancelled with it.
+        tasks: Vec<CancelledTask>,
     },
     /// It was already cancelled: repeating a cancel is harmless.
     Already,
+}
+
+/// A planner's task cancelled with it, to announce as its own cancel.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct CancelledTask {
+    pub id: Uuid,
+    pub previous: RunStatus,
+    pub thread_id: Uuid,
+    pub last_event_id: i64,
 }
 
 /// `queued | waiting_* | running -> cancelled`. Postgres decides at once; a worker holding the
@@ -671,6 +683,10 @@ pub enum Cancelled {
 /// `run_cancelled` with the final fence), and the control hint makes it stop within a second.
 pub async fn cancel(pool: &PgPool, tenant: Uuid, run_id: Uuid) -> Result<Cancelled, StoreError> {
     let mut tx = pool.begin().await?;
+    // A planner's unfinished tasks are locked before the planner: a task's end locks its
+    // planner's row after its own (trigger `runs_task_ended`), so this order cannot deadlock
+    // with it. A run that is no task's planner finds none (one probe of `runs_tasks`).
+    lock_tasks(&mut tx, run_id).await?;
     let row: Option<(String, i32, Uuid, i64)> = sqlx::query_as(
         "SELECT status, attempt, thread_id, last_event_id FROM runs
          WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
@@ -707,13 +723,45 @@ pub async fn cancel(pool: &PgPool, tenant: Uuid, run_id: Uuid) -> Result<Cancell
     .bind(status.as_str())
     .execute(&mut *tx)
     .await?;
+    // The planner is cancelled first, so the tasks' ends make nothing runnable. Tasks a round
+    // commit created while this waited for the planner's row are locked now.
+    let mut tasks = Vec::new();
+    for task in lock_tasks(&mut tx, run_id).await? {
+        close_unanswered_calls(&mut tx, task.id, task.thread_id, "the run was cancelled").await?;
+        sqlx::query(
+            "UPDATE runs SET status = 'cancelled', cancel_requested_at = now(), pending = NULL,
+                             lease_owner = NULL, lease_expires_at = NULL, held = false,
+                             finished_at = now(), updated_at = now(), cancelled_from = status
+             WHERE id = $1",
+        )
+        .bind(task.id)
+        .execute(&mut *tx)
+        .await?;
+        tasks.push(task);
+    }
     tx.commit().await?;
     Ok(Cancelled::Now {
         previous: status,
         attempt,
         thread_id,
         last_event_id,
+        tasks,
     })
+}
+
+/// Locks the unfinished tasks of the planner `run_id`, in id order.
+async fn lock_tasks(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+) -> Result<Vec<CancelledTask>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT id, status AS previous, thread_id, last_event_id FROM runs
+         WHERE parent_run_id = $1 AND status NOT IN ('completed', 'failed', 'cancelled')
+         ORDER BY id FOR UPDATE",
+    )
+    .bind(run_id)
+    .fetch_all(&mut *conn)
+    .await?)
 }
 
 /// `running -> running` under the same attempt: the holder has emptied its worker and runs

@@ -660,6 +660,7 @@ async fn the_openapi_document_describes_every_operation_of_this_deployment() {
             "GET /v1/runs/counts",
             "GET /v1/runs/{id}",
             "GET /v1/runs/{id}/events",
+            "GET /v1/runs/{id}/tasks",
             "GET /v1/threads/{id}/events",
             "GET /v1/threads/{id}/messages",
             "GET /v1/usage",

@@ -22,6 +22,7 @@ mod limits;
 mod mcp;
 mod outages;
 mod pause_resume;
+mod plan_and_solve;
 mod quarantine;
 mod rabbit_cluster;
 mod redis_cluster;

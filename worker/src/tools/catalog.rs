@@ -83,6 +83,21 @@ impl Catalog {
         &self.definitions_json
     }
 
+    /// A plan-and-solve planner's catalog: `plan` and `complete` only (its agent's tools are
+    /// its tasks'), and `expand_message` once the history is compacted. Built once.
+    pub fn planner() -> Arc<Catalog> {
+        static PLANNER: std::sync::LazyLock<Arc<Catalog>> = std::sync::LazyLock::new(|| {
+            let definitions = builtin::planner_definitions().to_vec();
+            let definitions_json = serde_json::to_string(&definitions).expect("JSON serialises");
+            Arc::new(Catalog {
+                tools: vec![Offered::expand_message()],
+                definitions,
+                definitions_json,
+            })
+        });
+        PLANNER.clone()
+    }
+
     pub(super) fn new(tools: Vec<Offered>) -> Catalog {
         let mut definitions: Vec<Value> = tools
             .iter()

@@ -61,13 +61,25 @@ enum Then<'c> {
     Complete(&'c ToolCallRow),
     /// `complete` was recorded before (a recovered attempt).
     Completed,
+    /// A planner's `plan` call: `running` when its round was created (its tasks' results are
+    /// taken up now), `pending` when it was refused (the model reads why).
+    Plan(&'c ToolCallRow),
 }
 
 /// The ordering rules: calls before the first terminating call (`ask`, `complete`) run, calls
 /// after it are skipped; while any risky call before it is undecided nothing runs; approved,
 /// low-risk and interrupted (`running`) calls run; finished and rejected ones are left alone.
+#[cfg(test)]
 fn plan(calls: &[ToolCallRow]) -> Plan<'_> {
-    let term = calls.iter().position(|c| builtin::is_terminating(&c.name));
+    plan_of(calls, false)
+}
+
+/// [`plan`] for a run that is a `planner` or not: a planner's `plan` call terminates its
+/// response too.
+fn plan_of(calls: &[ToolCallRow], planner: bool) -> Plan<'_> {
+    let term = calls
+        .iter()
+        .position(|c| builtin::is_terminating(&c.name) || (planner && c.name == builtin::PLAN));
     let (before, rest) = calls.split_at(term.unwrap_or(calls.len()));
     let skip = rest
         .iter()
@@ -100,6 +112,7 @@ fn plan(calls: &[ToolCallRow]) -> Plan<'_> {
         }
         Some((c, builtin::COMPLETE, status)) if !status.is_finished() => Then::Complete(c),
         Some((_, builtin::COMPLETE, ToolCallStatus::Succeeded)) => Then::Completed,
+        Some((c, builtin::PLAN, status)) if planner && !status.is_finished() => Then::Plan(c),
         Some(_) => Then::NextIteration,
     };
     Plan {
@@ -118,7 +131,7 @@ fn plan(calls: &[ToolCallRow]) -> Plan<'_> {
 /// stay `pending` until a slot frees and they are dispatched on their own, so no call is shown
 /// (or taken over) as running before it left.
 pub async fn mark_dispatchable(ctx: &RunCtx, rows: &mut [ToolCallRow]) {
-    let Step::Run { calls, .. } = plan(rows).step else {
+    let Step::Run { calls, .. } = plan_of(rows, ctx.planner()).step else {
         return;
     };
     let mut ready: Vec<(usize, serde_json::Value)> = Vec::new();
@@ -164,7 +177,7 @@ pub async fn settle(
     if calls.is_empty() {
         return Ok(Settled::Complete);
     }
-    let Plan { skip, step } = plan(&calls);
+    let Plan { skip, step } = plan_of(&calls, ctx.planner());
     for call in skip {
         let msg = "skipped: an earlier call in the same response ended the turn";
         finish(
@@ -219,6 +232,39 @@ pub async fn settle(
                 Ok(Settled::NextIteration)
             }
         },
+        Then::Plan(call) if call.status == ToolCallStatus::Running => {
+            let (result, content) = crate::plan::fan_in(ctx).await?;
+            // The fault suite crashes here: the round announced, its result not recorded.
+            agentfleet_shared::failpoint::hit("plan:before_result");
+            let completed = json!({
+                "tool_call_id": call.tool_call_id, "name": call.name, "ok": true,
+                "result": result, "truncated": false,
+            });
+            finish(
+                ctx,
+                iteration,
+                call,
+                ToolCallStatus::Succeeded,
+                result,
+                &content,
+            )
+            .await?;
+            ctx.emitter
+                .emit_behind(EventType::ToolCompleted, completed)
+                .await?;
+            Ok(Settled::NextIteration)
+        }
+        Then::Plan(call) => {
+            let msg = crate::plan::refusal(ctx, call);
+            finish_failed(ctx, iteration, call, &msg).await?;
+            let completed = json!({
+                "tool_call_id": call.tool_call_id, "name": call.name, "ok": false, "error": msg,
+            });
+            ctx.emitter
+                .emit_behind(EventType::ToolCompleted, completed)
+                .await?;
+            Ok(Settled::NextIteration)
+        }
         Then::Complete(call) => {
             let args = check_arguments(&call.raw_arguments, builtin::complete_schema())
                 .unwrap_or(json!({}));

@@ -68,7 +68,7 @@ fn the_document_builds_and_every_operation_is_complete() {
         }
     }
     assert_eq!(
-        operations, 33,
+        operations, 34,
         "the admin API is absent without api.admin_token"
     );
     let mut with_admin = settings();

@@ -1,6 +1,7 @@
 //! `POST /v1/runs/{id}/cancel`. Postgres records the cancel at once whatever the status; the
 //! owner, if any, is hinted on the control channel and stops within a second. Repeating the
-//! call on a cancelled run answers 200 again and changes nothing.
+//! call on a cancelled run answers 200 again and changes nothing. Cancelling a plan-and-solve
+//! run cancels its unfinished tasks in the same transaction.
 
 use axum::Json;
 use axum::extract::State;
@@ -62,10 +63,16 @@ pub async fn cancel_run(
         previous,
         thread_id,
         last_event_id,
+        tasks,
         ..
     } = outcome
     {
         crate::announce::cancelled(&state, id, thread_id, previous, None, last_event_id).await;
+        // A planner's tasks were cancelled with it: each stream ends and each holder stops.
+        futures_util::future::join_all(tasks.iter().map(|t| {
+            crate::announce::cancelled(&state, t.id, t.thread_id, t.previous, None, t.last_event_id)
+        }))
+        .await;
         if previous != RunStatus::WaitingForThread {
             publish_promoted(&state, thread_id).await;
         }

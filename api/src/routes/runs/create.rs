@@ -200,28 +200,50 @@ pub fn validate<'a>(
             api.max_tools_per_agent,
         )
         .map_err(|AgentSpecError { field, message }| ApiError::invalid(&f(&field), message))?;
-    if run
+    let limits = agentfleet_shared::domain::PlanLimits {
+        max_rounds: api.max_plan_rounds,
+        max_tasks: api.max_plan_tasks,
+        max_parallel: api.max_plan_parallel,
+    };
+    run.agent
+        .validate_plan(
+            limits,
+            |m| state.settings.models.contains_key(m),
+            api.max_tools_per_agent,
+        )
+        .map_err(|AgentSpecError { field, message }| ApiError::invalid(&f(&field), message))?;
+    let executor = run
         .agent
-        .max_tokens_total
-        .is_some_and(|n| n > api.max_tokens_total)
-    {
-        return Err(ApiError::invalid(
-            &f("agent.max_tokens_total"),
-            format!(
-                "must be at most {} (api.max_tokens_total)",
-                api.max_tokens_total
-            ),
-        ));
-    }
-    let egress = state.settings.egress_policy();
-    for (i, tool) in run.agent.tools.iter().enumerate() {
-        if egress.refuses_literal(&tool.url) {
+        .plan
+        .as_ref()
+        .and_then(|p| p.executor.as_deref())
+        .map(|e| ("agent.plan.executor.", e));
+    for (prefix, agent) in std::iter::once(("agent.", run.agent)).chain(executor) {
+        if agent
+            .max_tokens_total
+            .is_some_and(|n| n > api.max_tokens_total)
+        {
             return Err(ApiError::invalid(
-                &f(&format!("agent.tools[{i}].url")),
-                "this address is not allowed by the deployment's egress policy",
+                &f(&format!("{prefix}max_tokens_total")),
+                format!(
+                    "must be at most {} (api.max_tokens_total)",
+                    api.max_tokens_total
+                ),
             ));
         }
-        schemas.add(f(&format!("agent.tools[{i}].parameters")), &tool.parameters);
+        let egress = state.settings.egress_policy();
+        for (i, tool) in agent.tools.iter().enumerate() {
+            if egress.refuses_literal(&tool.url) {
+                return Err(ApiError::invalid(
+                    &f(&format!("{prefix}tools[{i}].url")),
+                    "this address is not allowed by the deployment's egress policy",
+                ));
+            }
+            schemas.add(
+                f(&format!("{prefix}tools[{i}].parameters")),
+                &tool.parameters,
+            );
+        }
     }
     Ok(())
 }
@@ -245,8 +267,9 @@ pub async fn compile_schemas(
         })
 }
 
-/// Every MCP server the runs' tools name (`kind: mcp` with `server`) must be registered by the
-/// tenant: else 404 naming `<prefix>agent.tools[j].server` (as for an unknown `thread_id`),
+/// Every MCP server the runs' tools name (`kind: mcp` with `server`; a plan's executor's
+/// included) must be registered by the tenant: else 404 naming `<prefix>agent.tools[j].server`
+/// (as for an unknown `thread_id`),
 /// before anything is written. One
 /// query for all the runs, none when no tool names a server. (A server deleted later fails the
 /// runs that name it when they list their tools: docs/tools.md.)
@@ -257,11 +280,17 @@ pub async fn check_servers<'a>(
 ) -> Result<(), ApiError> {
     let named = |runs: &mut dyn Iterator<Item = (String, &'a AgentSpec)>| {
         runs.flat_map(|(prefix, agent)| {
-            agent.tools.iter().enumerate().filter_map(move |(j, t)| {
-                (t.kind == ToolKind::Mcp)
-                    .then_some(t.server.as_ref())
-                    .flatten()
-                    .map(|name| (format!("{prefix}agent.tools[{j}].server"), name.clone()))
+            // A plan's executor names its servers too.
+            let executor = agent.plan.as_ref().and_then(|p| p.executor.as_deref());
+            let agents = std::iter::once((format!("{prefix}agent."), agent))
+                .chain(executor.map(|e| (format!("{prefix}agent.plan.executor."), e)));
+            agents.flat_map(|(base, agent)| {
+                agent.tools.iter().enumerate().filter_map(move |(j, t)| {
+                    (t.kind == ToolKind::Mcp)
+                        .then_some(t.server.as_ref())
+                        .flatten()
+                        .map(|name| (format!("{base}tools[{j}].server"), name.clone()))
+                })
             })
         })
         .collect::<Vec<_>>()

@@ -10,3 +10,4 @@ pub mod get;
 pub mod list;
 pub mod resume;
 pub mod stream_token;
+pub mod tasks;

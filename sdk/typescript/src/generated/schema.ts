@@ -248,7 +248,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** `GET /v1/runs/{id}`: the run, with its pending question or calls while it waits. */
+        /**
+         * `GET /v1/runs/{id}`: the run, with its pending question or calls while it waits, and a
+         *     plan-and-solve run's plan.
+         */
         get: operations["get_run"];
         put?: never;
         post?: never;
@@ -316,6 +319,23 @@ export interface paths {
         get?: never;
         put?: never;
         post: operations["issue_stream_token"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/runs/{id}/tasks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Every task of the run, by round and place; empty for a run that is no plan-and-solve run. */
+        get: operations["list_run_tasks"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -461,6 +481,8 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** @enum {string} */
+        AgentMode: "react" | "plan_and_solve";
         AgentSpec: {
             /**
              * Format: int32
@@ -480,8 +502,15 @@ export interface components {
              *     `api.max_tokens_total`.
              */
             max_tokens_total?: number | null;
+            /**
+             * @description `react` (the default): one agent loop. `plan_and_solve`: a planner splits the request
+             *     into rounds of tasks, each run as a child run by the executor agent, then a summary
+             *     turn writes the answer.
+             */
+            mode?: components["schemas"]["AgentMode"];
             /** @description The name of a model this deployment configures (`models.<name>`) */
             model: string;
+            plan?: null | components["schemas"]["PlanSpec"];
             /** @description At most 200000 bytes of UTF-8, no NUL. */
             system_prompt?: string | null;
             /** @description At most `api.max_tools_per_agent` tools, with distinct names */
@@ -520,7 +549,8 @@ export interface components {
         /**
          * @description Items per status: `pending` = no run created yet; the others are the statuses of the
          *     items' runs (an item that could get no run, its thread busy or gone, counts as `failed`;
-         *     after a cancel, items never created count as `cancelled`).
+         *     after a cancel, items never created count as `cancelled`; a plan-and-solve run waiting for
+         *     its tasks counts as `running`).
          */
         BatchCounts: {
             /** Format: int64 */
@@ -768,7 +798,7 @@ export interface components {
             /** Format: uuid */
             thread_id: string;
             /** @enum {string} */
-            type: "run_queued" | "run_started" | "iteration_started" | "message_delta" | "message_completed" | "tool_started" | "tool_completed" | "input_required" | "confirmation_required" | "run_resumed" | "run_recovered" | "run_completed" | "run_failed" | "run_cancelled" | "stream_rebuilt" | "context_compacted";
+            type: "run_queued" | "run_started" | "iteration_started" | "message_delta" | "message_completed" | "tool_started" | "tool_completed" | "input_required" | "confirmation_required" | "run_resumed" | "run_recovered" | "run_completed" | "run_failed" | "run_cancelled" | "stream_rebuilt" | "context_compacted" | "plan_created" | "task_completed" | "round_completed";
         };
         HeaderBody: {
             name: string;
@@ -858,6 +888,64 @@ export interface components {
              */
             next_after?: number | null;
         };
+        /** @description One round of a plan. */
+        PlanRound: {
+            /** Format: int32 */
+            round: number;
+            tasks: components["schemas"]["Task"][];
+        };
+        /**
+         * @description How a plan-and-solve run plans. Every bound is also capped by the deployment
+         *     (`api.max_plan_rounds`, `api.max_plan_tasks`, `api.max_plan_parallel`).
+         */
+        PlanSpec: {
+            /** @description The agent of every task (`react`, without `plan`); the run's own agent without the plan when absent */
+            executor?: null | components["schemas"]["AgentSpec"];
+            /**
+             * Format: int32
+             * @description Tasks of a round in flight at once; the others wait for a place.
+             * @default 4
+             */
+            max_parallel: number;
+            /**
+             * Format: int32
+             * @description Rounds of tasks at most; after the last, the planner must call `complete`.
+             * @default 5
+             */
+            max_rounds: number;
+            /**
+             * Format: int32
+             * @description Tasks one `plan` call may create at most.
+             * @default 8
+             */
+            max_tasks: number;
+            /** @description The planner's system prompt (a built-in one when absent). At most 200000 bytes. */
+            planner_prompt?: string | null;
+            /**
+             * @description The system prompt of the summary turn that writes the run's answer (a built-in one
+             *     when absent). At most 200000 bytes.
+             */
+            summary_prompt?: string | null;
+        };
+        /** @description A plan-and-solve run's plan as it stands. */
+        PlanView: {
+            rounds: components["schemas"]["PlanRound"][];
+            /**
+             * Format: int32
+             * @description Rounds created so far.
+             */
+            rounds_created: number;
+            /**
+             * Format: int64
+             * @description Prompt + completion tokens of its ended tasks (they count towards the run's budget).
+             */
+            task_tokens: number;
+            /**
+             * Format: int64
+             * @description The run's own tokens plus its tasks'.
+             */
+            total_tokens: number;
+        };
         /** @description Readiness: whether each backing service answers. */
         Readiness: {
             /**
@@ -937,6 +1025,13 @@ export interface components {
             /** Format: int32 */
             max_iterations: number;
             metadata: Record<string, unknown>;
+            /** @description `react` or `plan_and_solve` (the agent's `mode`). */
+            mode: components["schemas"]["AgentMode"];
+            /**
+             * Format: uuid
+             * @description A plan's task: the plan-and-solve run that created it; otherwise null.
+             */
+            parent_run_id?: string | null;
             /**
              * @description While the run waits: `{"kind": "input", ...}` (a question),
              *     `{"kind": "confirmation", "tool_calls": [...]}`, or `{"kind": "budget", "budget",
@@ -944,6 +1039,7 @@ export interface components {
              *     `input`); otherwise null.
              */
             pending?: Record<string, unknown> | null;
+            plan?: null | components["schemas"]["PlanView"];
             /**
              * @description The run is in quarantine: its workers stopped responding while holding it more times
              *     than the deployment allows, so each of its attempts now runs alone in a worker. If such
@@ -954,6 +1050,7 @@ export interface components {
             /** Format: date-time */
             started_at?: string | null;
             status: components["schemas"]["RunStatus"];
+            task?: null | components["schemas"]["TaskPlace"];
             /** Format: uuid */
             thread_id: string;
             /** Format: date-time */
@@ -981,7 +1078,7 @@ export interface components {
          * @description The statuses of a run (docs/architecture.md); stored as text in `runs.status`.
          * @enum {string}
          */
-        RunStatus: "queued" | "running" | "waiting_for_input" | "waiting_for_confirmation" | "completed" | "failed" | "cancelled" | "waiting_for_thread";
+        RunStatus: "queued" | "running" | "waiting_for_input" | "waiting_for_confirmation" | "completed" | "failed" | "cancelled" | "waiting_for_thread" | "waiting_for_tasks" | "waiting_for_slot";
         /** @description A token for one run's event stream. */
         StreamToken: {
             /** Format: date-time */
@@ -994,6 +1091,39 @@ export interface components {
             metadata?: null | components["schemas"]["JsonObject"];
             /** @description The runs, each the body of `POST /v1/runs` plus its `custom_id` (distinct); at most `api.max_batch_items` */
             runs: components["schemas"]["BatchItem"][];
+        };
+        /** @description A task of a plan: a run of its own (`GET /v1/runs/{run_id}`, its events and messages). */
+        Task: {
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            finished_at?: string | null;
+            /** Format: int32 */
+            round: number;
+            /** Format: uuid */
+            run_id: string;
+            /** Format: date-time */
+            started_at?: string | null;
+            status: components["schemas"]["RunStatus"];
+            /** Format: int32 */
+            task_index: number;
+            /** Format: uuid */
+            thread_id: string;
+            title?: string | null;
+            /** Format: int64 */
+            total_tokens: number;
+        };
+        /** @description The tasks of a plan-and-solve run, by round and place (none for another run). */
+        TaskList: {
+            data: components["schemas"]["Task"][];
+        };
+        /** @description Where a task stands in its plan. */
+        TaskPlace: {
+            /** Format: int32 */
+            round: number;
+            /** Format: int32 */
+            task_index: number;
+            title?: string | null;
         };
         /** @description A new tenant and its first key (named `default`), whose secret is shown only here. */
         TenantCreated: {
@@ -3035,7 +3165,7 @@ export interface operations {
                     "text/event-stream": {
                         data: string;
                         /** @enum {string} */
-                        event: "run_queued" | "run_started" | "iteration_started" | "message_delta" | "message_completed" | "tool_started" | "tool_completed" | "input_required" | "confirmation_required" | "run_resumed" | "run_recovered" | "run_completed" | "run_failed" | "run_cancelled" | "stream_rebuilt" | "context_compacted";
+                        event: "run_queued" | "run_started" | "iteration_started" | "message_delta" | "message_completed" | "tool_started" | "tool_completed" | "input_required" | "confirmation_required" | "run_resumed" | "run_recovered" | "run_completed" | "run_failed" | "run_cancelled" | "stream_rebuilt" | "context_compacted" | "plan_created" | "task_completed" | "round_completed";
                         id: string;
                         retry?: number;
                     };
@@ -3357,6 +3487,102 @@ export interface operations {
             };
         };
     };
+    list_run_tasks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The run */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The run's tasks, by round and place */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TaskList"];
+                };
+            };
+            /** @description `unauthorized`: no, or no valid, credentials (checked before anything else) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No run of this tenant has that id */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `request_timeout`: no answer within `api.request_timeout_ms` */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `invalid_request`: a parameter or field is invalid; the message names it */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `rate_limited`: the tenant's request rate (`limits.requests_per_second`) is used up; or `too_many_attempts`: this address presented `api.auth_max_failures` unknown API keys within `api.auth_failure_window_ms`; retry after `Retry-After` */
+            429: {
+                headers: {
+                    /** @description Requests the tenant's bucket holds (its burst) */
+                    "RateLimit-Limit"?: number;
+                    /** @description Requests left now */
+                    "RateLimit-Remaining"?: number;
+                    /** @description Seconds until the bucket is full again */
+                    "RateLimit-Reset"?: number;
+                    /** @description Whole seconds to wait (at least 1) */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `internal`: an unexpected failure (the detail is logged) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `unavailable`: a backing service cannot be reached; or `overloaded`: this API process holds as many request bodies as `api.body_budget_bytes` allows (nothing was read); retry after `Retry-After` */
+            503: {
+                headers: {
+                    /** @description Seconds to wait */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     thread_events: {
         parameters: {
             query?: never;
@@ -3381,7 +3607,7 @@ export interface operations {
                     "text/event-stream": {
                         data: string;
                         /** @enum {string} */
-                        event: "run_queued" | "run_started" | "iteration_started" | "message_delta" | "message_completed" | "tool_started" | "tool_completed" | "input_required" | "confirmation_required" | "run_resumed" | "run_recovered" | "run_completed" | "run_failed" | "run_cancelled" | "stream_rebuilt" | "context_compacted";
+                        event: "run_queued" | "run_started" | "iteration_started" | "message_delta" | "message_completed" | "tool_started" | "tool_completed" | "input_required" | "confirmation_required" | "run_resumed" | "run_recovered" | "run_completed" | "run_failed" | "run_cancelled" | "stream_rebuilt" | "context_compacted" | "plan_created" | "task_completed" | "round_completed";
                         id: string;
                         retry?: number;
                     };

@@ -1,5 +1,6 @@
 """Contains all the data models used in inputs/outputs"""
 
+from .agent_mode import AgentMode
 from .agent_spec import AgentSpec
 from .batch import Batch
 from .batch_counts import BatchCounts
@@ -43,6 +44,9 @@ from .message import Message
 from .message_body import MessageBody
 from .message_page import MessagePage
 from .openapi_response_200 import OpenapiResponse200
+from .plan_round import PlanRound
+from .plan_spec import PlanSpec
+from .plan_view import PlanView
 from .readiness import Readiness
 from .results_filter import ResultsFilter
 from .resume_body import ResumeBody
@@ -62,6 +66,9 @@ from .run_pending_type_0 import RunPendingType0
 from .run_status import RunStatus
 from .stream_token import StreamToken
 from .submit_batch import SubmitBatch
+from .task import Task
+from .task_list import TaskList
+from .task_place import TaskPlace
 from .tenant_created import TenantCreated
 from .tenant_info import TenantInfo
 from .tenant_info_limits import TenantInfoLimits
@@ -82,6 +89,7 @@ from .webhook_created import WebhookCreated
 from .webhook_list import WebhookList
 
 __all__ = (
+    "AgentMode",
     "AgentSpec",
     "Batch",
     "BatchCounts",
@@ -125,6 +133,9 @@ __all__ = (
     "MessageBody",
     "MessagePage",
     "OpenapiResponse200",
+    "PlanRound",
+    "PlanSpec",
+    "PlanView",
     "Readiness",
     "ResultsFilter",
     "ResumeBody",
@@ -144,6 +155,9 @@ __all__ = (
     "RunStatus",
     "StreamToken",
     "SubmitBatch",
+    "Task",
+    "TaskList",
+    "TaskPlace",
     "TenantCreated",
     "TenantInfo",
     "TenantInfoLimits",

@@ -5,9 +5,11 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
 from attrs import define as _attrs_define
 
+from ..models.agent_mode import AgentMode
 from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
+    from ..models.plan_spec import PlanSpec
     from ..models.tool_spec import ToolSpec
 
 
@@ -27,6 +29,8 @@ class AgentSpec:
             once reached,
             the run fails with `budget_exceeded` instead of calling the model again. At most
             `api.max_tokens_total`.
+        mode (AgentMode | Unset):
+        plan (None | PlanSpec | Unset):
         system_prompt (None | str | Unset): At most 200000 bytes of UTF-8, no NUL.
         tools (list[ToolSpec] | Unset): At most `api.max_tools_per_agent` tools, with distinct names
     """
@@ -35,10 +39,14 @@ class AgentSpec:
     max_iterations: int | None | Unset = UNSET
     max_parallel_tool_calls: int | None | Unset = UNSET
     max_tokens_total: int | None | Unset = UNSET
+    mode: AgentMode | Unset = UNSET
+    plan: None | PlanSpec | Unset = UNSET
     system_prompt: None | str | Unset = UNSET
     tools: list[ToolSpec] | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:
+        from ..models.plan_spec import PlanSpec
+
         model = self.model
 
         max_iterations: int | None | Unset
@@ -58,6 +66,18 @@ class AgentSpec:
             max_tokens_total = UNSET
         else:
             max_tokens_total = self.max_tokens_total
+
+        mode: str | Unset = UNSET
+        if not isinstance(self.mode, Unset):
+            mode = self.mode.value
+
+        plan: dict[str, Any] | None | Unset
+        if isinstance(self.plan, Unset):
+            plan = UNSET
+        elif isinstance(self.plan, PlanSpec):
+            plan = self.plan.to_dict()
+        else:
+            plan = self.plan
 
         system_prompt: None | str | Unset
         if isinstance(self.system_prompt, Unset):
@@ -85,6 +105,10 @@ class AgentSpec:
             field_dict["max_parallel_tool_calls"] = max_parallel_tool_calls
         if max_tokens_total is not UNSET:
             field_dict["max_tokens_total"] = max_tokens_total
+        if mode is not UNSET:
+            field_dict["mode"] = mode
+        if plan is not UNSET:
+            field_dict["plan"] = plan
         if system_prompt is not UNSET:
             field_dict["system_prompt"] = system_prompt
         if tools is not UNSET:
@@ -94,6 +118,7 @@ class AgentSpec:
 
     @classmethod
     def from_dict(cls, src_dict: Mapping[str, Any]) -> Self:
+        from ..models.plan_spec import PlanSpec
         from ..models.tool_spec import ToolSpec
 
         d = dict(src_dict)
@@ -128,6 +153,30 @@ class AgentSpec:
 
         max_tokens_total = _parse_max_tokens_total(d.pop("max_tokens_total", UNSET))
 
+        _mode = d.pop("mode", UNSET)
+        mode: AgentMode | Unset
+        if isinstance(_mode, Unset):
+            mode = UNSET
+        else:
+            mode = AgentMode(_mode)
+
+        def _parse_plan(data: object) -> None | PlanSpec | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                plan_type_1 = PlanSpec.from_dict(data)
+
+                return plan_type_1
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(None | PlanSpec | Unset, data)
+
+        plan = _parse_plan(d.pop("plan", UNSET))
+
         def _parse_system_prompt(data: object) -> None | str | Unset:
             if data is None:
                 return data
@@ -151,6 +200,8 @@ class AgentSpec:
             max_iterations=max_iterations,
             max_parallel_tool_calls=max_parallel_tool_calls,
             max_tokens_total=max_tokens_total,
+            mode=mode,
+            plan=plan,
             system_prompt=system_prompt,
             tools=tools,
         )

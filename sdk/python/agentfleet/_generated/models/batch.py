@@ -27,7 +27,8 @@ class Batch:
     Attributes:
         counts (BatchCounts): Items per status: `pending` = no run created yet; the others are the statuses of the
             items' runs (an item that could get no run, its thread busy or gone, counts as `failed`;
-            after a cancel, items never created count as `cancelled`).
+            after a cancel, items never created count as `cancelled`; a plan-and-solve run waiting for
+            its tasks counts as `running`).
         created_at (datetime.datetime):
         id (UUID):
         metadata (BatchMetadata):

@@ -13,7 +13,8 @@ T = TypeVar("T", bound="BatchCounts")
 class BatchCounts:
     """Items per status: `pending` = no run created yet; the others are the statuses of the
     items' runs (an item that could get no run, its thread busy or gone, counts as `failed`;
-    after a cancel, items never created count as `cancelled`).
+    after a cancel, items never created count as `cancelled`; a plan-and-solve run waiting for
+    its tasks counts as `running`).
 
         Attributes:
             cancelled (int):

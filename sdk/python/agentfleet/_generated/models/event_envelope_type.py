@@ -8,6 +8,8 @@ class EventEnvelopeType(StrEnum):
     ITERATION_STARTED = "iteration_started"
     MESSAGE_COMPLETED = "message_completed"
     MESSAGE_DELTA = "message_delta"
+    PLAN_CREATED = "plan_created"
+    ROUND_COMPLETED = "round_completed"
     RUN_CANCELLED = "run_cancelled"
     RUN_COMPLETED = "run_completed"
     RUN_FAILED = "run_failed"
@@ -16,6 +18,7 @@ class EventEnvelopeType(StrEnum):
     RUN_RESUMED = "run_resumed"
     RUN_STARTED = "run_started"
     STREAM_REBUILT = "stream_rebuilt"
+    TASK_COMPLETED = "task_completed"
     TOOL_COMPLETED = "tool_completed"
     TOOL_STARTED = "tool_started"
 

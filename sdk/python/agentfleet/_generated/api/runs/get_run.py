@@ -91,7 +91,8 @@ def sync_detailed(
     *,
     client: AuthenticatedClient,
 ) -> Response[ErrorBody | Run]:
-    """`GET /v1/runs/{id}`: the run, with its pending question or calls while it waits.
+    """`GET /v1/runs/{id}`: the run, with its pending question or calls while it waits, and a
+    plan-and-solve run's plan.
 
     Args:
         id (UUID):
@@ -120,7 +121,8 @@ def sync(
     *,
     client: AuthenticatedClient,
 ) -> ErrorBody | Run | None:
-    """`GET /v1/runs/{id}`: the run, with its pending question or calls while it waits.
+    """`GET /v1/runs/{id}`: the run, with its pending question or calls while it waits, and a
+    plan-and-solve run's plan.
 
     Args:
         id (UUID):
@@ -144,7 +146,8 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient,
 ) -> Response[ErrorBody | Run]:
-    """`GET /v1/runs/{id}`: the run, with its pending question or calls while it waits.
+    """`GET /v1/runs/{id}`: the run, with its pending question or calls while it waits, and a
+    plan-and-solve run's plan.
 
     Args:
         id (UUID):
@@ -171,7 +174,8 @@ async def asyncio(
     *,
     client: AuthenticatedClient,
 ) -> ErrorBody | Run | None:
-    """`GET /v1/runs/{id}`: the run, with its pending question or calls while it waits.
+    """`GET /v1/runs/{id}`: the run, with its pending question or calls while it waits, and a
+    plan-and-solve run's plan.
 
     Args:
         id (UUID):
