@@ -12,8 +12,9 @@
 //! Exactness under concurrent creates: every create of a limited tenant takes the tenant's
 //! creation lock (a transaction-scoped advisory lock) before it counts, and holds it until
 //! its runs are committed, so creates of one tenant, on any replica, count one after the
-//! other ([`lock_and_count`]). A grouped create takes the locks of all its tenants at once,
-//! in key order, so two groups cannot deadlock.
+//! other ([`lock_and_count`]; the grouped insert of single creates calls the same SQL
+//! function, `lock_and_count_active`, inside its statement). A group takes the locks of all
+//! its tenants at once, in key order, so two groups cannot deadlock.
 
 use std::collections::HashMap;
 
@@ -21,17 +22,6 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::StoreError;
-
-/// The namespace of the per-tenant creation locks (two-key advisory locks, a key space apart
-/// from the single-key ones such as the sweeper's election).
-const CREATION_LOCK: i32 = 0x6166_6172; // "afar"
-
-/// The second key of `tenant`'s creation lock: 32 bits of its id (the last bytes of a v7 id
-/// are random). Two tenants sharing it only wait for each other.
-fn lock_key(tenant: Uuid) -> i32 {
-    let b = tenant.as_bytes();
-    i32::from_be_bytes([b[12], b[13], b[14], b[15]])
-}
 
 /// The active runs of `tenants` (and their batch items not yet created), as of the statement.
 const COUNTS: &str = "
@@ -58,23 +48,17 @@ pub async fn count<'e>(
 
 /// Takes the creation locks of `tenants` for the rest of the transaction on `conn`, in key
 /// order, then counts their active runs in a statement of its own (so its snapshot sees every
-/// create that committed before a lock was granted).
+/// create that committed before a lock was granted): `lock_and_count_active` (migration 0033),
+/// one round trip.
 pub async fn lock_and_count(
     conn: &mut PgConnection,
     tenants: &[Uuid],
 ) -> Result<HashMap<Uuid, i64>, StoreError> {
-    let mut keys: Vec<i32> = tenants.iter().map(|t| lock_key(*t)).collect();
-    keys.sort_unstable();
-    keys.dedup();
-    sqlx::query("SELECT pg_advisory_xact_lock($1, k) FROM UNNEST($2::int4[]) AS k ORDER BY k")
-        .bind(CREATION_LOCK)
-        .bind(&keys)
-        .execute(&mut *conn)
-        .await?;
-    let rows: Vec<(Uuid, i64)> = sqlx::query_as(COUNTS)
-        .bind(tenants)
-        .fetch_all(&mut *conn)
-        .await?;
+    let rows: Vec<(Uuid, i64)> =
+        sqlx::query_as("SELECT tenant_id, active FROM lock_and_count_active($1)")
+            .bind(tenants)
+            .fetch_all(&mut *conn)
+            .await?;
     Ok(rows.into_iter().collect())
 }
 

@@ -7,8 +7,8 @@
 
 use std::borrow::Borrow;
 
+use sqlx::PgConnection;
 use sqlx::types::Json;
-use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
 use super::StoreError;
@@ -28,13 +28,31 @@ use super::transitions::NewRun;
 /// share (`windowed`) and past what is left of its tenant's window: `fair_share_room` once per
 /// tenant ($13..$15: `fair_share_window`'s arguments), the first that many runs of the tenant
 /// in the statement published, the rest held.
+///
+/// A run with a `max_active_runs` ($17, 0: none) is written only if its tenant stays within
+/// it: `lock_and_count_active` (migration 0033) takes the creation locks of those tenants,
+/// held until the statement commits, and counts their active runs; of each tenant's runs in
+/// the statement, the first that fit are written and the rest are left out (not returned).
+/// The function runs only when a run has a limit.
 const RUNS_ON_NEW_THREADS: &str = "
-WITH input AS (
+WITH given AS (
     SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::jsonb[], $5::jsonb[],
                          $6::text[], $7::bytea[], $8::int4[], $9::jsonb[], $10::bool[],
-                         $12::text[], $16::bool[]) WITH ORDINALITY
+                         $12::text[], $16::bool[], $17::int8[]) WITH ORDINALITY
         AS t(id, tenant_id, thread_id, agent, metadata, idempotency_key, request_hash,
-             max_iterations, body, fair, traceparent, windowed, ord)),
+             max_iterations, body, fair, traceparent, windowed, max_active, ord)),
+ counted AS (
+    SELECT c.tenant_id, c.active
+    FROM (SELECT ARRAY(SELECT DISTINCT tenant_id FROM given WHERE max_active > 0) AS ts) l,
+         LATERAL lock_and_count_active(l.ts) c
+    WHERE cardinality(l.ts) > 0),
+ input AS (
+    SELECT g.* FROM (
+        SELECT g.*, row_number() OVER (PARTITION BY g.tenant_id, g.max_active > 0
+                                       ORDER BY g.ord) AS nth
+        FROM given g) g
+    LEFT JOIN counted c ON c.tenant_id = g.tenant_id
+    WHERE g.max_active <= 0 OR COALESCE(c.active, 0) + g.nth <= g.max_active),
  room AS (
     SELECT t.tenant_id, fair_share_room(t.tenant_id, w.n) AS free
     FROM (SELECT DISTINCT tenant_id FROM input WHERE windowed AND NOT fair) t,
@@ -78,6 +96,19 @@ pub async fn create_on_new_threads_in<'e, R: Borrow<NewRun>>(
     runs: &[R],
     batch: Option<Uuid>,
 ) -> Result<Vec<RunRow>, StoreError> {
+    let rows = insert(executor, runs, |_| None, batch).await?;
+    let ids: Vec<Uuid> = runs.iter().map(|r| r.borrow().id).collect();
+    in_order(&ids, rows)
+}
+
+/// The statement ([`RUNS_ON_NEW_THREADS`]) for `runs`, each within `limit(i)` (its tenant's
+/// `max_active_runs`, `None`: no limit); the rows written, in no order.
+async fn insert<'e, R: Borrow<NewRun>>(
+    executor: impl sqlx::PgExecutor<'e>,
+    runs: &[R],
+    limit: impl Fn(usize) -> Option<u32>,
+    batch: Option<Uuid>,
+) -> Result<Vec<RunRow>, StoreError> {
     if runs.is_empty() {
         return Ok(Vec::new());
     }
@@ -95,10 +126,12 @@ pub async fn create_on_new_threads_in<'e, R: Borrow<NewRun>>(
     let mut fair = Vec::with_capacity(n);
     let mut traceparents = Vec::with_capacity(n);
     let mut windowed = Vec::with_capacity(n);
+    let mut max_active: Vec<i64> = Vec::with_capacity(n);
     // One configuration per process: the first run under the fair share gives its arguments.
     let share = super::fair_dispatch::share_args(runs.iter().find_map(|r| r.borrow().share));
-    for run in runs {
+    for (i, run) in runs.iter().enumerate() {
         let run = run.borrow();
+        max_active.push(limit(i).map_or(0, i64::from));
         ids.push(run.id);
         tenants.push(run.tenant_id);
         threads.push(Uuid::now_v7());
@@ -129,9 +162,10 @@ pub async fn create_on_new_threads_in<'e, R: Borrow<NewRun>>(
         .bind(share.1)
         .bind(share.2)
         .bind(&windowed)
+        .bind(&max_active)
         .fetch_all(executor)
         .await?;
-    in_order(&ids, rows)
+    Ok(rows)
 }
 
 /// A run to create on a new thread, with its tenant's `limits.max_active_runs` (`None`: no
@@ -145,59 +179,48 @@ pub struct LimitedRun {
 /// [`create_on_new_threads`] for single creates grouped together (`POST /v1/runs`), each within
 /// its tenant's `max_active_runs`: per run, in order, its row, or
 /// [`StoreError::TooManyActiveRuns`] for a run that would take its tenant past the limit
-/// (nothing of it is written). With a limited tenant in the group, the write is a transaction
-/// that takes the creation locks of the limited tenants first (`active_runs::lock_and_count`,
-/// one round trip for all of them), so concurrent creates can never together pass a limit;
-/// without one it is the single statement.
+/// (nothing of it is written). Still one statement: it takes the creation locks of the limited
+/// tenants itself (see [`RUNS_ON_NEW_THREADS`]), so concurrent creates, on any replica, can
+/// never together pass a limit.
 pub async fn create_within_limits(
     conn: &mut PgConnection,
     items: &[LimitedRun],
 ) -> Result<Vec<Result<RunRow, StoreError>>, StoreError> {
-    let mut limited: Vec<Uuid> = items
-        .iter()
-        .filter(|i| i.max_active.is_some())
-        .map(|i| i.run.tenant_id)
-        .collect();
-    if limited.is_empty() {
-        let runs: Vec<&NewRun> = items.iter().map(|i| &i.run).collect();
-        return Ok(create_on_new_threads(conn, &runs)
-            .await?
-            .into_iter()
-            .map(Ok)
-            .collect());
-    }
-    limited.sort_unstable();
-    limited.dedup();
-    let mut tx = conn.begin().await?;
-    let mut active = active_runs::lock_and_count(&mut tx, &limited).await?;
-    let mut refusals = Vec::with_capacity(items.len());
-    let mut admitted = Vec::with_capacity(items.len());
+    let runs: Vec<&NewRun> = items.iter().map(|i| &i.run).collect();
+    let rows = insert(&mut *conn, &runs, |i| items[i].max_active, None).await?;
+    let mut by_id: std::collections::HashMap<Uuid, RunRow> =
+        rows.into_iter().map(|r| (r.id, r)).collect();
+    let mut answers = Vec::with_capacity(items.len());
+    // Left out by the limit (rare): the count it went by, for the refusal's message, read
+    // again without the lock.
+    let mut counts = std::collections::HashMap::new();
     for item in items {
-        if let Some(max) = item.max_active {
-            let n = active.entry(item.run.tenant_id).or_default();
-            if let Err(refused) = active_runs::check(*n, max, 1) {
-                refusals.push(Some(refused));
-                continue;
-            }
-            *n += 1;
+        if let Some(row) = by_id.remove(&item.run.id) {
+            answers.push(Ok(row));
+            continue;
         }
-        refusals.push(None);
-        admitted.push(&item.run);
+        let Some(max) = item.max_active else {
+            return Err(StoreError::Db(sqlx::Error::Protocol(format!(
+                "run {} was inserted but not returned",
+                item.run.id
+            ))));
+        };
+        let tenant = item.run.tenant_id;
+        let active = match counts.get(&tenant) {
+            Some(n) => *n,
+            None => {
+                let n = active_runs::count(&mut *conn, tenant).await?;
+                counts.insert(tenant, n);
+                n
+            }
+        };
+        answers.push(Err(StoreError::TooManyActiveRuns {
+            max,
+            active: active.max(i64::from(max)),
+            new_runs: 1,
+        }));
     }
-    let rows = create_on_new_threads(&mut *tx, &admitted).await?;
-    tx.commit().await?;
-    let mut rows = rows.into_iter();
-    refusals
-        .into_iter()
-        .map(|refused| match refused {
-            Some(e) => Ok(Err(e)),
-            None => rows.next().map(Ok).ok_or_else(|| {
-                StoreError::Db(sqlx::Error::Protocol(
-                    "a created run was not returned".into(),
-                ))
-            }),
-        })
-        .collect()
+    Ok(answers)
 }
 
 /// `RETURNING` promises no order: the rows, arranged as `ids` lists them.
@@ -345,5 +368,56 @@ mod tests {
         .unwrap();
         let expected = if lz4 { "lz4" } else { "pglz" };
         assert_eq!(method.as_deref(), Some(expected), "stored in {size} bytes");
+    }
+
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_group_writes_what_fits_each_tenants_limit_and_nothing_of_the_rest(
+        pool: sqlx::PgPool,
+    ) {
+        let (a, b) = (tenant(&pool).await, tenant(&pool).await);
+        create_on_new_threads(&pool, &[new_run(a, 0)])
+            .await
+            .unwrap();
+        let items: Vec<LimitedRun> = [
+            (a, Some(3)),
+            (b, None),
+            (a, Some(3)),
+            (a, Some(3)),
+            (b, None),
+        ]
+        .iter()
+        .enumerate()
+        .map(|(i, (t, max))| LimitedRun {
+            run: new_run(*t, i + 1),
+            max_active: *max,
+        })
+        .collect();
+        let mut conn = pool.acquire().await.unwrap();
+        let answers = create_within_limits(&mut conn, &items).await.unwrap();
+        // A had 1 of 3: its first two runs fit, its third does not; B has no limit.
+        let written: Vec<bool> = answers.iter().map(|a| a.is_ok()).collect();
+        assert_eq!(written, [true, true, true, false, true]);
+        assert!(matches!(
+            answers[3],
+            Err(StoreError::TooManyActiveRuns {
+                max: 3,
+                active: 3,
+                new_runs: 1
+            })
+        ));
+        let left_out: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM runs WHERE id = $1) + (SELECT count(*) FROM messages WHERE run_id = $1)",
+        )
+        .bind(items[3].run.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(left_out, 0, "nothing of a refused run is written");
+        let threads: i64 = sqlx::query_scalar("SELECT count(*) FROM threads WHERE tenant_id = $1")
+            .bind(a)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(threads, 3, "no thread for the refused run");
     }
 }

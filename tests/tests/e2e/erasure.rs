@@ -340,7 +340,17 @@ async fn an_erased_tenant_leaves_no_row_and_no_key_and_another_tenant_is_untouch
     )
     .await;
     assert_eq!(status, 200);
-    // The key is cached by the API from here on (`api.auth_cache_ttl_ms`, 5 s by default).
+    // The API drops its cached limits of A when the change is announced; until then A's
+    // requests take the default rate's bucket, which refills (and expires) within a second.
+    wait_for("A's own rate to apply", Duration::from_secs(10), || async {
+        let r = app.get_as("/v1/runs?limit=1", &key_a).await;
+        (r.headers()
+            .get("ratelimit-limit")
+            .and_then(|v| v.to_str().ok())
+            == Some("100"))
+        .then_some(())
+    })
+    .await;
     for _ in 0..30 {
         assert_eq!(status_as(&app, &key_a, "/v1/runs?limit=1").await, 200);
     }

@@ -185,10 +185,16 @@ pub async fn fairness(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
     for round in 0..3 {
         let (off, on) = if round == 1 {
             let on = drain_rate(ctx, &shared, &format!("on {round}"), &run, n).await?;
-            (drain_rate(ctx, &plain, &format!("off {round}"), &run, n).await?, on)
+            (
+                drain_rate(ctx, &plain, &format!("off {round}"), &run, n).await?,
+                on,
+            )
         } else {
             let off = drain_rate(ctx, &plain, &format!("off {round}"), &run, n).await?;
-            (off, drain_rate(ctx, &shared, &format!("on {round}"), &run, n).await?)
+            (
+                off,
+                drain_rate(ctx, &shared, &format!("on {round}"), &run, n).await?,
+            )
         };
         println!("fairness: round {round}: {off:.0} runs/s off, {on:.0} on");
         offs.push(off);
