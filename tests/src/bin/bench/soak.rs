@@ -163,11 +163,12 @@ fn mb(bytes: i64) -> f64 {
     bytes as f64 / 1e6
 }
 
-/// What autovacuum would do for the tables removal deletes from (and those the runs update).
+/// What autovacuum would do for the tables removal deletes from (and those the runs update, and
+/// the active-run deltas the sweeper folds).
 async fn vacuum_now(pool: &sqlx::PgPool) -> anyhow::Result<()> {
     sqlx::query(
         "VACUUM (ANALYZE) runs, threads, messages, tool_calls, iterations, usage_shards, \
-         webhook_deliveries, retention_state",
+         webhook_deliveries, retention_state, tenant_active_deltas",
     )
     .execute(pool)
     .await?;
