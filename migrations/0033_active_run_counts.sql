@@ -59,13 +59,27 @@ CREATE TRIGGER runs_active_deleted AFTER DELETE ON runs
     WHEN (OLD.status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation'))
     EXECUTE FUNCTION runs_active_changed();
 
+-- Each of `tenants`' active runs with the items of its batches not yet created (each will be a
+-- run), as of the statement: the sum of its deltas and the pending items
+-- (`batches_creating_by_tenant`). `store::active_runs::count` reads it without a lock.
+CREATE FUNCTION count_active(tenants uuid[])
+RETURNS TABLE (tenant_id uuid, active bigint)
+LANGUAGE sql STABLE
+AS $$
+    SELECT t.id,
+           COALESCE((SELECT sum(d.delta) FROM tenant_active_deltas d WHERE d.tenant_id = t.id), 0)::int8
+           + (SELECT count(*) FROM batches b
+              JOIN batch_items i ON i.batch_id = b.id AND i.run_id IS NULL AND i.error IS NULL
+              WHERE b.tenant_id = t.id AND b.status = 'creating')
+    FROM (SELECT DISTINCT u AS id FROM unnest(tenants) AS u) t
+$$;
+
 -- The creation locks of `tenants` (transaction-scoped two-key advisory locks in the namespace
 -- 1634099570, "afar"; the second key is the last 32 bits of the tenant's id), taken in key order
--- so two callers never deadlock, then each tenant's active runs with the items of its batches
--- not yet created, counted by a statement of its own (a new snapshot: it sees every create that
--- committed before a lock was granted). Called by the insert of grouped creates
--- (`store::create_many`), so a limited tenant's creates are locked, counted and written by one
--- statement, and by `store::active_runs::reserve`.
+-- so two callers never deadlock, then `count_active` in a statement of its own (a new snapshot:
+-- it sees every create that committed before a lock was granted). Called by the insert of
+-- grouped creates (`store::create_many`), so a limited tenant's creates are locked, counted and
+-- written by one statement, and by `store::active_runs::reserve`.
 CREATE FUNCTION lock_and_count_active(tenants uuid[])
 RETURNS TABLE (tenant_id uuid, active bigint)
 LANGUAGE plpgsql VOLATILE
@@ -75,13 +89,7 @@ BEGIN
     FROM (SELECT DISTINCT ('x' || right(replace(t::text, '-', ''), 8))::bit(32)::int4 AS key
           FROM unnest(tenants) AS t) k
     ORDER BY k.key;
-    RETURN QUERY
-    SELECT t.id,
-           COALESCE((SELECT sum(d.delta) FROM tenant_active_deltas d WHERE d.tenant_id = t.id), 0)::int8
-           + (SELECT count(*) FROM batches b
-              JOIN batch_items i ON i.batch_id = b.id AND i.run_id IS NULL AND i.error IS NULL
-              WHERE b.tenant_id = t.id AND b.status = 'creating')
-    FROM (SELECT DISTINCT u AS id FROM unnest(tenants) AS u) t;
+    RETURN QUERY SELECT c.tenant_id, c.active FROM count_active(tenants) c;
 END
 $$;
 

@@ -23,15 +23,6 @@ use uuid::Uuid;
 
 use super::StoreError;
 
-/// The active runs of `tenants` (and their batch items not yet created), as of the statement.
-const COUNTS: &str = "
-SELECT t.id,
-       COALESCE((SELECT sum(d.delta) FROM tenant_active_deltas d WHERE d.tenant_id = t.id), 0)::int8
-       + (SELECT count(*) FROM batches b
-          JOIN batch_items i ON i.batch_id = b.id AND i.run_id IS NULL AND i.error IS NULL
-          WHERE b.tenant_id = t.id AND b.status = 'creating')
-FROM UNNEST($1::uuid[]) AS t(id)";
-
 /// How many of `tenant`'s runs have not ended, with the items of its batches still being
 /// created, without any lock (a quick refusal before a request is validated; the exact check
 /// is [`reserve`]).
@@ -39,7 +30,7 @@ pub async fn count<'e>(
     executor: impl sqlx::PgExecutor<'e>,
     tenant: Uuid,
 ) -> Result<i64, StoreError> {
-    let rows: Vec<(Uuid, i64)> = sqlx::query_as(COUNTS)
+    let rows: Vec<(Uuid, i64)> = sqlx::query_as("SELECT tenant_id, active FROM count_active($1)")
         .bind(vec![tenant])
         .fetch_all(executor)
         .await?;
