@@ -114,14 +114,21 @@ pub async fn reserve(
     max: u32,
     new_runs: usize,
 ) -> Result<(), ApiError> {
-    match active_runs::reserve(tx, tenant, max, new_runs).await {
-        Ok(()) => Ok(()),
-        Err(StoreError::TooManyActiveRuns {
+    active_runs::reserve(tx, tenant, max, new_runs)
+        .await
+        .map_err(refusal)
+}
+
+/// A store error as the API answers it: [`StoreError::TooManyActiveRuns`] as
+/// [`too_many_active_runs`], anything else unexpected.
+pub fn refusal(e: StoreError) -> ApiError {
+    match e {
+        StoreError::TooManyActiveRuns {
             max,
             active,
             new_runs,
-        }) => Err(too_many_active_runs(max, active, new_runs)),
-        Err(e) => Err(ApiError::unexpected(e)),
+        } => too_many_active_runs(max, active, new_runs),
+        e => ApiError::unexpected(e),
     }
 }
 

@@ -85,6 +85,31 @@ pub async fn insert<'e>(
     batch: &NewBatch,
     items: &[NewItem],
 ) -> Result<Option<BatchRow>, StoreError> {
+    insert_gated(executor, batch, items, None).await
+}
+
+/// [`insert`] for a tenant with `limits.max_active_runs`: the same statement first takes the
+/// tenant's creation lock and counts its active runs (`lock_and_count_active`), and writes
+/// nothing when the items would take it past `max` ([`StoreError::TooManyActiveRuns`]).
+/// One statement, no transaction around it: a large body is not sent to Postgres while a
+/// transaction sits idle (`database.idle_in_transaction_timeout_ms` would end it), and the
+/// lock is held only while the statement runs.
+pub async fn insert_within_limit<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    batch: &NewBatch,
+    items: &[NewItem],
+    max: u32,
+) -> Result<Option<BatchRow>, StoreError> {
+    insert_gated(executor, batch, items, Some(max)).await
+}
+
+async fn insert_gated<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    batch: &NewBatch,
+    items: &[NewItem],
+    max: Option<u32>,
+) -> Result<Option<BatchRow>, StoreError> {
+    use sqlx::{FromRow, Row};
     let custom_ids: Vec<&str> = items.iter().map(|i| i.custom_id.as_str()).collect();
     let bodies: Vec<Option<Json<&Value>>> =
         items.iter().map(|i| i.body.as_ref().map(Json)).collect();
@@ -93,15 +118,20 @@ pub async fn insert<'e>(
         Some((owner, ms)) => (Some(owner.as_str()), *ms as i64),
         None => (None, 0),
     };
-    // The items join the inserted batch row: on an idempotency conflict there is none, and
-    // no item is written either.
-    let row = sqlx::query_as::<_, BatchRow>(
-        "WITH batch AS (
+    // The gate is evaluated first (the batch reads it); the items join the inserted batch
+    // row: on an idempotency conflict or a refusal there is none, and no item is written.
+    let row = sqlx::query(
+        "WITH gate AS (
+            SELECT COALESCE(sum(c.active), 0)::int8 AS active
+            FROM lock_and_count_active(CASE WHEN $15::int8 IS NULL THEN '{}'::uuid[]
+                                            ELSE ARRAY[$2::uuid] END) c),
+         batch AS (
             INSERT INTO batches (id, tenant_id, status, total, metadata, idempotency_key,
                                  request_hash, fair, lease_owner, lease_expires_at, traceparent)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
-                    CASE WHEN $9::text IS NULL THEN NULL
-                         ELSE now() + make_interval(secs => $10::bigint / 1000.0) END, $14)
+            SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9,
+                   CASE WHEN $9::text IS NULL THEN NULL
+                        ELSE now() + make_interval(secs => $10::bigint / 1000.0) END, $14
+            FROM gate WHERE $15::int8 IS NULL OR gate.active + $4 <= $15
             ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
             RETURNING *),
          item AS (
@@ -109,7 +139,7 @@ pub async fn insert<'e>(
             SELECT batch.id, t.position - 1, t.custom_id, t.body, t.run_id
             FROM batch, UNNEST($11::text[], $12::jsonb[], $13::uuid[])
                  WITH ORDINALITY AS t(custom_id, body, run_id, position))
-         SELECT * FROM batch",
+         SELECT gate.active AS gate_active, batch.* FROM gate LEFT JOIN batch ON true",
     )
     .bind(batch.id)
     .bind(batch.tenant_id)
@@ -125,9 +155,17 @@ pub async fn insert<'e>(
     .bind(&bodies)
     .bind(&run_ids)
     .bind(batch.traceparent.as_deref())
-    .fetch_optional(executor)
+    .bind(max.map(i64::from))
+    .fetch_one(executor)
     .await?;
-    Ok(row)
+    if row.try_get::<Option<Uuid>, _>("id")?.is_some() {
+        return Ok(Some(BatchRow::from_row(&row)?));
+    }
+    if let Some(max) = max {
+        let active: i64 = row.try_get("gate_active")?;
+        super::active_runs::check(active, max, items.len())?;
+    }
+    Ok(None)
 }
 
 pub async fn by_idempotency_key(

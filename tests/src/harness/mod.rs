@@ -6,7 +6,7 @@
 //! - `process`: spawning the API and workers, in process or as OS processes
 //! - `app`: `TestApp`, HTTP calls to a running API
 //! - `watch`: `Watcher`, a run's event stream followed in the background
-//! - `wait`: `wait_for`, polling with a deadline
+//! - `wait`: `wait_for` and `wait_until`, polling with a deadline
 //! - `bodies`: request bodies and assertions on events
 //! - `servers`: stopping and starting the shared servers (outage and chaos tests)
 
@@ -25,5 +25,5 @@ pub use env::{
     redis_cluster_nodes, redis_connection, redis_url, skipped_on_a_redis_cluster,
 };
 pub use process::{ChildProcess, InProcessWorker, api_cli, binary, free_address, scrape_metrics};
-pub use wait::wait_for;
+pub use wait::{wait_for, wait_until};
 pub use watch::Watcher;

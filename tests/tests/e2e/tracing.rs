@@ -123,14 +123,27 @@ async fn a_run_is_one_trace_across_a_pause_a_resume_and_two_workers() {
     let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
     assert_eq!(done["status"], "completed", "{done}");
 
-    let spans = wait_for("the run's spans at the collector", T, || {
+    let spans = wait_until("the run's spans at the collector", T, || {
         let spans = collector.spans();
-        let arrived = named(&spans, "run.attempt").len() == 2
-            && named(&spans, "run.iteration").len() == 4
-            && named(&spans, "model.call").len() == 3
-            && named(&spans, "tool.call").len() == 2
-            && !request(&spans, "POST", "/v1/runs/{id}/resume").is_empty();
-        async move { arrived.then_some(spans) }
+        let counts = (
+            named(&spans, "run.attempt").len(),
+            named(&spans, "run.iteration").len(),
+            named(&spans, "model.call").len(),
+            named(&spans, "tool.call").len(),
+            request(&spans, "POST", "/v1/runs/{id}/resume").len(),
+        );
+        let arrived = counts.0 == 2 && counts.1 == 4 && counts.2 == 3 && counts.3 == 2;
+        let seen = format!(
+            "(attempts, iterations, model calls, tool calls, resume requests) = {counts:?} of {} spans",
+            spans.len()
+        );
+        async move {
+            if arrived && counts.4 > 0 {
+                Ok(spans)
+            } else {
+                Err(seen)
+            }
+        }
     })
     .await;
     let by_id: HashMap<&str, &CollectedSpan> =

@@ -200,26 +200,20 @@ pub async fn submit_batch(
     Ok((StatusCode::ACCEPTED, Json(view::batch(&row, &counts))))
 }
 
-/// Writes the batch and its items; for a tenant with `max_active_runs`, in a transaction that
-/// first reserves them under the tenant's creation lock (each pending item counts as a run).
+/// Writes the batch and its items; for a tenant with `max_active_runs`, only when they fit
+/// (each pending item counts as a run), checked under the tenant's creation lock in the same
+/// statement.
 async fn insert(
     state: &AppState,
     caller: &agentfleet_shared::store::tenants::Principal,
     new: &NewBatch,
     items: &[NewItem],
 ) -> Result<Option<BatchRow>, ApiError> {
-    let Some(max) = crate::quota::active_runs_limit(state, caller) else {
-        return batches::insert(&state.pool, new, items)
-            .await
-            .map_err(ApiError::unexpected);
+    let written = match crate::quota::active_runs_limit(state, caller) {
+        None => batches::insert(&state.pool, new, items).await,
+        Some(max) => batches::insert_within_limit(&state.pool, new, items, max).await,
     };
-    let mut tx = state.pool.begin().await.map_err(ApiError::unexpected)?;
-    crate::quota::reserve(&mut tx, caller.tenant_id, max, items.len()).await?;
-    let written = batches::insert(&mut *tx, new, items)
-        .await
-        .map_err(ApiError::unexpected)?;
-    tx.commit().await.map_err(ApiError::unexpected)?;
-    Ok(written)
+    written.map_err(crate::quota::refusal)
 }
 
 /// The answer to a submission whose key made a batch before: that batch when the body is the
