@@ -70,7 +70,7 @@ pub async fn model_turn(
             response.tool_calls.clear();
             None
         }
-        Phase::Turn if ctx.planner() => planned_round(ctx, &mut response),
+        Phase::Turn if ctx.planner() => planned_round(ctx, &mut response).await?,
         Phase::Turn => None,
     };
     // A final answer ends the run in the statement that records it; a planner's answer
@@ -136,19 +136,31 @@ pub async fn model_turn(
 /// A planner's response that starts a round: its first terminating call is a `plan` whose
 /// arguments hold a valid round. The response then keeps that call alone (calls after it
 /// would be skipped, and the run will not be running to record them). `None` leaves the
-/// response as it is: a refused `plan` is answered with its error when settled.
-fn planned_round(ctx: &RunCtx, response: &mut ModelResponse) -> Option<Vec<NewTask>> {
-    let first = response
+/// response as it is: a refused `plan` (invalid, or more tasks than the tenant's
+/// `max_active_runs` leaves room for) is answered with its error when settled.
+async fn planned_round(
+    ctx: &RunCtx,
+    response: &mut ModelResponse,
+) -> Result<Option<Vec<NewTask>>, RunError> {
+    let Some(first) = response
         .tool_calls
         .iter()
-        .position(|c| tools::builtin::is_terminating(&c.name) || c.name == tools::builtin::PLAN)?;
+        .position(|c| tools::builtin::is_terminating(&c.name) || c.name == tools::builtin::PLAN)
+    else {
+        return Ok(None);
+    };
     if response.tool_calls[first].name != tools::builtin::PLAN {
-        return None;
+        return Ok(None);
     }
-    let tasks = crate::plan::checked(ctx, &response.tool_calls[first].arguments).ok()?;
+    let Ok(tasks) = crate::plan::checked(ctx, &response.tool_calls[first].arguments) else {
+        return Ok(None);
+    };
+    let Some(tasks) = crate::plan::room_for(ctx, tasks).await? else {
+        return Ok(None);
+    };
     let call = response.tool_calls.swap_remove(first);
     response.tool_calls = vec![call];
-    Some(tasks)
+    Ok(Some(tasks))
 }
 
 /// Reads the history, fits it into the context budget and calls the model: the model's
@@ -450,6 +462,7 @@ async fn persist(
                     .unwrap_or(ctx.deps.settings.worker.default_max_iterations),
                 executor,
                 max_parallel: plan.max_parallel as i32,
+                max_active_runs: ctx.deps.settings.limits.max_active_runs,
             };
             match Box::pin(plans::commit_round(&ctx.deps.pool, turn, new)).await? {
                 Some((committed, created)) => (committed, Some(created)),

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use agentfleet_shared::domain::RunStatus;
 use agentfleet_shared::events::EventType;
+use agentfleet_shared::store::StoreError;
 use agentfleet_shared::store::plans::{self, CreatedTask, NewTask};
 use agentfleet_shared::store::tool_calls::ToolCallRow;
 
@@ -39,8 +40,34 @@ pub fn checked(ctx: &RunCtx, raw_arguments: &str) -> Result<Vec<NewTask>, String
     )
 }
 
+/// The tasks of a valid `plan` call if the tenant has room for them under its
+/// `max_active_runs`, else why not (kept for [`refusal`]).
+pub async fn room_for(ctx: &RunCtx, tasks: Vec<NewTask>) -> Result<Option<Vec<NewTask>>, RunError> {
+    let default = ctx.deps.settings.limits.max_active_runs;
+    match plans::room_for_tasks(&ctx.deps.pool, ctx.run.id, default, tasks.len()).await {
+        Ok(()) => Ok(Some(tasks)),
+        Err(StoreError::TooManyActiveRuns {
+            max,
+            active,
+            new_runs,
+        }) => {
+            let why = format!(
+                "the tenant has {active} runs not yet ended, and {new_runs} tasks more would \
+                 pass its limit of {max} (limits.max_active_runs): plan fewer tasks, or \
+                 complete"
+            );
+            *ctx.plan_refusal.lock().expect("plan refusal lock") = Some(why);
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Why a `plan` call that created no round was refused.
 pub fn refusal(ctx: &RunCtx, call: &ToolCallRow) -> String {
+    if let Some(why) = ctx.plan_refusal.lock().expect("plan refusal lock").take() {
+        return why;
+    }
     checked(ctx, &call.raw_arguments)
         .err()
         .unwrap_or_else(|| "the round was not started; call `plan` again".to_owned())

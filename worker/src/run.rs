@@ -105,6 +105,7 @@ pub async fn execute(
         catalog: Default::default(),
         compaction: Default::default(),
         outcomes: Default::default(),
+        plan_refusal: Default::default(),
     };
     // Dropped with this future, also when the run's task panics: its lease must then lapse
     // for the sweeper to hand the run to another attempt.
@@ -332,7 +333,11 @@ async fn finish(ctx: &RunCtx, result: Result<Outcome, RunError>) {
                 "stopped: the run was cancelled or is held by another attempt");
             return;
         }
-        Err(RunError::Store(e)) if e.is_transient() => {
+        // A plan's round lost the race for the tenant's last active-run slots to a concurrent
+        // create: the next holding takes the turn again, and tells the model.
+        Err(RunError::Store(e))
+            if e.is_transient() || matches!(e, StoreError::TooManyActiveRuns { .. }) =>
+        {
             let max = ctx.deps.settings.worker.max_handbacks;
             if ctx.run.handbacks < max {
                 tracing::warn!(%run_id, error = %report::error_line(&e),

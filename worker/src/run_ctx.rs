@@ -48,6 +48,9 @@ pub struct RunCtx {
     /// call starts while they commit (`tools::settle`), and every write of the run after them
     /// waits for them first ([`RunCtx::outcomes_committed`]).
     pub outcomes: Mutex<Vec<PendingOutcome>>,
+    /// Why this holding's last `plan` call started no round although its arguments were valid
+    /// (the tenant's `max_active_runs`): the call's error, told to the model when it settles.
+    pub plan_refusal: Mutex<Option<String>>,
 }
 
 /// The answer of a tool outcome's grouped write: whether its fence held.

@@ -1,5 +1,6 @@
 //! Each tenant's runs not yet ended (`queued`, `running`, `waiting_for_input`,
-//! `waiting_for_confirmation`), for `limits.max_active_runs`.
+//! `waiting_for_confirmation`, and a plan's `waiting_for_tasks` and `waiting_for_slot`), for
+//! `limits.max_active_runs`.
 //!
 //! Triggers on `runs` (migration 0033) write a delta to `tenant_active_deltas` whenever a run
 //! starts or stops being active: one row per tenant and insert statement, one per run that
@@ -133,7 +134,8 @@ mod tests {
     async fn counted(pool: &PgPool, tenant: Uuid) -> i64 {
         sqlx::query_scalar(
             "SELECT count(*) FROM runs WHERE tenant_id = $1 AND status IN \
-             ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation')",
+             ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation', \
+              'waiting_for_tasks', 'waiting_for_slot')",
         )
         .bind(tenant)
         .fetch_one(pool)
@@ -205,6 +207,18 @@ mod tests {
         // Claims and a pause: still active.
         change(&pool, a, "queued", 4, RUNNING).await;
         change(&pool, a, "running", 1, "status = 'waiting_for_input', lease_owner = NULL, lease_expires_at = NULL, pending = '{}'").await;
+        assert_eq!(count(&pool, a).await.unwrap(), 6);
+        // A planner waiting for its tasks has not ended either, nor when it runs again.
+        change(
+            &pool,
+            a,
+            "running",
+            1,
+            "status = 'waiting_for_tasks', lease_owner = NULL, lease_expires_at = NULL",
+        )
+        .await;
+        assert_eq!(count(&pool, a).await.unwrap(), 6);
+        change(&pool, a, "waiting_for_tasks", 1, RUNNING).await;
         assert_eq!(count(&pool, a).await.unwrap(), 6);
         // Ends of each kind, a promotion, an active run deleted, a finished one deleted.
         change(&pool, a, "running", 1, "status = 'failed', lease_owner = NULL, lease_expires_at = NULL, finished_at = now(), error = '{}'").await;

@@ -126,6 +126,19 @@ pub async fn replay(
     .await;
     match updated {
         Ok(Some((tenant_id, fair, batch))) => {
+            // A plan's task: its tokens joined its planner's `task_tokens` when it failed, and
+            // join them again (all of them: a run's figures are cumulative) when it ends anew.
+            // Task row, then planner row: the order of the fan-in and of a planner's cancel.
+            sqlx::query(
+                "UPDATE runs p
+                    SET task_tokens = GREATEST(0, p.task_tokens
+                                      - (t.prompt_tokens + t.completion_tokens + t.task_tokens))
+                   FROM runs t WHERE t.id = $1 AND p.id = t.parent_run_id",
+            )
+            .bind(run_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::from)?;
             if let Some(batch) = batch {
                 // The batch's row is ours since the first statement (a `finish` or a cancel
                 // that held it has committed, and the run's update above saw what it wrote:

@@ -370,8 +370,9 @@ pub async fn finish(
 pub const TOMBSTONE_NAME: &str = "(erased)";
 
 /// Up to `limit` runs of the tenant to cancel: those waiting for their thread first (so that
-/// cancelling a thread's active run promotes none of them), then those not yet ended. Empty
-/// when none is left.
+/// cancelling a thread's active run promotes none of them), then planners waiting for their
+/// tasks (a planner's cancel cancels its tasks, where the end of its last task would make it
+/// runnable), then those not yet ended. Empty when none is left.
 pub async fn runs_to_cancel(
     pool: &PgPool,
     tenant: Uuid,
@@ -389,6 +390,16 @@ pub async fn runs_to_cancel(
         if !waiting.is_empty() {
             return Ok(waiting);
         }
+    }
+    let planners: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM runs WHERE tenant_id = $1 AND status = 'waiting_for_tasks' LIMIT $2",
+    )
+    .bind(tenant)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    if !planners.is_empty() {
+        return Ok(planners);
     }
     Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT id FROM runs WHERE tenant_id = $1 AND status IN {ACTIVE} LIMIT $2"

@@ -29,6 +29,8 @@ pub struct NewRound {
     pub max_iterations: i32,
     /// Tasks of the round in flight at once; the others are created `waiting_for_slot`.
     pub max_parallel: i32,
+    /// The configured `limits.max_active_runs` (the tenant's own limit, if set, wins).
+    pub max_active_runs: u32,
 }
 
 /// A task as its round's creation made it.
@@ -46,6 +48,11 @@ pub struct CreatedTask {
 /// for fair dispatch when the planner is `fair`), and the planner `waiting_for_tasks` with no
 /// lease. `None` if the fence did not hold: nothing is written. A round is created once: a
 /// stale holder's turn writes nothing, and `runs_tasks` refuses a second copy.
+///
+/// The tasks are runs of the planner's tenant: under the tenant's creation lock, as any create,
+/// they are refused ([`StoreError::TooManyActiveRuns`], nothing written) when they would take
+/// it past its `max_active_runs` (the worker checks [`room_for_tasks`] first and gives the
+/// model the refusal; this only loses a race with a concurrent create).
 pub async fn commit_round(
     pool: &PgPool,
     turn: Turn,
@@ -53,6 +60,10 @@ pub async fn commit_round(
 ) -> Result<Option<(Committed, Vec<CreatedTask>)>, StoreError> {
     let fence = turn.fence;
     let mut tx = pool.begin().await?;
+    let (tenant, max) = max_active_runs(&mut *tx, fence.run_id, round.max_active_runs).await?;
+    if max > 0 {
+        super::active_runs::reserve(&mut tx, tenant, max, round.tasks.len()).await?;
+    }
     let Some(committed) = turns::record_many(&mut *tx, std::slice::from_ref(&turn))
         .await?
         .pop()
@@ -121,6 +132,42 @@ pub async fn commit_round(
     }
     tx.commit().await?;
     Ok(Some((committed, created)))
+}
+
+/// The tenant of run `run` and its effective `max_active_runs` (0: none) over the configured
+/// `default`.
+async fn max_active_runs<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    run: Uuid,
+    default: u32,
+) -> Result<(Uuid, u32), StoreError> {
+    let (tenant, max): (Uuid, i64) = sqlx::query_as(
+        "SELECT t.id, COALESCE((t.limits ->> 'max_active_runs')::int8, $2)
+         FROM runs r JOIN tenants t ON t.id = r.tenant_id WHERE r.id = $1",
+    )
+    .bind(run)
+    .bind(i64::from(default))
+    .fetch_one(executor)
+    .await?;
+    Ok((tenant, u32::try_from(max).unwrap_or(u32::MAX)))
+}
+
+/// Whether the tenant of planner `run` has room for `tasks` more runs under its
+/// `max_active_runs` (over the configured `default`), counted without a lock: the
+/// [`StoreError::TooManyActiveRuns`] the model is told of. [`commit_round`] checks again under
+/// the tenant's creation lock.
+pub async fn room_for_tasks(
+    pool: &PgPool,
+    run: Uuid,
+    default: u32,
+    tasks: usize,
+) -> Result<(), StoreError> {
+    let (tenant, max) = max_active_runs(pool, run, default).await?;
+    if max == 0 {
+        return Ok(());
+    }
+    let active = super::active_runs::count(pool, tenant).await?;
+    super::active_runs::check(active, max, tasks)
 }
 
 /// How one task of a round ended, for the planner's `plan` call result.
@@ -270,6 +317,7 @@ mod tests {
             executor: serde_json::from_value(json!({"model": "m"})).unwrap(),
             max_iterations: 3,
             max_parallel,
+            max_active_runs: 0,
         }
     }
 
@@ -334,6 +382,70 @@ mod tests {
         let task = runs::get(&pool, created[0].id).await.unwrap();
         assert_eq!(task.parent_run_id, Some(run.id));
         assert_eq!(task.task_title.as_deref(), Some("t0"));
+        assert_eq!(
+            crate::store::active_runs::count(&pool, run.tenant_id)
+                .await
+                .unwrap(),
+            4,
+            "the waiting planner and its tasks, the waiting one included, have not ended"
+        );
+    }
+
+    /// A round that would take the tenant past its `max_active_runs` (its own limit over the
+    /// configured one) writes nothing, not even the turn; one that fits is created.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_round_past_the_tenants_active_runs_limit_is_refused(pool: PgPool) {
+        let run = planner(&pool).await;
+        sqlx::query("UPDATE tenants SET limits = '{\"max_active_runs\": 3}' WHERE id = $1")
+            .bind(run.tenant_id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let limited = |n| NewRound {
+            max_active_runs: 1000,
+            ..round(n, 2)
+        };
+        assert!(matches!(
+            room_for_tasks(&pool, run.id, 1000, 3).await,
+            Err(StoreError::TooManyActiveRuns {
+                max: 3,
+                active: 1,
+                new_runs: 3
+            })
+        ));
+        assert!(matches!(
+            commit_round(&pool, plan_turn(&run), limited(3)).await,
+            Err(StoreError::TooManyActiveRuns {
+                max: 3,
+                active: 1,
+                new_runs: 3
+            })
+        ));
+        let parent = runs::get(&pool, run.id).await.unwrap();
+        assert_eq!(
+            (parent.status, parent.iteration),
+            (RunStatus::Running, run.iteration)
+        );
+        assert!(
+            tasks_of(&pool, run.tenant_id, run.id)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        room_for_tasks(&pool, run.id, 1000, 2).await.unwrap();
+        let (_, created) = commit_round(&pool, plan_turn(&run), limited(2))
+            .await
+            .unwrap()
+            .expect("the fence held");
+        assert_eq!(created.len(), 2);
+        // The configured limit applies where the tenant has none of its own.
+        sqlx::query("UPDATE tenants SET limits = '{}' WHERE id = $1")
+            .bind(run.tenant_id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert!(room_for_tasks(&pool, run.id, 3, 1).await.is_err());
+        room_for_tasks(&pool, run.id, 0, 100).await.unwrap();
     }
 
     /// Each end releases the round's next waiting task; the planner becomes runnable exactly
@@ -402,5 +514,50 @@ mod tests {
             assert_eq!(status(&pool, c.id).await, RunStatus::Cancelled);
         }
         assert_eq!(status(&pool, run.id).await, RunStatus::Cancelled);
+    }
+
+    /// A task ended long ago is kept while its planner waits (the planner reads its result
+    /// when the round ends), and goes by its window once the planner ended.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn retention_keeps_the_tasks_of_a_planner_not_yet_ended(pool: PgPool) {
+        use crate::store::retention;
+        let run = planner(&pool).await;
+        let (_, created) = commit_round(&pool, plan_turn(&run), round(2, 2))
+            .await
+            .unwrap()
+            .unwrap();
+        let first = transitions::claim(&pool, created[0].id, "w", LEASE)
+            .await
+            .unwrap()
+            .unwrap()
+            .run;
+        end(&pool, &first).await;
+        sqlx::query("UPDATE tenants SET retention = '{\"finished_runs_secs\": 1}' WHERE id = $1")
+            .bind(run.tenant_id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let age = |id: Uuid| {
+            sqlx::query("UPDATE runs SET finished_at = now() - interval '1 hour' WHERE id = $1")
+                .bind(id)
+                .execute(&pool)
+        };
+        age(first.id).await.unwrap();
+        let settings = crate::config::Settings::load_with(None, Vec::new(), false)
+            .expect("the defaults load")
+            .retention;
+        let removed = retention::remove_due(&pool, &settings).await.unwrap();
+        assert_eq!(removed.runs, 0, "{removed:?}");
+        assert_eq!(status(&pool, first.id).await, RunStatus::Completed);
+
+        // The planner ends (cancelled: its other task with it); all three go.
+        transitions::cancel(&pool, run.tenant_id, run.id)
+            .await
+            .unwrap();
+        for id in [run.id, created[0].id, created[1].id] {
+            age(id).await.unwrap();
+        }
+        let removed = retention::remove_due(&pool, &settings).await.unwrap();
+        assert_eq!(removed.runs, 3, "{removed:?}");
     }
 }

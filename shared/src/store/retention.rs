@@ -57,11 +57,27 @@ macro_rules! windows_cte {
     };
 }
 
+/// Whether run `$r` is a task of a plan whose planner has not ended: kept, whatever its own
+/// window, for the planner reads its result when the round ends (and a task that waits keeps
+/// its planner waiting). It goes by its window once the planner ended.
+macro_rules! planner_waits {
+    ($r:literal) => {
+        concat!(
+            "(",
+            $r,
+            ".parent_run_id IS NOT NULL AND EXISTS (SELECT 1 FROM runs p
+                WHERE p.id = ",
+            $r,
+            ".parent_run_id AND p.finished_at IS NULL))"
+        )
+    };
+}
+
 /// Whether run `x` (joined with its tenant's `t`) is past its window: never NULL, so that
 /// `NOT` of it is true for a run that is kept.
 macro_rules! expired_x {
     () => {
-        "COALESCE(
+        concat!("(NOT ", planner_waits!("x"), " AND COALESCE(
             (x.status IN ('completed', 'failed', 'cancelled') AND x.finished_at < t.finished_before)
          OR (x.status IN ('waiting_for_input', 'waiting_for_confirmation')
              AND x.updated_at < t.waiting_before
@@ -72,7 +88,7 @@ macro_rules! expired_x {
              AND EXISTS (SELECT 1 FROM runs a WHERE a.thread_id = x.thread_id
                            AND a.status IN ('waiting_for_input', 'waiting_for_confirmation')
                            AND a.updated_at < t.waiting_before)),
-         false)"
+         false))")
     };
 }
 
@@ -245,7 +261,9 @@ async fn candidates(
             (SELECT c.id FROM t CROSS JOIN LATERAL (
                 SELECT r.id FROM runs r
                 WHERE r.tenant_id = t.tenant_id AND r.finished_at IS NOT NULL
-                  AND r.finished_at < t.finished_before
+                  AND r.finished_at < t.finished_before AND NOT ",
+        planner_waits!("r"),
+        "
                 ORDER BY r.finished_at LIMIT $4) c
              WHERE t.finished_before IS NOT NULL
              LIMIT $4)
@@ -254,7 +272,9 @@ async fn candidates(
                 SELECT r.id FROM runs r
                 WHERE r.tenant_id = t.tenant_id
                   AND r.status IN ('waiting_for_input', 'waiting_for_confirmation')
-                  AND r.updated_at < t.waiting_before
+                  AND r.updated_at < t.waiting_before AND NOT ",
+        planner_waits!("r"),
+        "
                 LIMIT $4) c
              WHERE t.waiting_before IS NOT NULL
              LIMIT $4))

@@ -260,6 +260,61 @@ async fn bad_plan_calls_get_the_model_a_tool_error() {
     );
 }
 
+/// A plan's tasks are runs of its tenant: a round that would take the tenant past its
+/// `max_active_runs` gets the model a tool error naming the limit (nothing is created), and a
+/// round that fits goes on. While the planner waits, it and its tasks count as active: the
+/// API refuses a create that would pass the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_past_the_tenants_active_runs_limit_gets_the_model_a_tool_error() {
+    let env = TestEnv::with(&[("limits.max_active_runs", "3")]).await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker_process(&[]);
+    let turns = json!([
+        plan_call(json!([task("a", "x", 0), task("b", "x", 0), task("c", "x", 0)])),
+        plan_call(json!([task("a", "a done", 4000), task("b", "b done", 4000)])),
+        complete_call(),
+        {"content": "the answer"}
+    ]);
+    let body = planner_run(turns, json!({"max_tasks": 8}));
+    let input = body["input"].as_str().unwrap().to_owned();
+    let run = app.start_run(&body).await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    app.wait_status(&run_id, &["waiting_for_tasks"], T).await;
+    // The planner and its two tasks are the limit: one run more is past it.
+    let refused = app
+        .post(
+            "/v1/runs",
+            &scripted_run(json!([{"content": "no"}]), json!([])),
+        )
+        .await;
+    assert_eq!(refused.status(), 429);
+    let refused: Value = refused.json().await.unwrap();
+    assert_eq!(
+        refused["error"]["code"], "too_many_active_runs",
+        "{refused}"
+    );
+
+    let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let planner = requests_of(&env, &input);
+    let results = tool_results(planner.last().unwrap());
+    assert!(
+        results[0].contains("limit of 3") && results[0].contains("max_active_runs"),
+        "{}",
+        results[0]
+    );
+    assert!(
+        results[1].contains("a done") && results[1].contains("b done"),
+        "{}",
+        results[1]
+    );
+    assert_eq!(
+        tasks(&app, &run_id).await.len(),
+        2,
+        "only the round that fit"
+    );
+}
+
 /// A task that asks a question waits like any run while its planner keeps waiting; the answer
 /// through the API lets the plan go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
