@@ -560,4 +560,48 @@ mod tests {
         let removed = retention::remove_due(&pool, &settings).await.unwrap();
         assert_eq!(removed.runs, 3, "{removed:?}");
     }
+
+    /// A dead-lettered task, replayed and ended again, counts its tokens in its planner's
+    /// `task_tokens` once.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_replayed_task_counts_its_tokens_once(pool: PgPool) {
+        let run = planner(&pool).await;
+        let (_, created) = commit_round(&pool, plan_turn(&run), round(2, 2))
+            .await
+            .unwrap()
+            .unwrap();
+        let task_tokens = |id: Uuid| {
+            sqlx::query_scalar::<_, i64>("SELECT task_tokens FROM runs WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+        };
+        // Poisoned after 7 tokens: failed and dead-lettered, its tokens join the planner's.
+        sqlx::query(
+            "UPDATE runs SET status = 'failed', finished_at = now(), prompt_tokens = 5,
+                             completion_tokens = 2,
+                             error = '{\"code\": \"poison_run\", \"message\": \"x\"}'
+             WHERE id = $1",
+        )
+        .bind(created[0].id)
+        .execute(&pool)
+        .await
+        .unwrap();
+        assert_eq!(task_tokens(run.id).await.unwrap(), 7);
+        crate::store::dead_letters::replay(&pool, created[0].id, false)
+            .await
+            .unwrap();
+        assert_eq!(task_tokens(run.id).await.unwrap(), 0);
+        let task = transitions::claim(&pool, created[0].id, "w", LEASE)
+            .await
+            .unwrap()
+            .unwrap()
+            .run;
+        sqlx::query("UPDATE runs SET prompt_tokens = 9 WHERE id = $1")
+            .bind(task.id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        end(&pool, &task).await;
+        assert_eq!(task_tokens(run.id).await.unwrap(), 11, "9 + 2, once");
+    }
 }
