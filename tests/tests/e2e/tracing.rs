@@ -54,10 +54,14 @@ async fn a_run_is_one_trace_across_a_pause_a_resume_and_two_workers() {
         ])
         .await;
     // No sweeper re-publish may overtake a message (a slow start on a loaded machine): each
-    // attempt is then delivered by the message whose link the test checks.
+    // attempt is then delivered by the message whose link the test checks. A long lease: a
+    // worker starved past the test lease (3 s) would lose the run to a recovery, a third
+    // attempt this test does not expect.
     let worker_settings = [
         ("telemetry.otlp_endpoint", endpoint.as_str()),
         ("worker.requeue_after_ms", "60000"),
+        ("worker.lease_ms", "30000"),
+        ("worker.lease_renew_ms", "2000"),
     ];
     // Worker A exports only when it stops: its spans arrive through the flush at shutdown.
     let mut worker_a =
