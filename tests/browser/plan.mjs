@@ -64,7 +64,7 @@ await drive(async (page, out) => {
 
   // The first round shows up while it runs, its second task waiting for a slot.
   await page.waitForSelector('#plan .round[data-round="1"] li.task[data-status="waiting_for_slot"]');
-  if (shots) await page.screenshot({ path: `${shots}/console-plan-live.png`, fullPage: true });
+  if (shots) await page.screenshot({ path: `${shots}/console-plan.png`, fullPage: true });
 
   await page.waitForSelector('#run-status[data-status="completed"]');
   await page.waitForSelector('#stream-state[data-state="ended"]');
@@ -72,7 +72,6 @@ await drive(async (page, out) => {
     const tasks = [...document.querySelectorAll("#plan li.task")];
     return tasks.length >= 3 && tasks.every((li) => ended.includes(li.dataset.status));
   }, ENDED);
-  if (shots) await page.screenshot({ path: `${shots}/console-plan.png`, fullPage: true });
 
   out.seen = await page.evaluate(() => window.__seen);
   out.summary = await page.textContent("#plan-summary");

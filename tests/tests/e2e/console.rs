@@ -680,4 +680,13 @@ async fn the_console_shows_a_plan_as_a_tree_of_tasks_each_with_its_own_run_page(
         assert_eq!(tags[*id], tag, "{report:#}");
     }
     assert_eq!(report["consoleErrors"], json!([]), "{report:#}");
+    if let Some(dir) = &screenshots {
+        let len = std::fs::metadata(PathBuf::from(dir).join("console-plan.png"))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        assert!(
+            len > 10_000,
+            "console-plan.png is a screenshot ({len} bytes)"
+        );
+    }
 }
