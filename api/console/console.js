@@ -6,17 +6,19 @@
 const KEY = "agentfleet.key"; // sessionStorage only: gone when the tab closes
 const STATUSES = [
   "queued", "running", "waiting_for_input", "waiting_for_confirmation",
-  "waiting_for_thread", "completed", "failed", "cancelled",
+  "waiting_for_thread", "waiting_for_tasks", "waiting_for_slot", "completed", "failed", "cancelled",
 ];
 const ENDED = new Set(["completed", "failed", "cancelled"]);
 const EVENT_TYPES = [
   "run_queued", "run_started", "run_recovered", "iteration_started", "message_delta",
   "message_completed", "tool_started", "tool_completed", "input_required",
   "confirmation_required", "run_resumed", "run_completed", "run_failed", "run_cancelled",
-  "stream_rebuilt", "context_compacted",
+  "stream_rebuilt", "context_compacted", "plan_created", "task_completed", "round_completed",
 ];
 const TERMINAL = new Set(["run_completed", "run_failed", "run_cancelled"]);
 const PAUSING = new Set(["input_required", "confirmation_required"]);
+// Events after which the run's status or usage changed: the page reads the run again.
+const REFRESHING = new Set(["run_resumed", "message_completed", "plan_created", "round_completed"]);
 const POLL_MS = 2000;
 // A stream that cannot be reopened (its token refused, the API gone) is retried this many
 // times, backing off up to RETRY_MAX_MS, then the page says so and stops.
@@ -123,6 +125,23 @@ function badge(status) {
   return h("span", { class: `badge ${status}` }, status.replaceAll("_", " "));
 }
 
+/** "task 2 of round 1": a task's place in its plan (`task_index` counts from 0). */
+function taskPlace(round, taskIndex) { return `task ${Number(taskIndex) + 1} of round ${round}`; }
+
+/** What a run is in a plan, for the lists: a planner, or a task of one. */
+function planTag(r) {
+  if (r.parent_run_id && r.task) {
+    return h("span", { class: "tag", title: r.task.title ?? "" }, `task ${r.task.round}.${r.task.task_index + 1}`);
+  }
+  return r.mode === "plan_and_solve" ? h("span", { class: "tag" }, "planner") : null;
+}
+
+/** A task's error as one line: `code: message`. */
+function errorLine(e) {
+  if (!e) return "";
+  return typeof e === "object" ? `${e.code ?? "error"}: ${e.message ?? ""}` : String(e);
+}
+
 // ---- routing ---------------------------------------------------------------------------
 
 function route() {
@@ -222,7 +241,7 @@ function runsView(params) {
   let cursor = null;
   let pagedBeyondFirst = false;
   const row = (r) => h("tr", { dataset: { runId: r.id } },
-    h("td", {}, h("a", { href: `#/runs/${r.id}`, class: "mono" }, short(r.id))),
+    h("td", {}, h("a", { href: `#/runs/${r.id}`, class: "mono" }, short(r.id)), " ", planTag(r)),
     h("td", {}, badge(r.status)),
     h("td", {}, h("a", { href: `#/threads/${r.thread_id}`, class: "mono" }, short(r.thread_id))),
     h("td", {}, when(r.created_at)),
@@ -274,12 +293,14 @@ function runView(id) {
   const connEl = h("span", { id: "stream-state", class: "muted" });
   const cancel = h("button", { type: "button", id: "cancel", class: "danger" }, "Cancel run");
   const meta = h("p", { class: "meta" });
+  const taskOf = h("p", { id: "task-of", class: "task-of", hidden: true });
   const pending = h("section", { id: "pending", hidden: true });
+  const plan = planTree(id);
   const convo = h("ol", { id: "conversation", class: "conversation" });
   const log = h("ol", { id: "event-log", class: "event-log" });
   main.append(
     h("h1", {}, "Run ", h("span", { class: "mono" }, id), " ", statusEl),
-    meta, h("div", { class: "toolbar" }, cancel, connEl), usageEl, pending, convo,
+    meta, taskOf, h("div", { class: "toolbar" }, cancel, connEl), usageEl, pending, plan.el, convo,
     h("details", { class: "raw" }, h("summary", {}, "Events as received"), log));
 
   const showRun = (r) => {
@@ -298,6 +319,14 @@ function runView(id) {
     if (u.estimated) usageEl.append(h("dt", {}, "note"), h("dd", {}, "partly estimated"));
     cancel.hidden = ENDED.has(r.status);
     renderPending(r);
+    if (r.parent_run_id && r.task && !taskOf.dataset.parent) {
+      taskOf.dataset.parent = r.parent_run_id;
+      taskOf.hidden = false;
+      taskOf.replaceChildren(`${taskPlace(r.task.round, r.task.task_index)} of `,
+        h("a", { href: `#/runs/${r.parent_run_id}`, id: "parent-link", class: "mono", title: r.parent_run_id }, short(r.parent_run_id)),
+        r.task.title ? h("span", { class: "task-title" }, ` · ${r.task.title}`) : "");
+    }
+    if (r.mode === "plan_and_solve") plan.showPlan(r.plan);
   };
   const refreshRun = async () => showRun(await call("GET", `/v1/runs/${id}`));
 
@@ -347,7 +376,7 @@ function runView(id) {
     let card = tools.get(callId);
     if (!card) {
       const result = h("pre", { class: "result" }, "running…");
-      card = h("li", { class: "tool", dataset: { toolCallId: callId } },
+      card = h("li", { class: "tool", dataset: { toolCallId: callId, name } },
         h("div", { class: "who" }, `tool · ${name}`),
         h("pre", { class: "args" }, pretty(args)), result);
       card.result = result;
@@ -368,7 +397,7 @@ function runView(id) {
     render(ev);
     if (TERMINAL.has(ev.type)) closeStream("ended");
     else if (PAUSING.has(ev.type)) setConn("paused: waiting for an answer");
-    if (TERMINAL.has(ev.type) || PAUSING.has(ev.type) || ev.type === "run_resumed" || ev.type === "message_completed") {
+    if (TERMINAL.has(ev.type) || PAUSING.has(ev.type) || REFRESHING.has(ev.type)) {
       refreshRun().catch(() => {});
     }
   };
@@ -385,7 +414,18 @@ function runView(id) {
         note(`recovered on ${d.worker} (attempt ${d.attempt}); iteration ${d.iteration} is redone`, "warn");
         break;
       }
-      case "iteration_started": iteration = d.iteration; break;
+      case "iteration_started":
+        iteration = d.iteration;
+        // A planner's `complete` call has no `tool_completed`: the summary turn follows it.
+        if (run?.mode === "plan_and_solve") {
+          for (const card of tools.values()) {
+            if (card.dataset.name === "complete" && !card.classList.contains("done")) {
+              card.result.textContent = "the plan is complete; the summary follows";
+              card.classList.add("done");
+            }
+          }
+        }
+        break;
       case "message_delta": {
         // What streamed is kept beside what is shown, so a test can tell a duplicate or a
         // missing delta from the final text.
@@ -431,6 +471,24 @@ function runView(id) {
       case "run_cancelled": note(`cancelled (was ${d.previous_status})`, "end bad"); break;
       case "stream_rebuilt": note("Redis lost this run's events; what Postgres holds is shown from here", "warn"); break;
       case "context_compacted": note(`context compacted to fit ${d.budget_tokens} tokens`); break;
+      case "plan_created": {
+        const tasks = Array.isArray(d.tasks) ? d.tasks : [];
+        for (const t of tasks) plan.setTask({ ...t, round: d.round });
+        note(`round ${d.round} planned: ${tasks.length} task${tasks.length === 1 ? "" : "s"} — ${tasks.map((t) => t.title ?? "untitled").join(" · ")}`, "plan");
+        break;
+      }
+      case "task_completed": {
+        plan.setTask(d);
+        const detail = d.status === "completed" ? d.output ?? "" : errorLine(d.error);
+        note(`${taskPlace(d.round, d.task_index)} “${d.title ?? "untitled"}” ${d.status}${detail ? `: ${detail}` : ""}`,
+          d.status === "completed" ? "task ok" : "task bad");
+        break;
+      }
+      case "round_completed": {
+        plan.roundDone(d);
+        note(`round ${d.round} done: ${d.tasks} task${d.tasks === 1 ? "" : "s"} (${statusCounts(d.statuses)})`, "plan");
+        break;
+      }
       default: note(ev.type);
     }
   };
@@ -542,7 +600,105 @@ function runView(id) {
     }
   })();
   const stopPolling = poll(() => (run && !ENDED.has(run.status) ? refreshRun() : null), 5000);
-  return () => { closeStream("closed"); stopPolling(); };
+  // A planner's tasks change status without an event on its own stream (a task starting,
+  // pausing): their list is read while it runs, and once more after it ended.
+  let tasksFinal = false;
+  const stopTasks = poll(() => {
+    if (!run || run.mode !== "plan_and_solve" || tasksFinal) return null;
+    if (ENDED.has(run.status)) tasksFinal = true;
+    return plan.refresh();
+  }, POLL_MS);
+  return () => { closeStream("closed"); stopPolling(); stopTasks(); };
+}
+
+function statusCounts(statuses) {
+  return Object.entries(statuses || {}).map(([s, n]) => `${n} ${s.replaceAll("_", " ")}`).join(", ");
+}
+
+/**
+ * A planner's rounds and their tasks, each task a link to its own run. Fed by the run
+ * (`plan`), the planner's events and `GET /v1/runs/{id}/tasks`, in whatever order they come:
+ * an ended task's status is never replaced by an older one.
+ */
+function planTree(runId) {
+  const summary = h("span", { id: "plan-summary", class: "muted small" });
+  const roundsEl = h("div", { id: "plan-rounds" });
+  const el = h("section", { id: "plan", class: "plan", hidden: true },
+    h("h2", {}, "Plan ", summary), roundsEl);
+  const rounds = new Map(); // round -> {el, list, state}
+  const tasks = new Map(); // task run id -> {el, status, ...}
+
+  const roundOf = (n) => {
+    let r = rounds.get(n);
+    if (r) return r;
+    const state = h("span", { class: "round-state muted small" });
+    const list = h("ol", { class: "tasks" });
+    r = { el: h("section", { class: "round", dataset: { round: n } }, h("h3", {}, `Round ${n} `, state), list), list, state, done: null };
+    const next = [...rounds.keys()].filter((k) => k > n).sort((a, b) => a - b)[0];
+    roundsEl.insertBefore(r.el, next === undefined ? null : rounds.get(next).el);
+    rounds.set(n, r);
+    el.hidden = false;
+    return r;
+  };
+
+  const showRoundState = (r) => {
+    if (r.done) { r.state.textContent = `done · ${statusCounts(r.done)}`; return; }
+    const all = [...tasks.values()].filter((t) => t.round === Number(r.el.dataset.round));
+    r.state.textContent = `${all.filter((t) => ENDED.has(t.status)).length} of ${all.length} ended`;
+  };
+
+  const setTask = (t) => {
+    if (!t || typeof t.run_id !== "string" || !Number.isInteger(t.round) || !Number.isInteger(t.task_index)) return;
+    let task = tasks.get(t.run_id);
+    const r = roundOf(t.round);
+    if (!task) {
+      const status = h("span", { class: "task-status" });
+      const title = h("a", { href: `#/runs/${t.run_id}`, class: "task-link" });
+      const detail = h("div", { class: "task-detail muted small" });
+      const li = h("li", { class: "task", dataset: { runId: t.run_id, round: t.round, taskIndex: t.task_index } },
+        h("span", { class: "task-index" }, `${t.task_index + 1}.`), title, " ", status, " ",
+        h("a", { href: `#/runs/${t.run_id}`, class: "mono muted small" }, short(t.run_id)), detail);
+      task = { el: li, title, status: null, statusEl: status, detail, round: t.round, taskIndex: t.task_index };
+      const after = [...r.list.children].find((c) => Number(c.dataset.taskIndex) > t.task_index);
+      r.list.insertBefore(li, after ?? null);
+      tasks.set(t.run_id, task);
+    }
+    if (typeof t.title === "string" || !task.title.textContent) task.title.textContent = t.title ?? "untitled";
+    // An ended status is final: a late answer read before the task ended does not undo it.
+    if (typeof t.status === "string" && !(ENDED.has(task.status) && !ENDED.has(t.status)) && t.status !== task.status) {
+      task.status = t.status;
+      task.el.dataset.status = t.status;
+      task.statusEl.replaceChildren(badge(t.status));
+    }
+    if (t.status === "completed" && typeof t.output === "string") task.detail.textContent = t.output;
+    else if (t.error) task.detail.textContent = errorLine(t.error);
+    if (Number.isInteger(t.total_tokens) && t.total_tokens > 0 && !task.detail.textContent) {
+      task.detail.textContent = `${t.total_tokens} tokens`;
+    }
+    showRoundState(r);
+  };
+
+  const roundDone = (d) => {
+    if (!Number.isInteger(d.round)) return;
+    const r = roundOf(d.round);
+    r.done = d.statuses || {};
+    r.el.dataset.done = "true";
+    showRoundState(r);
+  };
+
+  const showPlan = (p) => {
+    if (!p) return;
+    el.hidden = false;
+    summary.textContent = `${p.rounds_created} round${p.rounds_created === 1 ? "" : "s"} · ${p.task_tokens} task tokens · ${p.total_tokens} tokens in all`;
+    for (const round of p.rounds || []) for (const t of round.tasks || []) setTask(t);
+  };
+
+  const refresh = async () => {
+    const res = await call("GET", `/v1/runs/${runId}/tasks`);
+    for (const t of res.data || []) setTask(t);
+  };
+
+  return { el, setTask, roundDone, showPlan, refresh };
 }
 
 // ---- one thread ------------------------------------------------------------------------
@@ -559,7 +715,7 @@ function threadView(id) {
   const refresh = async () => {
     const page = await call("GET", `/v1/runs?thread_id=${id}&limit=100`);
     runs.replaceChildren(...page.data.map((r) => h("tr", { dataset: { runId: r.id } },
-      h("td", {}, h("a", { href: `#/runs/${r.id}`, class: "mono" }, short(r.id))),
+      h("td", {}, h("a", { href: `#/runs/${r.id}`, class: "mono" }, short(r.id)), " ", planTag(r)),
       h("td", {}, badge(r.status)), h("td", {}, when(r.created_at)),
       h("td", {}, String(r.usage?.total_tokens ?? 0)))));
     after = await eachMessage(id, after, (m) => msgs.append(messageItem(m)));

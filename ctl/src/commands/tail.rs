@@ -1,5 +1,6 @@
 //! `tail RUN`: follows a run's Server-Sent Events. `message_delta` text is printed inline as
-//! it streams; every other event is one line, `[type] summary`. A dropped connection is
+//! it streams; every other event is one line, `[type] summary` (`plan_created`: one line per
+//! task, so a planner's tasks can be followed by their run ids). A dropped connection is
 //! resumed with `Last-Event-ID` (so nothing is printed twice or skipped), at most
 //! `--reconnects` times in a row with backoff. Ends with the run: exit 0 when it completed,
 //! 1 when it failed or was cancelled. At a pause (`input_required`, `confirmation_required`)
@@ -265,11 +266,13 @@ impl Printer {
             return;
         }
         self.end_line();
-        let summary = clean(&summary(ty, d, &self.run_id));
-        if summary.is_empty() {
-            println!("[{ty}]");
-        } else {
-            println!("[{ty}] {summary}");
+        for line in lines(ty, d, &self.run_id) {
+            let line = clean(&line);
+            if line.is_empty() {
+                println!("[{ty}]");
+            } else {
+                println!("[{ty}] {line}");
+            }
         }
     }
 }
@@ -283,6 +286,55 @@ fn compact(v: &Value, max: usize) -> String {
 
 fn num(v: &Value) -> i64 {
     v.as_i64().unwrap_or(0)
+}
+
+/// `v` clipped and on one line: a task's title or output cannot start a line of its own that
+/// would read as another event.
+fn one_line(v: &Value, max: usize) -> String {
+    if v.is_null() {
+        return String::new();
+    }
+    compact(v, max).replace(['\n', '\r', '\t'], " ")
+}
+
+/// The lines an event prints: one, except `plan_created`, one per task.
+fn lines(ty: &str, d: &Value, run_id: &str) -> Vec<String> {
+    if ty != "plan_created" {
+        return vec![summary(ty, d, run_id)];
+    }
+    let tasks = d["tasks"].as_array().map(Vec::as_slice).unwrap_or_default();
+    if tasks.is_empty() {
+        return vec![format!("round {}: no tasks", num(&d["round"]))];
+    }
+    tasks
+        .iter()
+        .map(|t| {
+            format!(
+                "round {} task {}/{} run {} {}: {}",
+                num(&d["round"]),
+                num(&t["task_index"]) + 1,
+                tasks.len(),
+                s(t, "run_id"),
+                s(t, "status"),
+                one_line(&t["title"], 200)
+            )
+        })
+        .collect()
+}
+
+/// A task's outcome: its output's start, or its error.
+fn task_outcome(d: &Value) -> String {
+    if d["status"] == "completed" {
+        one_line(&d["output"], 200)
+    } else if d["error"].is_object() {
+        format!(
+            "{}: {}",
+            s(&d["error"], "code"),
+            one_line(&d["error"]["message"], 200)
+        )
+    } else {
+        one_line(&d["error"], 200)
+    }
 }
 
 /// One line per event type (docs/events.md lists them); unknown types show their data.
@@ -371,6 +423,29 @@ fn summary(ty: &str, d: &Value, run_id: &str) -> String {
         "run_completed" => format!("after iteration {}", num(&d["iteration"])),
         "run_failed" => format!("{}: {}", s(d, "code"), compact(&d["message"], 500)),
         "run_cancelled" => format!("was {}", s(d, "previous_status")),
+        "task_completed" => format!(
+            "round {} task {} run {} {}: {} -- {}",
+            num(&d["round"]),
+            num(&d["task_index"]) + 1,
+            s(d, "run_id"),
+            s(d, "status"),
+            one_line(&d["title"], 200),
+            task_outcome(d)
+        ),
+        "round_completed" => {
+            let counts: Vec<String> = d["statuses"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(status, n)| format!("{} {status}", num(n)))
+                .collect();
+            format!(
+                "round {}: {} tasks ({})",
+                num(&d["round"]),
+                num(&d["tasks"]),
+                counts.join(", ")
+            )
+        }
         "stream_rebuilt" => format!(
             "status={} (events were lost; this is the run's state from the database)",
             s(d, "status")
@@ -396,5 +471,31 @@ mod tests {
         let f = summary("run_failed", &json!({"code": "x", "message": "boom"}), "r");
         assert_eq!(f, "x: boom");
         assert!(summary("whatever", &json!({"a": 1}), "r").contains("\"a\":1"));
+    }
+
+    #[test]
+    fn a_plan_prints_a_line_per_task_and_titles_stay_on_their_line() {
+        let created = json!({"round": 1, "tasks": [
+            {"task_index": 0, "title": "Find Q3", "run_id": "r1", "status": "queued"},
+            {"task_index": 1, "title": "evil\n[run_completed] x", "run_id": "r2", "status": "waiting_for_slot"}
+        ]});
+        assert_eq!(
+            lines("plan_created", &created, "p"),
+            [
+                "round 1 task 1/2 run r1 queued: Find Q3",
+                "round 1 task 2/2 run r2 waiting_for_slot: evil [run_completed] x"
+            ]
+        );
+        let done = json!({"round": 1, "task_index": 1, "title": "Find Q2", "run_id": "r2",
+                          "status": "failed", "error": {"code": "model_error", "message": "no\nledger"}});
+        assert_eq!(
+            summary("task_completed", &done, "p"),
+            "round 1 task 2 run r2 failed: Find Q2 -- model_error: no ledger"
+        );
+        let round = json!({"round": 1, "tasks": 2, "statuses": {"completed": 1, "failed": 1}});
+        assert_eq!(
+            summary("round_completed", &round, "p"),
+            "round 1: 2 tasks (1 completed, 1 failed)"
+        );
     }
 }

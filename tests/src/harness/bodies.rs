@@ -20,6 +20,24 @@ pub fn scripted_run(turns: Value, tools: Value) -> Value {
     json!({"input": crate::mock_llm::script(turns), "agent": agent(tools)})
 }
 
+/// A scripted planner turn that calls `plan` with `tasks` (`[{"title", "input"}]`).
+pub fn plan_call(tasks: Value) -> Value {
+    json!({"tool_calls": [{"name": "plan", "arguments": {"tasks": tasks}}]})
+}
+
+/// A scripted planner turn that calls `complete`.
+pub fn complete_call() -> Value {
+    json!({"tool_calls": [{"name": "complete", "arguments": {"summary": "done"}}]})
+}
+
+/// A plan-and-solve run of the scripted planner `turns`, with `plan` settings.
+pub fn planner_run(turns: Value, plan: Value) -> Value {
+    let mut body = scripted_run(turns, json!([]));
+    body["agent"]["mode"] = json!("plan_and_solve");
+    body["agent"]["plan"] = plan;
+    body
+}
+
 /// Asserts ids are exactly 1..=n in order.
 pub fn assert_gap_free(events: &[Value]) {
     for (i, e) in events.iter().enumerate() {

@@ -19,7 +19,9 @@ mod wait;
 mod watch;
 
 pub use app::TestApp;
-pub use bodies::{agent, assert_gap_free, http_tool, scripted_run, types};
+pub use bodies::{
+    agent, assert_gap_free, complete_call, http_tool, plan_call, planner_run, scripted_run, types,
+};
 pub use env::{
     TURN_WRITE_SQL, TestEnv, WEBHOOK_KEY, admin_database_url, amqp_cluster_urls, amqp_url,
     redis_cluster_nodes, redis_connection, redis_url, skipped_on_a_redis_cluster,

@@ -387,3 +387,306 @@ async fn runs_are_listed_by_batch_and_counted_per_status_within_the_window() {
         );
     }
 }
+
+/// A task of the plan below: its title and the scripted model turn of its run.
+fn plan_task(title: &str, turn: Value) -> Value {
+    json!({"title": title, "input": agentfleet_tests::mock_llm::script(json!([turn]))})
+}
+
+/// What a report says of the events it showed, as (id, type) pairs.
+fn shown_events(report: &Value) -> Value {
+    json!(
+        report["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| json!({"id": e["id"], "type": e["type"]}))
+            .collect::<Vec<_>>()
+    )
+}
+
+async fn api_events(app: &TestApp, run_id: &str) -> Value {
+    let events = app.events(run_id, 0, T).await;
+    json!(
+        events
+            .iter()
+            .map(|e| json!({"id": e["id"], "type": e["type"]}))
+            .collect::<Vec<_>>()
+    )
+}
+
+fn note_texts<'a>(page: &'a Value, class: &str) -> Vec<&'a str> {
+    page["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["class"].as_str().is_some_and(|c| c.contains(class)))
+        .filter_map(|n| n["text"].as_str())
+        .collect()
+}
+
+/// A plan-and-solve run opened in the console: its page shows the rounds and their tasks as a
+/// tree updated while they run (the second task waiting for a slot, the planner for its
+/// tasks), each task's title and final status, the plan's events as readable lines; a task's
+/// link opens its own run page with its own stream and a link back to the planner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_a_plan_as_a_tree_of_tasks_each_with_its_own_run_page() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+
+    const Q3: &str = "Q3 revenue was 4.2 M EUR, up 8 % on Q2.";
+    let turns = json!([
+        plan_call(json!([
+            // Slow enough for the page to show the round while it runs.
+            plan_task("Find the Q3 figures", json!({"content": Q3, "delay_ms": 2500, "chunks": 6, "chunk_delay_ms": 100})),
+            plan_task("Find the Q2 figures", json!({"status": 400, "error_message": "the Q2 ledger is closed", "delay_ms": 300})),
+        ])),
+        plan_call(json!([plan_task("Compare the quarters", json!({"content": "Q3 beat Q2."}))])),
+        complete_call(),
+        {"content": "SUMMARY: Q3 was up 8 %; Q2 could not be read."}
+    ]);
+    // One task at a time: the second waits for a slot while the first runs.
+    let body = planner_run(turns, json!({"max_parallel": 1}));
+    let screenshots = std::env::var("AGENTFLEET_CONSOLE_SCREENSHOTS").ok();
+    let mut vars = vec![
+        ("CONSOLE_URL", app.address.clone()),
+        ("CONSOLE_KEY", app.api_key.clone()),
+        ("CONSOLE_RUN_BODY", body.to_string()),
+    ];
+    if let Some(dir) = &screenshots {
+        vars.push(("SCREENSHOTS", dir.clone()));
+    }
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let report = browse("plan.mjs", &vars).await;
+
+    let parent = report["runId"].as_str().expect("run id").to_string();
+    assert_eq!(app.run(&parent).await["status"], "completed");
+    let resp = app.get(&format!("/v1/runs/{parent}/tasks")).await;
+    let tasks: Value = resp.json().await.unwrap();
+    let tasks = tasks["data"].as_array().unwrap().clone();
+    assert_eq!(tasks.len(), 3, "{tasks:?}");
+
+    // The tree: rounds in order, each task with its title, final status and link, as the API
+    // has them.
+    let tree = report["tree"].as_array().unwrap();
+    let shown: Vec<(i64, i64, &str, &str)> = tree
+        .iter()
+        .flat_map(|r| {
+            r["tasks"].as_array().unwrap().iter().map(move |t| {
+                (
+                    r["round"].as_i64().unwrap(),
+                    t["taskIndex"].as_i64().unwrap(),
+                    t["title"].as_str().unwrap(),
+                    t["status"].as_str().unwrap(),
+                )
+            })
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (1, 0, "Find the Q3 figures", "completed"),
+            (1, 1, "Find the Q2 figures", "failed"),
+            (2, 0, "Compare the quarters", "completed"),
+        ],
+        "{report:#}"
+    );
+    let shown_tasks: Vec<&Value> = tree
+        .iter()
+        .flat_map(|r| r["tasks"].as_array().unwrap())
+        .collect();
+    for (t, api) in shown_tasks.iter().zip(&tasks) {
+        assert_eq!(t["runId"], api["run_id"], "{report:#}");
+        assert_eq!(t["status"], api["status"]);
+        assert_eq!(t["title"], api["title"]);
+        assert_eq!(
+            t["href"].as_str().unwrap(),
+            format!("#/runs/{}", api["run_id"].as_str().unwrap())
+        );
+        assert_eq!(
+            t["badge"].as_str().unwrap(),
+            api["status"].as_str().unwrap().replace('_', " ")
+        );
+    }
+    let ids: Vec<&str> = tasks
+        .iter()
+        .map(|t| t["run_id"].as_str().unwrap())
+        .collect();
+    let failed = app.run(ids[1]).await;
+    let failure_code = failed["error"]["code"].as_str().unwrap().to_string();
+    assert!(
+        shown_tasks[0]["detail"].as_str().unwrap().contains(Q3),
+        "{report:#}"
+    );
+    assert!(
+        shown_tasks[1]["detail"]
+            .as_str()
+            .unwrap()
+            .contains(&failure_code),
+        "{report:#}"
+    );
+    assert!(
+        tree.iter().all(|r| r["done"] == true),
+        "both rounds done: {report:#}"
+    );
+    assert!(
+        report["summary"].as_str().unwrap().starts_with("2 rounds"),
+        "{report:#}"
+    );
+
+    // Live: the page showed the planner waiting for its tasks, the second task waiting for a
+    // slot before it ran, and the first before it ended.
+    let seen = &report["seen"];
+    let seen_of = |id: &str| -> Vec<String> {
+        seen["tasks"][id]
+            .as_array()
+            .unwrap_or_else(|| panic!("no statuses seen for {id}: {report:#}"))
+            .iter()
+            .map(|s| s.as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(
+        seen["run"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("waiting_for_tasks")),
+        "{report:#}"
+    );
+    let second = seen_of(ids[1]);
+    assert_eq!(
+        second.first().map(String::as_str),
+        Some("waiting_for_slot"),
+        "{second:?}"
+    );
+    assert_eq!(
+        second.last().map(String::as_str),
+        Some("failed"),
+        "{second:?}"
+    );
+    let first = seen_of(ids[0]);
+    assert!(
+        first.len() >= 2 && first.last().map(String::as_str) == Some("completed"),
+        "the first task seen before it ended: {first:?}"
+    );
+
+    // The planner's stream, every event once, the plan's events as readable lines.
+    assert_eq!(
+        shown_events(&report["parent"]),
+        api_events(&app, &parent).await
+    );
+    assert_eq!(report["parent"]["gap"], Value::Null);
+    let plan_notes = note_texts(&report["parent"], "plan");
+    assert!(
+        plan_notes
+            .contains(&"round 1 planned: 2 tasks — Find the Q3 figures · Find the Q2 figures"),
+        "{plan_notes:?}"
+    );
+    assert!(
+        plan_notes.contains(&"round 1 done: 2 tasks (1 completed, 1 failed)"),
+        "{plan_notes:?}"
+    );
+    assert!(
+        plan_notes.contains(&"round 2 done: 1 task (1 completed)"),
+        "{plan_notes:?}"
+    );
+    // The planner's calls: two `plan` calls with their rounds' results, and `complete`.
+    let calls: Vec<(&str, &str)> = report["parent"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap(), t["result"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        calls.iter().map(|c| c.0).collect::<Vec<_>>(),
+        ["plan", "plan", "complete"],
+        "{calls:?}"
+    );
+    assert!(calls[0].1.contains(Q3), "{calls:?}");
+    assert!(
+        calls.iter().all(|c| !c.1.starts_with("running")),
+        "every call shows its end: {calls:?}"
+    );
+    let task_notes = note_texts(&report["parent"], "task");
+    assert!(
+        task_notes
+            .contains(&format!("task 1 of round 1 “Find the Q3 figures” completed: {Q3}").as_str()),
+        "{task_notes:?}"
+    );
+    assert!(
+        task_notes.iter().any(|n| n.starts_with(&format!(
+            "task 2 of round 1 “Find the Q2 figures” failed: {failure_code}"
+        ))),
+        "{task_notes:?}"
+    );
+
+    // A task's page, from its link: its own stream, its reply, and the way back.
+    let first_page = &report["firstTask"];
+    assert!(
+        first_page["url"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("#/runs/{}", ids[0])),
+        "{first_page:#}"
+    );
+    assert_eq!(shown_events(first_page), api_events(&app, ids[0]).await);
+    assert_eq!(first_page["replies"], json!([Q3]));
+    let task_of = first_page["taskOf"].as_str().unwrap();
+    assert!(
+        task_of.starts_with("task 1 of round 1 of ") && task_of.ends_with("Find the Q3 figures"),
+        "{task_of}"
+    );
+    assert_eq!(first_page["parentHref"], format!("#/runs/{parent}"));
+    assert_eq!(first_page["planHidden"], true, "a task has no plan");
+    assert!(
+        report["backAtParent"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("#/runs/{parent}")),
+        "{report:#}"
+    );
+    let second_page = &report["secondTask"];
+    assert_eq!(second_page["status"], "failed");
+    assert!(
+        second_page["taskOf"]
+            .as_str()
+            .unwrap()
+            .starts_with("task 2 of round 1 of "),
+        "{second_page:#}"
+    );
+    assert_eq!(shown_events(second_page), api_events(&app, ids[1]).await);
+
+    // The new statuses in the list's filter and counts, and the plan's runs tagged.
+    for status in ["waiting_for_tasks", "waiting_for_slot"] {
+        assert!(
+            report["filterOptions"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(status)),
+            "{report:#}"
+        );
+        assert!(
+            report["countStatuses"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(status)),
+            "{report:#}"
+        );
+    }
+    assert_eq!(report["filterSelected"], "waiting_for_tasks");
+    let tags = &report["tags"];
+    assert_eq!(tags[parent.as_str()], "planner", "{report:#}");
+    for (id, tag) in ids.iter().zip(["task 1.1", "task 1.2", "task 2.1"]) {
+        assert_eq!(tags[*id], tag, "{report:#}");
+    }
+    assert_eq!(report["consoleErrors"], json!([]), "{report:#}");
+    if let Some(dir) = &screenshots {
+        let len = std::fs::metadata(PathBuf::from(dir).join("console-plan.png"))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        assert!(
+            len > 10_000,
+            "console-plan.png is a screenshot ({len} bytes)"
+        );
+    }
+}

@@ -381,6 +381,107 @@ async fn tail_prints_deltas_inline_events_as_lines_and_exits_with_the_run() {
     assert!(o.contains("Paris it is"), "{o}");
 }
 
+/// Following a plan-and-solve run names its tasks: a line per task when the round is planned
+/// (with the run id to follow it by), each task's end with its title, status and outcome, the
+/// round's counts; `--json` keeps printing the raw events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_names_a_plans_tasks_with_their_statuses_and_outcomes() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    let _worker = env.spawn_worker().await;
+    let s = Scratch::new();
+    let task = |title: &str, turn: Value| json!({"title": title, "input": agentfleet_tests::mock_llm::script(json!([turn]))});
+    let turns = json!([
+        plan_call(json!([
+            // A newline in the output stays on the task's line.
+            task("Find the Q3 figures", json!({"content": "Q3 revenue was 4.2 M EUR,\nup 8 %."})),
+            task("Find the Q2 figures", json!({"status": 400, "error_message": "the Q2 ledger is closed"})),
+        ])),
+        complete_call(),
+        {"content": "Q3 was up 8 %; Q2 could not be read."}
+    ]);
+    // One at a time: the second task is planned waiting for a slot.
+    let body = planner_run(turns, json!({"max_parallel": 1}));
+    let id = id_of(&app.start_run(&body).await);
+    let (o, e) = expect(&run(ctl(&app, &s), &["tail", &id]).await, 0);
+    assert!(!o.contains('\x1b') && e.is_empty(), "{o}\n{e}");
+
+    let resp = app.get(&format!("/v1/runs/{id}/tasks")).await;
+    let listed: Value = resp.json().await.unwrap();
+    let tasks: Vec<(String, String)> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["run_id"].as_str().unwrap().to_owned(),
+                t["status"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(tasks.len(), 2, "{listed}");
+    assert_eq!(
+        (tasks[0].1.as_str(), tasks[1].1.as_str()),
+        ("completed", "failed")
+    );
+    let (q3, q2) = (&tasks[0].0, &tasks[1].0);
+    let code = app.run(q2).await["error"]["code"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let lines: Vec<&str> = o.lines().collect();
+    for want in [
+        format!("[plan_created] round 1 task 1/2 run {q3} queued: Find the Q3 figures"),
+        format!("[plan_created] round 1 task 2/2 run {q2} waiting_for_slot: Find the Q2 figures"),
+        format!(
+            "[task_completed] round 1 task 1 run {q3} completed: Find the Q3 figures -- Q3 revenue was 4.2 M EUR, up 8 %."
+        ),
+        "[round_completed] round 1: 2 tasks (1 completed, 1 failed)".to_owned(),
+    ] {
+        assert!(lines.contains(&want.as_str()), "{want}\nin\n{o}");
+    }
+    let failed =
+        format!("[task_completed] round 1 task 2 run {q2} failed: Find the Q2 figures -- {code}: ");
+    assert_eq!(
+        lines.iter().filter(|l| l.starts_with(&failed)).count(),
+        1,
+        "{failed}\nin\n{o}"
+    );
+    assert!(lines.last().unwrap().starts_with("[run_completed]"), "{o}");
+
+    // --json: the raw events, the plan's among them as the API sends them.
+    let (o, _) = expect(&run(ctl(&app, &s), &["tail", &id, "--json"]).await, 0);
+    let events: Vec<Value> = o
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    assert_gap_free(&events);
+    let plan = events
+        .iter()
+        .find(|e| e["type"] == "plan_created")
+        .expect("plan_created");
+    assert_eq!(plan["data"]["tasks"][1]["run_id"], q2.as_str());
+    assert_eq!(plan["data"]["tasks"][1]["status"], "waiting_for_slot");
+    let ends: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "task_completed")
+        .collect();
+    assert_eq!(ends.len(), 2);
+    assert_eq!(ends[1]["data"]["title"], "Find the Q2 figures");
+    assert_eq!(events.last().unwrap()["type"], "run_completed");
+
+    // A task is a run of its own: followed by the id printed, it ends as it did.
+    let (o, _) = expect(&run(ctl(&app, &s), &["tail", q2]).await, 1);
+    assert!(
+        o.trim_end()
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("[run_failed]"),
+        "{o}"
+    );
+}
+
 /// What the fake stream server saw and serves.
 #[derive(Default)]
 struct FakeStream {

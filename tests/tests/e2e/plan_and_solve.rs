@@ -15,22 +15,6 @@ fn task(title: &str, answer: &str, delay_ms: u64) -> Value {
     json!({"title": title, "input": script(json!([{"content": answer, "delay_ms": delay_ms}]))})
 }
 
-fn plan_call(tasks: Value) -> Value {
-    json!({"tool_calls": [{"name": "plan", "arguments": {"tasks": tasks}}]})
-}
-
-fn complete_call() -> Value {
-    json!({"tool_calls": [{"name": "complete", "arguments": {"summary": "done"}}]})
-}
-
-/// A plan-and-solve run of the scripted planner `turns`, with `plan` settings.
-fn planner_run(turns: Value, plan: Value) -> Value {
-    let mut body = scripted_run(turns, json!([]));
-    body["agent"]["mode"] = json!("plan_and_solve");
-    body["agent"]["plan"] = plan;
-    body
-}
-
 /// The model requests of the run whose input is `input` (its first user message).
 fn requests_of(env: &TestEnv, input: &str) -> Vec<Value> {
     env.llm
