@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use agentfleet_shared::domain::RunStatus;
-use agentfleet_shared::events::EventType;
+use agentfleet_shared::events::{EventType, Expiry, Floor, NewEvent};
 use agentfleet_shared::store::StoreError;
 use agentfleet_shared::store::plans::{self, CreatedTask, NewTask};
 use agentfleet_shared::store::tool_calls::ToolCallRow;
@@ -73,13 +73,48 @@ pub fn refusal(ctx: &RunCtx, call: &ToolCallRow) -> String {
         .unwrap_or_else(|| "the round was not started; call `plan` again".to_owned())
 }
 
-/// Announces a round just committed: `plan_created` with its tasks' run ids.
+/// Announces a round just committed: each task's `run_queued` (event 1 of its stream, as the
+/// API writes it for the runs it creates, before any worker can claim the task), then
+/// `plan_created` with the tasks' run ids. A task whose `run_queued` is lost (Redis down, a
+/// crash before this) starts its stream with `stream_rebuilt`, as any run.
 pub async fn announce(
     ctx: &RunCtx,
     round: i32,
     tasks: &[NewTask],
     created: &[CreatedTask],
 ) -> Result<(), RunError> {
+    let queued = json!({"status": "queued"});
+    let waiting = json!({"status": RunStatus::WaitingForSlot});
+    let events: Vec<NewEvent<'_>> = created
+        .iter()
+        .map(|c| NewEvent {
+            run_id: c.id,
+            thread_id: c.thread_id,
+            kind: EventType::RunQueued,
+            data: if c.status == RunStatus::WaitingForSlot {
+                &waiting
+            } else {
+                &queued
+            },
+        })
+        .collect();
+    match ctx
+        .deps
+        .bus
+        .append_many(&events, 0, Floor::Exact(0), Expiry::Persist)
+        .await
+    {
+        Ok(outcomes) => {
+            for (c, outcome) in created.iter().zip(outcomes) {
+                if let Err(e) = outcome {
+                    tracing::warn!(run_id = %c.id, error = %e, "could not append a task's run_queued");
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(tasks = created.len(), error = %e, "could not append the tasks' run_queued");
+        }
+    }
     let listed: Vec<Value> = created
         .iter()
         .map(|c| {

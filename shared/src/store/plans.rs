@@ -37,6 +37,7 @@ pub struct NewRound {
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct CreatedTask {
     pub id: Uuid,
+    pub thread_id: Uuid,
     pub task_index: i32,
     pub status: RunStatus,
     pub held: bool,
@@ -99,11 +100,11 @@ pub async fn commit_round(
                    $7, '{}'::jsonb, $8, t.task_index < $9 AND p.fair, p.fair, p.traceparent,
                    p.id, $10, t.task_index, t.title
             FROM input t, parent p
-            RETURNING id, task_index, status, held),
+            RETURNING id, thread_id, task_index, status, held),
          message AS (
             INSERT INTO messages (thread_id, run_id, role, is_llm_message, body)
             SELECT t.thread_id, t.id, 'user', true, t.body FROM input t)
-         SELECT id, task_index, status, held FROM task ORDER BY task_index",
+         SELECT id, thread_id, task_index, status, held FROM task ORDER BY task_index",
     )
     .bind(fence.run_id)
     .bind(&ids)

@@ -192,6 +192,9 @@ async fn three_parallel_tasks_then_one_then_a_summary() {
     let mut workers = Vec::new();
     for t in &listed[..3] {
         let events = app.events(t["run_id"].as_str().unwrap(), 0, T).await;
+        // A task's stream is a run's: `run_queued` first, then gap-free to its end.
+        assert_gap_free(&events);
+        assert_eq!(events[0]["type"], "run_queued", "{events:#?}");
         let started = events.iter().find(|e| e["type"] == "run_started").unwrap();
         workers.push(started["data"]["worker"].as_str().unwrap().to_owned());
     }
