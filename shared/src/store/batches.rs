@@ -251,13 +251,14 @@ impl Counts {
             .map_or(0, |(_, n)| *n)
     }
 
-    /// Runs not yet ended.
+    /// Runs not yet ended (the statuses of `active!`).
     pub fn active(&self) -> i64 {
         [
             "queued",
             "running",
             "waiting_for_input",
             "waiting_for_confirmation",
+            "waiting_for_tasks",
         ]
         .iter()
         .map(|s| self.of(s))
