@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use futures_util::{StreamExt, stream};
 use serde_json::{Value, json};
 
 use agentfleet_tests::harness::wait_for;
@@ -16,7 +17,8 @@ use crate::common::{Ctx, percentile, sorted};
 /// `--workers` worker processes of `--slots` slots. By default every task in flight has a slot
 /// (30 × 4 of 2 × 64), so the figures are a round's own cost rather than a backlog's wait.
 /// Every phase of a round is read from timestamps the
-/// fleet itself wrote, after the runs ended, so measuring adds no load:
+/// fleet itself wrote, after the runs ended, so measuring adds no load but the completion
+/// poll (a look-up of the planners' rows, at most every 100 ms):
 ///
 /// - commit: the tasks' `created_at` (the `now()` of the planner's round transaction);
 /// - a task running: its `started_at` (its claim);
@@ -53,18 +55,28 @@ pub async fn plan_rounds(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
     // Let the workers connect before the planners arrive (the figures do not depend on it:
     // every round starts after a worker claimed its planner).
     tokio::time::sleep(Duration::from_millis(if smoke { 300 } else { 1500 })).await;
-    // Marks this section's planners (tasks get no metadata): `runs` may hold earlier sections'.
-    let tag = uuid::Uuid::now_v7().to_string();
-    let body = planner(rounds, tasks, &tag);
-    ctx.submit(parents, &body, 1, None).await?;
+    let body = planner(rounds, tasks);
+    // 32 requests in flight, as the e2e section submits; the ids keep the completion poll and
+    // the figures' query to index look-ups.
+    let ids: Vec<anyhow::Result<uuid::Uuid>> = stream::iter(0..parents)
+        .map(|_| async {
+            let run = ctx.post("/v1/runs", &body).await?;
+            let id = run["id"].as_str().unwrap_or_default();
+            id.parse::<uuid::Uuid>()
+                .map_err(|e| anyhow::anyhow!("POST /v1/runs answered id {id:?}: {e}"))
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let ids = ids.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
     let limit = Duration::from_secs(if smoke { 60 } else { 600 });
     let ended = wait_for("the planners to end", limit, || async {
         let counted: Result<(i64, i64), _> = sqlx::query_as(
             "SELECT count(*) FILTER (WHERE status IN ('completed', 'failed', 'cancelled')),
                     count(*) FILTER (WHERE status = 'completed')
-               FROM runs WHERE parent_run_id IS NULL AND metadata ->> 'bench_plan' = $1",
+               FROM runs WHERE id = ANY($1)",
         )
-        .bind(&tag)
+        .bind(&ids)
         .fetch_one(&ctx.env.pool)
         .await;
         counted.ok().filter(|(ended, _)| *ended >= parents as i64)
@@ -79,15 +91,12 @@ pub async fn plan_rounds(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
     // is the earliest timing row of the `plan` call's iteration that started after the round's
     // last task ended (the planning holding's own row, if written, started before the commit).
     let rows: Vec<Round> = sqlx::query_as(
-        "WITH parent AS (
-             SELECT id FROM runs
-              WHERE parent_run_id IS NULL AND metadata ->> 'bench_plan' = $1),
-         round AS (
+        "WITH round AS (
              SELECT t.parent_run_id AS parent, t.plan_round AS round,
                     min(t.created_at) AS committed, min(t.started_at) AS first_started,
                     max(t.started_at) AS last_started, max(t.finished_at) AS last_ended,
                     count(*) FILTER (WHERE t.status <> 'completed') AS not_completed
-               FROM runs t JOIN parent p ON t.parent_run_id = p.id
+               FROM runs t WHERE t.parent_run_id = ANY($1)
               GROUP BY 1, 2)
          SELECT extract(epoch FROM r.committed)::float8 AS committed,
                 extract(epoch FROM r.first_started)::float8 AS first_started,
@@ -104,7 +113,7 @@ pub async fn plan_rounds(ctx: &Ctx, report: &mut Report) -> anyhow::Result<()> {
              ON c.run_id = r.parent AND c.name = 'plan' AND c.status = 'succeeded'
             AND (c.result ->> 'round')::int = r.round",
     )
-    .bind(&tag)
+    .bind(&ids)
     .fetch_all(&ctx.env.pool)
     .await?;
     let expected = parents * rounds;
@@ -224,7 +233,7 @@ struct Round {
 
 /// A plan-and-solve run whose scripted planner plans `rounds` rounds of `tasks` no-op tasks
 /// (each answers at once), then completes and writes a summary.
-fn planner(rounds: usize, tasks: usize, tag: &str) -> Value {
+fn planner(rounds: usize, tasks: usize) -> Value {
     let round: Vec<Value> = (0..tasks)
         .map(|i| json!({"title": format!("task {i}"), "input": script(json!([{"content": "done"}]))}))
         .collect();
@@ -241,6 +250,5 @@ fn planner(rounds: usize, tasks: usize, tag: &str) -> Value {
             "max_iterations": (rounds + 3).max(10),
             "plan": {"max_rounds": rounds, "max_tasks": tasks, "max_parallel": tasks},
         },
-        "metadata": {"bench_plan": tag},
     })
 }
