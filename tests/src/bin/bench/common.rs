@@ -245,12 +245,14 @@ impl Ctx {
         Ok(late)
     }
 
-    /// Stops everything queued or waiting, so the next section starts clean.
+    /// Stops everything queued or waiting, so the next section starts clean (planners waiting
+    /// for their tasks and tasks waiting for a slot included).
     pub async fn settle(&self) {
         let _ = sqlx::query(
             "UPDATE runs SET status = 'cancelled', finished_at = now(), pending = NULL,
                              lease_owner = NULL, lease_expires_at = NULL
-             WHERE status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation')",
+             WHERE status IN ('queued', 'running', 'waiting_for_input', 'waiting_for_confirmation',
+                              'waiting_for_tasks', 'waiting_for_slot')",
         )
         .execute(&self.env.pool)
         .await;

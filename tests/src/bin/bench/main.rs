@@ -22,6 +22,7 @@ mod limits;
 mod load;
 mod memory;
 mod ops;
+mod plan;
 mod profile;
 mod recovery;
 mod redis;
@@ -52,8 +53,8 @@ struct Args {
     /// Seconds-long run with tiny sizes, for CI.
     #[arg(long)]
     smoke: bool,
-    /// Worker processes for the end-to-end section (default 2) and the load section (default
-    /// 1).
+    /// Worker processes for the end-to-end and plan sections (default 2) and the load section
+    /// (default 1).
     #[arg(long)]
     workers: Option<usize>,
     /// Runs in the end-to-end section.
@@ -63,8 +64,8 @@ struct Args {
     /// rounds, each round's headline figures are printed too.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
-    /// Slots per worker (`worker.concurrency`) in the end-to-end section (default 64) and the
-    /// load section (default: a quarter more than --in-flight, shared by the workers).
+    /// Slots per worker (`worker.concurrency`) in the end-to-end and plan sections (default 64)
+    /// and the load section (default: a quarter more than --in-flight, shared by the workers).
     #[arg(long)]
     slots: Option<usize>,
     /// Runs per submission in the end-to-end section: 1 (the default) posts each run to
@@ -132,8 +133,19 @@ struct Args {
     /// take the rate limiter's Redis round trip).
     #[arg(long, default_value_t = 0)]
     requests_per_second: u32,
+    /// Plan-and-solve runs in flight at once in the plan section (default 30; with --smoke
+    /// 4).
+    #[arg(long)]
+    plan_parents: Option<usize>,
+    /// Tasks per round in the plan section, all of a round in parallel (default 4; with
+    /// --smoke 3).
+    #[arg(long)]
+    plan_tasks: Option<usize>,
+    /// Rounds per plan-and-solve run in the plan section (default 5; with --smoke 2).
+    #[arg(long)]
+    plan_rounds: Option<usize>,
     /// Run only these sections (limits, enqueue, batch, framework, e2e, fairness, faults,
-    /// events, resume, recovery, memory, redis, storage, auth, load).
+    /// events, resume, plan, recovery, memory, redis, storage, auth, load).
     #[arg(long)]
     only: Vec<String>,
     #[command(flatten)]
@@ -163,7 +175,7 @@ impl Args {
         counts
     }
 
-    /// Slots per worker of the end-to-end section.
+    /// Slots per worker of the end-to-end and plan sections.
     fn slots(&self) -> usize {
         self.slots.unwrap_or(64)
     }
@@ -250,6 +262,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .all(|n| (1..=events::MAX_API_REPLICAS).contains(n)),
         "--api-replicas takes counts within 1..={}",
         events::MAX_API_REPLICAS
+    );
+    // Every task of a round in flight at once (`api.max_plan_parallel`, 16), rounds within
+    // `api.max_plan_rounds` (20).
+    anyhow::ensure!(
+        args.plan_parents.is_none_or(|n| (1..=10_000).contains(&n))
+            && args.plan_tasks.is_none_or(|n| (1..=16).contains(&n))
+            && args.plan_rounds.is_none_or(|n| (1..=20).contains(&n)),
+        "--plan-parents must be within 1..=10000, --plan-tasks within 1..=16 and --plan-rounds \
+         within 1..=20"
     );
     if let Some(rate) = args.rate {
         anyhow::ensure!(
@@ -352,6 +373,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     if ctx.wants("resume") {
         resume::resume_latency(&ctx, &mut report).await?;
+        ctx.settle().await;
+    }
+    if ctx.wants("plan") {
+        plan::plan_rounds(&ctx, &mut report).await?;
         ctx.settle().await;
     }
     if ctx.wants("recovery") {
