@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use agentfleet_tests::harness::*;
 use agentfleet_tests::mock_llm::script;
+use agentfleet_tests::webhook_receiver::Receiver;
 
 const T: Duration = Duration::from_secs(60);
 
@@ -847,4 +848,61 @@ async fn a_planner_on_an_xml_mode_model() {
             .any(|m| m["role"] == "tool"),
         "the summary turn's history is rendered as XML"
     );
+}
+
+/// A task's webhooks fire as any run's, and name its planner and its place in the plan; the
+/// planner's own carry neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_webhooks_name_its_planner_and_its_place_in_the_plan() {
+    let receiver = Receiver::start(0).await;
+    let env = TestEnv::with(&[("webhooks.poll_interval_ms", "200")]).await;
+    let allow = format!("{},{}", env.tools.addr(), receiver.addr);
+    let app = env.spawn_api_with(&[("egress.allow", &allow)]).await;
+    let resp = app
+        .post(
+            "/v1/webhooks",
+            &json!({"url": receiver.url(), "events": ["run.completed"]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 201);
+    let hook: Value = resp.json().await.unwrap();
+    receiver.trust(hook["secret"].as_str().unwrap());
+    let _worker = env.spawn_worker_process(&[]);
+    let turns = json!([
+        plan_call(json!([task("first", "one", 0), task("second", "two", 0)])),
+        complete_call(),
+        {"content": "the answer"}
+    ]);
+    let run = app.start_run(&planner_run(turns, json!({}))).await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let got = wait_for("three run.completed deliveries", T, || async {
+        let got = receiver.acknowledged();
+        (got.len() >= 3).then_some(got)
+    })
+    .await;
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(got.iter().all(|h| h.signed), "{got:?}");
+    let mut tasks: Vec<(u64, String)> = got
+        .iter()
+        .filter(|h| h.body["data"]["run_id"] != run_id.as_str())
+        .map(|h| {
+            let data = &h.body["data"];
+            assert_eq!(data["parent_run_id"], run_id.as_str(), "{data}");
+            assert_eq!(data["task"]["round"], 1, "{data}");
+            (
+                data["task"]["task_index"].as_u64().unwrap(),
+                data["task"]["title"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    tasks.sort();
+    assert_eq!(tasks, [(0, "first".to_owned()), (1, "second".to_owned())]);
+    let planner = got
+        .iter()
+        .find(|h| h.body["data"]["run_id"] == run_id.as_str())
+        .expect("the planner's run.completed");
+    assert!(planner.body["data"].get("parent_run_id").is_none(), "{:?}", planner.body);
+    assert!(planner.body["data"].get("task").is_none(), "{:?}", planner.body);
 }

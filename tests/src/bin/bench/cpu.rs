@@ -319,6 +319,9 @@ mod tests {
             "Name:\tapi\nvoluntary_ctxt_switches:\t1234\nnonvoluntary_ctxt_switches:\t56\n";
         assert_eq!(switches_of(status), (1234, 56));
         assert_eq!(switches_of("Name:\tapi\n"), (0, 0));
+        // A sleep is a voluntary switch of this thread, whichever thread the test runs on
+        // (the process may not have blocked yet when the test starts).
+        std::thread::sleep(std::time::Duration::from_millis(1));
         let (v, _) = context_switches(&[std::process::id()]);
         assert!(v > 0, "this process has slept at least once");
     }
