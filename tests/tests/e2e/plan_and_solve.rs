@@ -903,6 +903,14 @@ async fn a_tasks_webhooks_name_its_planner_and_its_place_in_the_plan() {
         .iter()
         .find(|h| h.body["data"]["run_id"] == run_id.as_str())
         .expect("the planner's run.completed");
-    assert!(planner.body["data"].get("parent_run_id").is_none(), "{:?}", planner.body);
-    assert!(planner.body["data"].get("task").is_none(), "{:?}", planner.body);
+    assert!(
+        planner.body["data"].get("parent_run_id").is_none(),
+        "{:?}",
+        planner.body
+    );
+    assert!(
+        planner.body["data"].get("task").is_none(),
+        "{:?}",
+        planner.body
+    );
 }
