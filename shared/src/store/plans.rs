@@ -605,4 +605,32 @@ mod tests {
         end(&pool, &task).await;
         assert_eq!(task_tokens(run.id).await.unwrap(), 11, "9 + 2, once");
     }
+
+    /// An erasure cancels a waiting planner before anything else active (its cancel takes its
+    /// tasks with it; ending its tasks first would make it runnable again).
+    #[sqlx::test(migrations = "../migrations")]
+    async fn an_erasure_cancels_the_waiting_planner_first(pool: PgPool) {
+        use crate::store::erasure::runs_to_cancel;
+        let run = planner(&pool).await;
+        commit_round(&pool, plan_turn(&run), round(3, 2))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            runs_to_cancel(&pool, run.tenant_id, 10, true)
+                .await
+                .unwrap(),
+            [run.id]
+        );
+        transitions::cancel(&pool, run.tenant_id, run.id)
+            .await
+            .unwrap();
+        assert!(
+            runs_to_cancel(&pool, run.tenant_id, 10, true)
+                .await
+                .unwrap()
+                .is_empty(),
+            "its tasks, the waiting one included, went with it"
+        );
+    }
 }
