@@ -379,35 +379,25 @@ pub async fn runs_to_cancel(
     limit: i64,
     waiting_too: bool,
 ) -> Result<Vec<Uuid>, StoreError> {
-    if waiting_too {
-        let waiting: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT id FROM runs WHERE tenant_id = $1 AND status = 'waiting_for_thread' LIMIT $2",
-        )
+    let active = format!("status IN {ACTIVE}");
+    let steps = [
+        waiting_too.then_some("status = 'waiting_for_thread'"),
+        Some("status = 'waiting_for_tasks'"),
+        Some(active.as_str()),
+    ];
+    for predicate in steps.into_iter().flatten() {
+        let ids: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT id FROM runs WHERE tenant_id = $1 AND {predicate} LIMIT $2"
+        )))
         .bind(tenant)
         .bind(limit)
         .fetch_all(pool)
         .await?;
-        if !waiting.is_empty() {
-            return Ok(waiting);
+        if !ids.is_empty() {
+            return Ok(ids);
         }
     }
-    let planners: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM runs WHERE tenant_id = $1 AND status = 'waiting_for_tasks' LIMIT $2",
-    )
-    .bind(tenant)
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
-    if !planners.is_empty() {
-        return Ok(planners);
-    }
-    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT id FROM runs WHERE tenant_id = $1 AND status IN {ACTIVE} LIMIT $2"
-    )))
-    .bind(tenant)
-    .bind(limit)
-    .fetch_all(pool)
-    .await?)
+    Ok(Vec::new())
 }
 
 /// Deletes up to `limit` rows of the first table, in this order, that still has some of the

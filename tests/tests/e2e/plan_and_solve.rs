@@ -543,6 +543,26 @@ async fn completes_with_each_result_once(
     );
 }
 
+/// Starts the planner `body` and waits for the `crashing` worker to exit at its failpoint
+/// (`what`): the run's id and input.
+async fn start_until_the_crash(
+    app: &TestApp,
+    crashing: ChildProcess,
+    body: &Value,
+    what: &str,
+) -> (String, String) {
+    let input = body["input"].as_str().unwrap().to_owned();
+    let run = app.start_run(body).await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    let crashing = std::sync::Mutex::new(crashing);
+    wait_for(what, T, || {
+        let exited = crashing.lock().unwrap().has_exited();
+        async move { exited.then_some(()) }
+    })
+    .await;
+    (run_id, input)
+}
+
 /// A worker killed right after the planner's round committed (before anything was announced
 /// or dispatched): the tasks are dispatched by another worker's sweeper, each is created and
 /// run once, and the planner resumes once, with every result.
@@ -559,14 +579,12 @@ async fn a_crash_right_after_the_plan_commit_loses_nothing() {
         {"content": "summary"}
     ]);
     let body = planner_run(turns, json!({}));
-    let input = body["input"].as_str().unwrap().to_owned();
-    let run = app.start_run(&body).await;
-    let run_id = run["id"].as_str().unwrap().to_owned();
-    let crashing = std::sync::Mutex::new(crashing);
-    wait_for("the worker to crash at the failpoint", T, || {
-        let exited = crashing.lock().unwrap().has_exited();
-        async move { exited.then_some(()) }
-    })
+    let (run_id, input) = start_until_the_crash(
+        &app,
+        crashing,
+        &body,
+        "the worker to crash at the failpoint",
+    )
     .await;
     assert_eq!(app.run(&run_id).await["status"], "waiting_for_tasks");
     assert_eq!(tasks(&app, &run_id).await.len(), 3);
@@ -596,14 +614,12 @@ async fn a_crash_of_the_worker_holding_the_tasks_loses_no_result() {
     let mut body = planner_run(turns, json!({}));
     // The tasks run the run's own agent without the plan: with this tool.
     body["agent"]["tools"] = json!([http_tool(&env, "probe", "/echo")]);
-    let input = body["input"].as_str().unwrap().to_owned();
-    let run = app.start_run(&body).await;
-    let run_id = run["id"].as_str().unwrap().to_owned();
-    let crashing = std::sync::Mutex::new(crashing);
-    wait_for("the worker to crash in the task's tool call", T, || {
-        let exited = crashing.lock().unwrap().has_exited();
-        async move { exited.then_some(()) }
-    })
+    let (run_id, input) = start_until_the_crash(
+        &app,
+        crashing,
+        &body,
+        "the worker to crash in the task's tool call",
+    )
     .await;
     assert_eq!(app.run(&run_id).await["status"], "waiting_for_tasks");
     let _healthy = env.spawn_worker_process(&[]);
@@ -631,14 +647,12 @@ async fn a_crash_between_the_last_tasks_end_and_the_planners_dispatch_is_healed(
         {"content": "summary"}
     ]);
     let body = planner_run(turns, json!({}));
-    let input = body["input"].as_str().unwrap().to_owned();
-    let run = app.start_run(&body).await;
-    let run_id = run["id"].as_str().unwrap().to_owned();
-    let crashing = std::sync::Mutex::new(crashing);
-    wait_for("the worker to crash after the task's end", T, || {
-        let exited = crashing.lock().unwrap().has_exited();
-        async move { exited.then_some(()) }
-    })
+    let (run_id, input) = start_until_the_crash(
+        &app,
+        crashing,
+        &body,
+        "the worker to crash after the task's end",
+    )
     .await;
     assert_eq!(app.run(&run_id).await["status"], "queued");
     let _healthy = env.spawn_worker_process(&[]);
@@ -749,15 +763,8 @@ async fn a_crash_during_the_fan_in_is_redone_by_the_next_holder() {
         {"content": "summary"}
     ]);
     let body = planner_run(turns, json!({}));
-    let input = body["input"].as_str().unwrap().to_owned();
-    let run = app.start_run(&body).await;
-    let run_id = run["id"].as_str().unwrap().to_owned();
-    let crashing = std::sync::Mutex::new(crashing);
-    wait_for("the worker to crash in the fan-in", T, || {
-        let exited = crashing.lock().unwrap().has_exited();
-        async move { exited.then_some(()) }
-    })
-    .await;
+    let (run_id, input) =
+        start_until_the_crash(&app, crashing, &body, "the worker to crash in the fan-in").await;
     assert_eq!(app.run(&run_id).await["status"], "running");
     let _healthy = env.spawn_worker_process(&[]);
     completes_with_each_result_once(&env, &app, &run_id, &input, &answers, 3, 2).await;
