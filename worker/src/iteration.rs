@@ -464,6 +464,11 @@ async fn persist(
                 max_parallel: plan.max_parallel as i32,
                 max_active_runs: ctx.deps.settings.limits.max_active_runs,
             };
+            // The commit ends the lease (the planner waits, holding nothing): renewals stop
+            // first, or one landing after it would stop this holding before the round is
+            // announced (`plan_created`) and its tasks published. A commit that fails ends the
+            // holding too, within the lease it has.
+            ctx.deps.leases.release(ctx.fence);
             match Box::pin(plans::commit_round(&ctx.deps.pool, turn, new)).await? {
                 Some((committed, created)) => (committed, Some(created)),
                 None => return Err(ctx.fence.lost().into()),
@@ -473,6 +478,10 @@ async fn persist(
     // The fault suite crashes here: the round is committed, nothing announced.
     if created.is_some() {
         agentfleet_shared::failpoint::hit("plan:after_commit");
+        // The lease suite holds the holder here past a lease renewal.
+        if let Some(hold) = agentfleet_shared::failpoint::delay("plan:after_commit") {
+            tokio::time::sleep(hold).await;
+        }
     }
     ctx.budget.update(Spent::read(
         // A planner's ended tasks count towards its budget.

@@ -45,14 +45,11 @@ pub struct Holding {
 
 impl Drop for Holding {
     fn drop(&mut self) {
-        let mut held = self.leases.held.lock().expect("leases lock");
         // A later attempt of the same run in this worker keeps its own entry.
-        if held
-            .get(&self.run_id)
-            .is_some_and(|h| h.fence.attempt == self.attempt)
-        {
-            held.remove(&self.run_id);
-        }
+        self.leases.release(Fence {
+            run_id: self.run_id,
+            attempt: self.attempt,
+        });
     }
 }
 
@@ -73,6 +70,19 @@ impl Leases {
             leases: self.clone(),
             run_id: fence.run_id,
             attempt: fence.attempt,
+        }
+    }
+
+    /// Stops renewing `fence`'s lease before the holding ends: for a write that takes the run
+    /// out of `running` itself (a planner's round), after which a renewal would find the lease
+    /// gone and stop the holding while it still announces what it committed.
+    pub fn release(&self, fence: Fence) {
+        let mut held = self.held.lock().expect("leases lock");
+        if held
+            .get(&fence.run_id)
+            .is_some_and(|h| h.fence.attempt == fence.attempt)
+        {
+            held.remove(&fence.run_id);
         }
     }
 

@@ -110,7 +110,14 @@ async fn pause(
         tool_calls::set_status(&mut tx, ctx.fence.run_id, call_ids, call_status).await?;
     }
     transitions::wait(&mut tx, ctx.fence, run_status, pending, next_id).await?;
+    // The commit ends the lease: renewals stop first, or one landing after it would stop
+    // this holding before the pausing event is appended.
+    ctx.deps.leases.release(ctx.fence);
     tx.commit().await.map_err(StoreError::from)?;
+    // The lease suite holds the holder here past a lease renewal.
+    if let Some(hold) = agentfleet_shared::failpoint::delay("pause:after_commit") {
+        tokio::time::sleep(hold).await;
+    }
     metrics::counter!("agentfleet_runs_total", "status" => run_status.as_str()).increment(1);
     let (kind, data) = pending_event(pending);
     debug_assert!(matches!(

@@ -432,3 +432,42 @@ async fn redis_ttl(key: &str) -> i64 {
         .await
         .unwrap()
 }
+
+/// A pause's commit ends the run's lease: a lease renewal that comes after it (the holder held
+/// back past one by a failpoint) does not stop the holding before it appended the pausing
+/// event. The stream ends with `input_required`, and the answer completes the run gap-free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_renewal_after_the_pause_commit_does_not_cut_its_event() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    // Renewals every 500 ms (the test settings): a 1.5 s hold spans at least two.
+    let _worker = env.spawn_worker_process_with_failpoints(&[], "delay:pause:after_commit@1500");
+    let body = scripted_run(
+        json!([{"tool_calls": [{"name": "ask", "arguments": {"text": "Which account?"}}]},
+               {"content": "done"}]),
+        json!([]),
+    );
+    let run = app.start_run(&body).await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    let first_part = app.events(&run_id, 0, T).await; // ends after input_required
+    assert_eq!(
+        first_part.last().unwrap()["type"],
+        "input_required",
+        "{first_part:#?}"
+    );
+    let resp = app
+        .post(
+            &format!("/v1/runs/{run_id}/resume"),
+            &json!({"input": "savings"}),
+        )
+        .await;
+    assert_eq!(resp.status(), 202);
+    let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let events = app.events(&run_id, 0, T).await;
+    assert_gap_free(&events);
+    assert!(
+        events.iter().all(|e| e["type"] != "stream_rebuilt"),
+        "{events:#?}"
+    );
+}

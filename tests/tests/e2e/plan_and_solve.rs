@@ -921,3 +921,30 @@ async fn a_tasks_webhooks_name_its_planner_and_its_place_in_the_plan() {
         planner.body
     );
 }
+
+/// The round's commit ends the planner's lease: a lease renewal that comes after it (the
+/// holder held back past one by a failpoint) does not stop the holding before it announced
+/// the round. The planner's stream is gap-free with its `plan_created`. (The task outlasts
+/// the hold: a round that ends before its holder announced it is the documented limit of a
+/// holder stalled or killed there.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_renewal_after_the_rounds_commit_does_not_cut_its_announcement() {
+    let env = TestEnv::new().await;
+    let app = env.spawn_api().await;
+    // Renewals every 500 ms (the test settings): a 1.5 s hold spans at least two.
+    let _worker = env.spawn_worker_process_with_failpoints(&[], "delay:plan:after_commit@1500");
+    let turns = json!([
+        plan_call(json!([task("a", "a done", 4000)])),
+        complete_call(),
+        {"content": "the answer"}
+    ]);
+    let run = app.start_run(&planner_run(turns, json!({}))).await;
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    let done = app.wait_status(&run_id, &["completed", "failed"], T).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let events = app.events(&run_id, 0, T).await;
+    assert_gap_free(&events);
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert!(kinds.contains(&"plan_created"), "{kinds:?}");
+    assert!(!kinds.contains(&"stream_rebuilt"), "{kinds:?}");
+}
